@@ -1,0 +1,116 @@
+// The CPU backend: the reference every other backend is checked against. fp32 math, OpenMP
+// across output rows, bf16 weights widened on the fly.
+#include "backend.h"
+#include "bf16.h"
+#include "config.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static float dot_f32(const float *a, const float *b, int n) {
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int j = 0; j < n; j++) s += a[j] * b[j];
+    return s;
+}
+
+static float dot_bf16(const uint16_t *w, const float *x, int n) {
+    float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+    for (int j = 0; j < n; j++) s += bf16_to_f32(w[j]) * x[j];
+    return s;
+}
+
+static void matmul(float *y, const float *x, const void *w, uint32_t dtype, int T, int n, int d) {
+    if (T == 1) { // decode: one pass over the weights, nothing to reuse
+#pragma omp parallel for schedule(static)
+        for (int i = 0; i < d; i++)
+            y[i] = dtype == DTYPE_BF16 ? dot_bf16((const uint16_t *)w + (size_t)i * n, x, n)
+                                       : dot_f32((const float *)w + (size_t)i * n, x, n);
+        return;
+    }
+    // Several tokens: widen each weight row once and reuse it for every token.
+#pragma omp parallel
+    {
+        float *row = dtype == DTYPE_BF16 ? malloc((size_t)n * sizeof(float)) : NULL;
+#pragma omp for schedule(static)
+        for (int i = 0; i < d; i++) {
+            const float *wr;
+            if (dtype == DTYPE_BF16 && row) {
+                const uint16_t *src = (const uint16_t *)w + (size_t)i * n;
+                for (int j = 0; j < n; j++) row[j] = bf16_to_f32(src[j]);
+                wr = row;
+            } else if (dtype == DTYPE_BF16) { // no scratch row: widen inside the dot product
+                for (int t = 0; t < T; t++)
+                    y[(size_t)t * d + i] = dot_bf16((const uint16_t *)w + (size_t)i * n, x + (size_t)t * n, n);
+                continue;
+            } else {
+                wr = (const float *)w + (size_t)i * n;
+            }
+            for (int t = 0; t < T; t++) y[(size_t)t * d + i] = dot_f32(wr, x + (size_t)t * n, n);
+        }
+        free(row);
+    }
+}
+
+static void rmsnorm(float *out, const float *x, const float *w, int T, int n, float eps) {
+    for (int t = 0; t < T; t++) {
+        const float *xr = x + (size_t)t * n;
+        float *o = out + (size_t)t * n;
+        float ss = dot_f32(xr, xr, n);
+        float scale = 1.0f / sqrtf(ss / (float)n + eps);
+        for (int j = 0; j < n; j++) o[j] = w[j] * (xr[j] * scale);
+    }
+}
+
+static void embed(float *out, const void *E, uint32_t dtype, const int *tokens, int T, int dim) {
+    for (int t = 0; t < T; t++) {
+        float *o = out + (size_t)t * dim;
+        if (dtype == DTYPE_BF16) {
+            const uint16_t *r = (const uint16_t *)E + (size_t)tokens[t] * dim;
+            for (int j = 0; j < dim; j++) o[j] = bf16_to_f32(r[j]);
+        } else {
+            memcpy(o, (const float *)E + (size_t)tokens[t] * dim, (size_t)dim * sizeof(float));
+        }
+    }
+}
+
+static void rope(float *x, const float *inv_freq, int pos0, int T, int n_heads, int head_dim) {
+    int half = head_dim / 2;
+    float cs[1024]; // head_dim <= 1024 (config_validate)
+    for (int t = 0; t < T; t++) {
+        for (int i = 0; i < half; i++) {
+            // The angle in fp32 as transformers forms it; its cosine and sine exactly.
+            float ang = (float)(pos0 + t) * inv_freq[i];
+            cs[2 * i] = (float)cos((double)ang);
+            cs[2 * i + 1] = (float)sin((double)ang);
+        }
+        for (int h = 0; h < n_heads; h++) {
+            float *v = x + ((size_t)t * n_heads + h) * head_dim;
+            for (int i = 0; i < half; i++) { // rotate-half pairs (i, i + half)
+                float a = v[i], b = v[i + half], c = cs[2 * i], s = cs[2 * i + 1];
+                v[i] = a * c - b * s;
+                v[i + half] = b * c + a * s;
+            }
+        }
+    }
+}
+
+static void swiglu(float *a, const float *b, long n) {
+    for (long i = 0; i < n; i++) a[i] = a[i] / (1.0f + expf(-a[i])) * b[i];
+}
+
+static void add(float *x, const float *y, long n) {
+    for (long i = 0; i < n; i++) x[i] += y[i];
+}
+
+const Backend backend_cpu = {
+    .name = "cpu",
+    .matmul = matmul,
+    .rmsnorm = rmsnorm,
+    .embed = embed,
+    .rope = rope,
+    .swiglu = swiglu,
+    .add = add,
+};

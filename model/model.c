@@ -1,0 +1,193 @@
+// The forward pass of Llama 3 and Qwen 3, written once over the backend's operations.
+#include "model.h"
+#include "../attention/attention.h"
+
+#include <math.h>
+#include <omp.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/sysinfo.h>
+
+static int fail(char *err, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, MODEL_ERR_LEN, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+void rope_inv_freq(const Config *c, const float *rope_freqs, float *inv_freq) {
+    int half = (int)c->head_dim / 2;
+    for (int i = 0; i < half; i++) {
+        // As transformers computes it: theta ^ -(2i / head_dim), in fp32.
+        float f = (float)(1.0 / pow((double)c->rope_theta, (double)(2 * i) / (double)c->head_dim));
+        if (c->rope_scaling == ROPE_SCALING_FREQ_FACTORS) {
+            f = f / rope_freqs[i];
+        } else if (c->rope_scaling == ROPE_SCALING_LLAMA3) {
+            // Llama 3.1: long wavelengths are slowed by `factor`, short ones kept, a smooth blend between.
+            float low_wavelen = (float)c->rope_orig_ctx / c->rope_low_freq;
+            float high_wavelen = (float)c->rope_orig_ctx / c->rope_high_freq;
+            float wavelen = 2.0f * (float)M_PI / f;
+            if (wavelen > low_wavelen) {
+                f = f / c->rope_factor;
+            } else if (wavelen >= high_wavelen) {
+                float smooth = ((float)c->rope_orig_ctx / wavelen - c->rope_low_freq) / (c->rope_high_freq - c->rope_low_freq);
+                f = (1.0f - smooth) * f / c->rope_factor + smooth * f;
+            }
+        }
+        inv_freq[i] = f;
+    }
+}
+
+int model_load(Model *m, const char *path, char *err) {
+    memset(m, 0, sizeof *m);
+    if (modelfile_open(&m->file, path, err) != 0) return -1;
+    m->c = m->file.header->config;
+    const Config *c = &m->c;
+    m->layers = calloc(c->n_layers, sizeof(LayerWeights));
+    m->inv_freq = malloc(c->head_dim / 2 * sizeof(float));
+    if (!m->layers || !m->inv_freq) {
+        model_free(m);
+        return fail(err, "out of memory");
+    }
+    // modelfile_open checked every tensor's presence, dtype and shape, so lookups cannot fail.
+    const ModelFile *f = &m->file;
+    m->token_embd = modelfile_tensor(f, "token_embd");
+    m->output_norm = modelfile_tensor(f, "output_norm");
+    m->output = c->tied_embeddings ? m->token_embd : modelfile_tensor(f, "output");
+    char name[TENSOR_NAME_LEN];
+    for (uint32_t l = 0; l < c->n_layers; l++) {
+        LayerWeights *w = &m->layers[l];
+#define GET(field, suffix) snprintf(name, sizeof name, "blk.%u." suffix, l), w->field = modelfile_tensor(f, name)
+        GET(attn_norm, "attn_norm");
+        GET(wq, "attn_q");
+        GET(wk, "attn_k");
+        GET(wv, "attn_v");
+        GET(q_norm, "attn_q_norm");
+        GET(k_norm, "attn_k_norm");
+        GET(wo, "attn_output");
+        GET(ffn_norm, "ffn_norm");
+        GET(w_gate, "ffn_gate");
+        GET(w_up, "ffn_up");
+        GET(w_down, "ffn_down");
+#undef GET
+    }
+    rope_inv_freq(c, modelfile_tensor(f, "rope_freqs"), m->inv_freq);
+    m->be = &backend_cpu;
+    return 0;
+}
+
+void model_free(Model *m) {
+    free(m->layers);
+    free(m->inv_freq);
+    modelfile_close(&m->file);
+    memset(m, 0, sizeof *m);
+}
+
+size_t run_state_bytes(const Config *c, int ctx, int chunk) {
+    size_t q = (size_t)c->n_heads * c->head_dim, kv = (size_t)c->n_kv_heads * c->head_dim;
+    size_t wide = q > c->dim ? q : c->dim;
+    size_t per_tok = 2 * (size_t)c->dim + wide + q + 2 * (size_t)c->hidden_dim + c->vocab_size;
+    return sizeof(float) * ((size_t)chunk * per_tok + 2 * (size_t)c->n_layers * (size_t)ctx * kv +
+                            (size_t)omp_get_max_threads() * (size_t)ctx);
+}
+
+int run_state_init(RunState *s, const Config *c, int ctx, int chunk, char *err) {
+    memset(s, 0, sizeof *s);
+    size_t need = run_state_bytes(c, ctx, chunk);
+    struct sysinfo si;
+    if (sysinfo(&si) == 0) {
+        double avail = ((double)si.freeram + (double)si.bufferram) * si.mem_unit;
+        FILE *mi = fopen("/proc/meminfo", "r");
+        if (mi) { // MemAvailable counts reclaimable page cache too
+            char line[256];
+            unsigned long long kb;
+            while (fgets(line, sizeof line, mi))
+                if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) avail = (double)kb * 1024.0;
+            fclose(mi);
+        }
+        if ((double)need > avail)
+            return fail(err, "context %d needs %.2f GiB for the KV cache and activations, but only %.2f GiB of memory is available: lower --ctx",
+                        ctx, (double)need / (1 << 30), avail / (1 << 30));
+    }
+    size_t q = (size_t)c->n_heads * c->head_dim, kv = (size_t)c->n_kv_heads * c->head_dim;
+    size_t wide = q > c->dim ? q : c->dim, T = (size_t)chunk;
+    s->ctx = ctx;
+    s->chunk = chunk;
+    s->x = calloc(T * c->dim, sizeof(float));
+    s->xb = calloc(T * wide, sizeof(float));
+    s->xb2 = calloc(T * c->dim, sizeof(float));
+    s->q = calloc(T * q, sizeof(float));
+    s->hb = calloc(T * c->hidden_dim, sizeof(float));
+    s->hb2 = calloc(T * c->hidden_dim, sizeof(float));
+    s->logits = calloc(T * c->vocab_size, sizeof(float));
+    s->att_scratch = calloc((size_t)omp_get_max_threads() * (size_t)ctx, sizeof(float));
+    s->key_cache = calloc((size_t)c->n_layers * (size_t)ctx * kv, sizeof(float));
+    s->value_cache = calloc((size_t)c->n_layers * (size_t)ctx * kv, sizeof(float));
+    if (!s->x || !s->xb || !s->xb2 || !s->q || !s->hb || !s->hb2 || !s->logits || !s->att_scratch || !s->key_cache || !s->value_cache) {
+        run_state_free(s);
+        return fail(err, "out of memory allocating %.2f GiB for context %d", (double)need / (1 << 30), ctx);
+    }
+    return 0;
+}
+
+void run_state_free(RunState *s) {
+    free(s->x);
+    free(s->xb);
+    free(s->xb2);
+    free(s->q);
+    free(s->hb);
+    free(s->hb2);
+    free(s->logits);
+    free(s->att_scratch);
+    free(s->key_cache);
+    free(s->value_cache);
+    memset(s, 0, sizeof *s);
+}
+
+float *model_forward(const Model *m, RunState *s, const int *tokens, int T, int pos, int all_logits) {
+    const Config *c = &m->c;
+    const Backend *be = m->be;
+    int dim = (int)c->dim, hd = (int)c->head_dim, hidden = (int)c->hidden_dim;
+    int q_dim = (int)c->n_heads * hd, kv_dim = (int)c->n_kv_heads * hd;
+    uint32_t dt = c->weight_dtype;
+
+    be->embed(s->x, m->token_embd, dt, tokens, T, dim);
+    for (uint32_t l = 0; l < c->n_layers; l++) {
+        const LayerWeights *w = &m->layers[l];
+        size_t layer_off = (size_t)l * (size_t)s->ctx * (size_t)kv_dim;
+        // K and V of these tokens go straight into their cache rows.
+        float *k = s->key_cache + layer_off + (size_t)pos * kv_dim;
+        float *v = s->value_cache + layer_off + (size_t)pos * kv_dim;
+
+        be->rmsnorm(s->xb, s->x, w->attn_norm, T, dim, c->norm_eps);
+        be->matmul(s->q, s->xb, w->wq, dt, T, dim, q_dim);
+        be->matmul(k, s->xb, w->wk, dt, T, dim, kv_dim);
+        be->matmul(v, s->xb, w->wv, dt, T, dim, kv_dim);
+        if (c->qk_norm) { // Qwen3: RMSNorm over each head before RoPE
+            be->rmsnorm(s->q, s->q, w->q_norm, T * (int)c->n_heads, hd, c->norm_eps);
+            be->rmsnorm(k, k, w->k_norm, T * (int)c->n_kv_heads, hd, c->norm_eps);
+        }
+        be->rope(s->q, m->inv_freq, pos, T, (int)c->n_heads, hd);
+        be->rope(k, m->inv_freq, pos, T, (int)c->n_kv_heads, hd);
+
+        attention_dense(s->xb, s->q, s->key_cache + layer_off, s->value_cache + layer_off, pos, T,
+                        (int)c->n_heads, (int)c->n_kv_heads, hd, s->att_scratch);
+        be->matmul(s->xb2, s->xb, w->wo, dt, T, q_dim, dim);
+        be->add(s->x, s->xb2, (long)T * dim);
+
+        be->rmsnorm(s->xb, s->x, w->ffn_norm, T, dim, c->norm_eps);
+        be->matmul(s->hb, s->xb, w->w_gate, dt, T, dim, hidden);
+        be->matmul(s->hb2, s->xb, w->w_up, dt, T, dim, hidden);
+        be->swiglu(s->hb, s->hb2, (long)T * hidden);
+        be->matmul(s->xb2, s->hb, w->w_down, dt, T, hidden, dim);
+        be->add(s->x, s->xb2, (long)T * dim);
+    }
+    // Only the rows whose logits are wanted go through the final norm and the head.
+    int first = all_logits ? 0 : T - 1, n = T - first;
+    be->rmsnorm(s->xb, s->x + (size_t)first * dim, m->output_norm, n, dim, c->norm_eps);
+    be->matmul(s->logits, s->xb, m->output, dt, n, dim, (int)c->vocab_size);
+    return s->logits;
+}

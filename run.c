@@ -1,0 +1,388 @@
+// ./run: the command line. Modes: generate (default), --score, --tokenize.
+#include "model/model.h"
+#include "model/sampler.h"
+#include "tokenizer/tokenizer.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define PREFILL_CHUNK 64
+
+typedef struct {
+    const char *model_path;
+    const char *prompt;       // -p
+    const char *prompt_file;  // -f
+    const char *score_file;   // --score
+    int tokenize;             // --tokenize
+    int ids;                  // --ids: prompts and outputs are token ids
+    int steps;                // -n
+    int ctx;                  // --ctx (0: fit the run)
+    int ignore_eos;
+    float temperature, top_p, min_p;
+    int top_k;
+    int sampling_set;         // any sampling flag given: generation_config.json defaults are off
+    unsigned long long seed;
+} Options;
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: ./run model.bin [options]\n"
+            "generate (default):\n"
+            "  -p TEXT          prompt\n"
+            "  -f FILE          prompt from a file (long prompts)\n"
+            "  -n N             tokens to generate (default 256)\n"
+            "  --ids            the prompt is whitespace-separated token ids (no BOS added) and the\n"
+            "                   output is the generated ids\n"
+            "  --ignore-eos     keep generating past an end-of-sequence token\n"
+            "sampling (defaults: the model's generation_config.json, else temperature 0.8, top-p 0.95):\n"
+            "  --temp T         temperature; 0 is greedy\n"
+            "  --top-k K        keep the K most likely tokens (0: off)\n"
+            "  --top-p P        nucleus sampling (1: off)\n"
+            "  --min-p P        drop tokens below P x the top probability (0: off)\n"
+            "  --seed S         random seed (default: time)\n"
+            "scoring and tokens:\n"
+            "  --score FILE     teacher-forced scoring of FILE's text (no BOS), or of its ids with\n"
+            "                   --ids: one line 'i next_id nll' per position, then 'mean_nll X ppl Y'\n"
+            "  --tokenize -f FILE   print the token ids of FILE's text (no BOS)\n"
+            "memory:\n"
+            "  --ctx N          KV cache positions (default: what the run needs, at most the model's)\n"
+            "  -h, --help       this text\n");
+}
+
+static void die(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "error: ");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+    exit(1);
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static long parse_long(const char *s, const char *flag, long lo, long hi) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) die("%s needs an integer in [%ld, %ld], got '%s'", flag, lo, hi, s);
+    return v;
+}
+
+static float parse_float(const char *s, const char *flag, float lo, float hi) {
+    char *end;
+    errno = 0;
+    float v = strtof(s, &end);
+    if (errno || end == s || *end || !(v >= lo && v <= hi)) die("%s needs a number in [%g, %g], got '%s'", flag, lo, hi, s);
+    return v;
+}
+
+static char *read_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) die("cannot open '%s': %s", path, strerror(errno));
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    for (;;) {
+        if (!buf) die("out of memory reading '%s'", path);
+        n += fread(buf + n, 1, cap - n - 1, f);
+        if (n < cap - 1) break;
+        cap *= 2;
+        buf = realloc(buf, cap);
+    }
+    if (ferror(f)) die("cannot read '%s'", path);
+    fclose(f);
+    buf[n] = 0;
+    *len = n;
+    return buf;
+}
+
+// Whitespace-separated ids, each checked against the vocabulary.
+static int *parse_ids(const char *text, int vocab, int *n_out) {
+    int cap = 256, n = 0;
+    int *ids = malloc((size_t)cap * sizeof(int));
+    const char *p = text;
+    for (;;) {
+        while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r') p++;
+        if (!*p) break;
+        char *end;
+        errno = 0;
+        long v = strtol(p, &end, 10);
+        if (end == p || errno || v < 0 || v >= vocab || (*end && !strchr(" \t\r\n", *end)))
+            die("token id '%.20s' is not an integer in [0, %d)", p, vocab);
+        if (n == cap) ids = realloc(ids, (size_t)(cap *= 2) * sizeof(int));
+        if (!ids) die("out of memory");
+        ids[n++] = (int)v;
+        p = end;
+    }
+    *n_out = n;
+    return ids;
+}
+
+static int *encode_text(const Tokenizer *tok, const char *text, size_t len, int *n_out) {
+    char err[TOK_ERR_LEN];
+    int *ids = NULL;
+    long n = tokenizer_encode(tok, text, len, 1, &ids, err);
+    if (n < 0) die("cannot tokenize the input: %s", err);
+    if (n > INT_MAX / 2) die("input of %ld tokens is too long", n);
+    *n_out = (int)n;
+    return ids;
+}
+
+// Runs tokens through the model in chunks; calls on_logits for each chunk when all_logits.
+typedef void (*LogitsFn)(const float *logits, int first, int T, void *ctx);
+static float *prefill(const Model *m, RunState *s, const int *tokens, int n, int pos, int all_logits, LogitsFn fn, void *ctx) {
+    float *logits = NULL;
+    double t0 = now_s();
+    int show = n > 8 * PREFILL_CHUNK;
+    for (int i = 0; i < n; i += PREFILL_CHUNK) {
+        int T = n - i < PREFILL_CHUNK ? n - i : PREFILL_CHUNK;
+        logits = model_forward(m, s, tokens + i, T, pos + i, all_logits);
+        if (fn) fn(logits, i, T, ctx);
+        if (show) {
+            double el = now_s() - t0;
+            fprintf(stderr, "\rprefill: %d/%d tokens (%.0f tok/s)", i + T, n, (i + T) / (el > 0 ? el : 1e-9));
+        }
+    }
+    if (show) fprintf(stderr, "\n");
+    return logits;
+}
+
+static int pick_ctx(const Options *o, const Config *c, int need) {
+    if (o->ctx > 0) {
+        if ((uint32_t)o->ctx > c->max_seq_len)
+            fprintf(stderr, "warning: --ctx %d is past the model's trained context of %u\n", o->ctx, c->max_seq_len);
+        return o->ctx;
+    }
+    return need < (int)c->max_seq_len ? need : (int)c->max_seq_len;
+}
+
+// ---- score ----
+
+typedef struct {
+    const int *tokens;
+    int n, vocab;
+    double total;
+} ScoreCtx;
+
+static void score_chunk(const float *logits, int first, int T, void *p) {
+    ScoreCtx *sc = p;
+    for (int t = 0; t < T; t++) {
+        int i = first + t;
+        if (i + 1 >= sc->n) break;
+        const float *l = logits + (size_t)t * sc->vocab;
+        float mx = l[argmax(l, sc->vocab)];
+        double sum = 0.0;
+        for (int j = 0; j < sc->vocab; j++) sum += exp((double)l[j] - mx);
+        double nll = log(sum) + mx - l[sc->tokens[i + 1]];
+        sc->total += nll;
+        printf("%d\t%d\t%.6f\n", i, sc->tokens[i + 1], nll);
+    }
+}
+
+static void run_score(const Model *m, const Tokenizer *tok, const Options *o) {
+    size_t len;
+    char *text = read_file(o->score_file, &len);
+    int n;
+    int *tokens = o->ids ? parse_ids(text, (int)m->c.vocab_size, &n) : encode_text(tok, text, len, &n);
+    free(text);
+    if (n < 2) die("--score needs at least 2 tokens, '%s' has %d", o->score_file, n);
+    int ctx = pick_ctx(o, &m->c, n);
+    if (n > ctx) die("'%s' has %d tokens, more than the context of %d", o->score_file, n, ctx);
+    RunState s;
+    char err[MODEL_ERR_LEN];
+    if (run_state_init(&s, &m->c, ctx, PREFILL_CHUNK, err) != 0) die("%s", err);
+    ScoreCtx sc = {tokens, n, (int)m->c.vocab_size, 0.0};
+    double t0 = now_s();
+    prefill(m, &s, tokens, n, 0, 1, score_chunk, &sc);
+    double el = now_s() - t0;
+    double mean = sc.total / (n - 1);
+    printf("mean_nll %.6f ppl %.6f\n", mean, exp(mean));
+    fprintf(stderr, "score: %d tokens in %.2f s (%.1f tok/s)\n", n, el, n / el);
+    run_state_free(&s);
+    free(tokens);
+}
+
+// ---- generate ----
+
+static void run_generate(const Model *m, const Tokenizer *tok, const Options *o) {
+    const Config *c = &m->c;
+    int n_prompt = 0, *prompt;
+    if (o->ids) {
+        prompt = parse_ids(o->prompt ? o->prompt : "", (int)c->vocab_size, &n_prompt);
+    } else {
+        size_t len = 0;
+        char *text = o->prompt_file ? read_file(o->prompt_file, &len) : NULL;
+        const char *src = text ? text : (o->prompt ? o->prompt : "");
+        if (!text) len = strlen(src);
+        int n_text;
+        int *ids = encode_text(tok, src, len, &n_text);
+        free(text);
+        int bos = tokenizer_add_bos(tok) && tokenizer_bos(tok) >= 0;
+        prompt = malloc(((size_t)n_text + 1) * sizeof(int));
+        if (!prompt) die("out of memory");
+        if (bos) prompt[n_prompt++] = tokenizer_bos(tok);
+        memcpy(prompt + n_prompt, ids, (size_t)n_text * sizeof(int));
+        n_prompt += n_text;
+        free(ids);
+    }
+    if (n_prompt == 0) die("the prompt is empty (give -p TEXT or -f FILE)");
+    long want = (long)n_prompt + o->steps;
+    int ctx = pick_ctx(o, c, want > INT_MAX ? INT_MAX : (int)want);
+    if (n_prompt >= ctx)
+        die("the prompt has %d tokens, which leaves no room in a context of %d (raise --ctx; the model was trained on %u)",
+            n_prompt, ctx, c->max_seq_len);
+    RunState s;
+    char err[MODEL_ERR_LEN];
+    if (run_state_init(&s, c, ctx, PREFILL_CHUNK, err) != 0) die("%s", err);
+
+    Sampler sampler;
+    int n_valid = tokenizer_n_tokens(tok) < (int)c->vocab_size ? tokenizer_n_tokens(tok) : (int)c->vocab_size;
+    if (sampler_init(&sampler, n_valid, o->temperature, o->top_k, o->top_p, o->min_p, o->seed) != 0) die("out of memory");
+
+    double t0 = now_s();
+    float *logits = prefill(m, &s, prompt, n_prompt, 0, 0, NULL, NULL);
+    double t_prefill = now_s() - t0;
+
+    char *piece = malloc(tokenizer_max_piece_len(tok) + 16);
+    if (!piece) die("out of memory");
+    TokDecoder dec = {0};
+    int pos = n_prompt, generated = 0;
+    const char *stop = NULL;
+    double t1 = now_s();
+    while (generated < o->steps) {
+        int next = sampler_sample(&sampler, logits);
+        generated++;
+        if (o->ids) {
+            printf(generated > 1 ? " %d" : "%d", next);
+        } else if (!tokenizer_is_eos(tok, next)) {
+            size_t k = tokenizer_decode_step(tok, &dec, next, piece, tokenizer_max_piece_len(tok) + 16);
+            fwrite(piece, 1, k, stdout);
+        }
+        fflush(stdout);
+        if (tokenizer_is_eos(tok, next) && !o->ignore_eos) break;
+        if (generated == o->steps) break;
+        if (pos >= ctx) {
+            stop = "context full";
+            break;
+        }
+        logits = model_forward(m, &s, &next, 1, pos, 0);
+        pos++;
+    }
+    if (!o->ids) {
+        size_t k = tokenizer_decode_flush(tok, &dec, piece, tokenizer_max_piece_len(tok) + 16);
+        fwrite(piece, 1, k, stdout);
+    }
+    printf("\n");
+    double t_decode = now_s() - t1;
+    if (stop) fprintf(stderr, "[stopped: %s at %d tokens; raise --ctx]\n", stop, ctx);
+    // generated tokens minus the first, which came from the prefill, were decode steps
+    int steps = generated > 1 ? generated - 1 : 0;
+    fprintf(stderr, "prompt %d tokens | prefill %.1f tok/s | decode %.2f ms/token (TPOT) | generated %d tokens\n",
+            n_prompt, n_prompt / (t_prefill > 0 ? t_prefill : 1e-9), steps ? 1e3 * t_decode / steps : 0.0, generated);
+    free(piece);
+    sampler_free(&sampler);
+    run_state_free(&s);
+    free(prompt);
+}
+
+static void run_tokenize(const Tokenizer *tok, const Options *o) {
+    if (!o->prompt_file && !o->prompt) die("--tokenize needs -f FILE (or -p TEXT)");
+    size_t len = 0;
+    char *text = o->prompt_file ? read_file(o->prompt_file, &len) : NULL;
+    int n;
+    int *ids = encode_text(tok, text ? text : o->prompt, text ? len : strlen(o->prompt), &n);
+    for (int i = 0; i < n; i++) printf(i ? " %d" : "%d", ids[i]);
+    printf("\n");
+    free(ids);
+    free(text);
+}
+
+int main(int argc, char **argv) {
+    Options o = {0};
+    o.steps = 256;
+    o.temperature = 0.8f;
+    o.top_p = 0.95f;
+    o.seed = (unsigned long long)time(NULL);
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+#define NEEDS_VALUE() if (!v) die("%s needs a value", a); i++
+        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
+            usage(stdout);
+            return 0;
+        } else if (strcmp(a, "-p") == 0) {
+            NEEDS_VALUE(); o.prompt = v;
+        } else if (strcmp(a, "-f") == 0) {
+            NEEDS_VALUE(); o.prompt_file = v;
+        } else if (strcmp(a, "-n") == 0) {
+            NEEDS_VALUE(); o.steps = (int)parse_long(v, a, 0, INT_MAX / 2);
+        } else if (strcmp(a, "--ctx") == 0) {
+            NEEDS_VALUE(); o.ctx = (int)parse_long(v, a, 2, INT_MAX / 2);
+        } else if (strcmp(a, "--temp") == 0) {
+            NEEDS_VALUE(); o.temperature = parse_float(v, a, 0, 100); o.sampling_set = 1;
+        } else if (strcmp(a, "--top-k") == 0) {
+            NEEDS_VALUE(); o.top_k = (int)parse_long(v, a, 0, INT_MAX); o.sampling_set = 1;
+        } else if (strcmp(a, "--top-p") == 0) {
+            NEEDS_VALUE(); o.top_p = parse_float(v, a, 0, 1); o.sampling_set = 1;
+        } else if (strcmp(a, "--min-p") == 0) {
+            NEEDS_VALUE(); o.min_p = parse_float(v, a, 0, 1); o.sampling_set = 1;
+        } else if (strcmp(a, "--seed") == 0) {
+            NEEDS_VALUE(); o.seed = (unsigned long long)parse_long(v, a, 0, LONG_MAX);
+        } else if (strcmp(a, "--score") == 0) {
+            NEEDS_VALUE(); o.score_file = v;
+        } else if (strcmp(a, "--tokenize") == 0) {
+            o.tokenize = 1;
+        } else if (strcmp(a, "--ids") == 0) {
+            o.ids = 1;
+        } else if (strcmp(a, "--ignore-eos") == 0) {
+            o.ignore_eos = 1;
+        } else if (a[0] == '-') {
+            die("unknown option '%s' (see ./run -h)", a);
+        } else if (!o.model_path) {
+            o.model_path = a;
+        } else {
+            die("unexpected argument '%s' (see ./run -h)", a);
+        }
+#undef NEEDS_VALUE
+    }
+    if (!o.model_path) {
+        usage(stderr);
+        return 1;
+    }
+    if (o.prompt && o.prompt_file) die("give either -p or -f, not both");
+
+    Model m;
+    char err[MODEL_ERR_LEN];
+    if (model_load(&m, o.model_path, err) != 0) die("%s", err);
+    const FileHeader *h = m.file.header;
+    char tok_err[TOK_ERR_LEN];
+    Tokenizer *tok = tokenizer_load(m.file.data + h->tokenizer_offset, h->tokenizer_size, tok_err);
+    if (!tok) die("model file '%s': bad tokenizer section: %s", o.model_path, tok_err);
+
+    // The model's generation_config.json supplies the defaults unless the user chose.
+    const Config *c = &m.c;
+    if (!o.sampling_set && c->has_gen_defaults) {
+        o.temperature = c->gen_do_sample ? c->gen_temperature : 0.0f;
+        o.top_k = c->gen_top_k;
+        o.top_p = c->gen_top_p;
+        o.min_p = c->gen_min_p;
+    }
+
+    if (o.tokenize) run_tokenize(tok, &o);
+    else if (o.score_file) run_score(&m, tok, &o);
+    else run_generate(&m, tok, &o);
+
+    tokenizer_free(tok);
+    model_free(&m);
+    return 0;
+}

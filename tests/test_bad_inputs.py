@@ -1,0 +1,154 @@
+#!/usr/bin/env python3
+"""Bad inputs to ./export and ./run: each must give a one-line 'error: ...' on stderr and exit
+status 1 -- never a crash (signal), a hang, or a file left behind that looks valid."""
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = os.path.join(ROOT, "tests", "data", "tiny-qwen3")
+RUN = os.path.join(ROOT, "run")
+EXPORT = os.path.join(ROOT, "export")
+
+passed = failed = 0
+
+
+def check_error(name, cmd, expect_in=None, leftover=None):
+    """cmd must exit 1 with exactly one stderr line 'error: ...' (containing expect_in)."""
+    global passed, failed
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        failed += 1
+        print(f"FAIL {name}: hung (timeout)")
+        return
+    lines = [l for l in p.stderr.splitlines() if l.strip() and not l.startswith("export: ") and not l.startswith("\r")]
+    errs = [l for l in lines if l.startswith("error: ")]
+    problems = []
+    if p.returncode != 1:
+        problems.append(f"exit status {p.returncode} (want 1)")
+    if len(errs) != 1:
+        problems.append(f"{len(errs)} 'error:' lines in stderr {p.stderr[-300:]!r}")
+    elif expect_in and expect_in not in errs[0]:
+        problems.append(f"message {errs[0]!r} lacks {expect_in!r}")
+    for path in leftover or []:
+        if os.path.exists(path):
+            problems.append(f"left {path} behind")
+    if problems:
+        failed += 1
+        print(f"FAIL {name}: " + "; ".join(problems))
+    else:
+        passed += 1
+        print(f"ok   {name}: {errs[0]}")
+
+
+def patched(src, dst, offset, data):
+    shutil.copyfile(src, dst)
+    with open(dst, "r+b") as f:
+        f.seek(offset)
+        f.write(data)
+    return dst
+
+
+def main():
+    tmp = tempfile.mkdtemp(prefix="pkv-bad-")
+    try:
+        good = os.path.join(tmp, "good.bin")
+        p = subprocess.run([EXPORT, TINY, good], capture_output=True, text=True, timeout=120)
+        if p.returncode != 0:
+            print("FAIL cannot export the tiny model:", p.stderr)
+            return 1
+        size = os.path.getsize(good)
+        ids = os.path.join(tmp, "ids.txt")
+        with open(ids, "w") as f:
+            f.write("1 2 3 4 5")
+
+        # --- the model file ---
+        check_error("missing model file", [RUN, os.path.join(tmp, "nope.bin"), "-p", "hi"], "cannot open")
+        empty = os.path.join(tmp, "empty.bin")
+        open(empty, "wb").close()
+        check_error("empty model file", [RUN, empty, "-p", "hi"], "not a model file")
+        junk = os.path.join(tmp, "junk.bin")
+        with open(junk, "wb") as f:
+            f.write(os.urandom(100000))
+        check_error("random bytes", [RUN, junk, "-p", "hi"], "bad magic")
+        trunc = os.path.join(tmp, "trunc.bin")
+        with open(good, "rb") as f, open(trunc, "wb") as g:
+            g.write(f.read(size // 2))
+        check_error("truncated model file", [RUN, trunc, "-p", "hi"], "truncated")
+        check_error("wrong format version", [RUN, patched(good, os.path.join(tmp, "v.bin"), 8, struct.pack("<I", 99)), "-p", "hi"], "version")
+        # Config starts at byte 16: arch, n_layers, dim, ... ; n_kv_heads that does not divide n_heads.
+        check_error("inconsistent config", [RUN, patched(good, os.path.join(tmp, "c.bin"), 16 + 16, struct.pack("<I", 3)), "-p", "hi"], "divide")
+        check_error("unknown architecture id", [RUN, patched(good, os.path.join(tmp, "a.bin"), 16, struct.pack("<I", 7)), "-p", "hi"], "architecture")
+        # Tensor table: find the first entry (name 'token_embd') and corrupt its shape.
+        blob = open(good, "rb").read()
+        at = blob.find(b"token_embd\0")
+        check_error("tensor shape mismatch", [RUN, patched(good, os.path.join(tmp, "s.bin"), at + 48 + 8, struct.pack("<Q", 5)), "-p", "hi"], "shape")
+        check_error("tensor offset outside file", [RUN, patched(good, os.path.join(tmp, "o.bin"), at + 48 + 8 + 16, struct.pack("<Q", 1 << 40)), "-p", "hi"], "outside")
+
+        # --- run's inputs ---
+        check_error("token id out of range", [RUN, good, "--ids", "-p", "1 2 99999999", "-n", "1"], "token id")
+        check_error("non-numeric token id", [RUN, good, "--ids", "-p", "1 x", "-n", "1"], "token id")
+        check_error("prompt longer than context", [RUN, good, "--ids", "-p", "1 2 3 4 5 6 7 8", "--ctx", "4", "-n", "1"], "context")
+        check_error("score longer than context", [RUN, good, "--score", ids, "--ids", "--ctx", "3"], "context")
+        check_error("missing prompt file", [RUN, good, "-f", os.path.join(tmp, "none.txt")], "cannot open")
+        check_error("bad -n", [RUN, good, "-p", "hi", "-n", "-5"], "-n")
+        check_error("bad --temp", [RUN, good, "-p", "hi", "--temp", "abc"], "--temp")
+        check_error("unknown option", [RUN, good, "--frobnicate"], "unknown option")
+        check_error("context larger than memory", [RUN, good, "-p", "hi", "--ctx", "1000000000"], "GiB")
+
+        # --- the exporter ---
+        out = os.path.join(tmp, "out.bin")
+        left = [out, out + ".tmp"]
+        check_error("export: missing source", [EXPORT, os.path.join(tmp, "nodir"), out], "does not exist", left)
+        d = os.path.join(tmp, "notok")
+        shutil.copytree(TINY, d)
+        os.remove(os.path.join(d, "tokenizer.json"))
+        check_error("export: missing tokenizer.json", [EXPORT, d, out], "tokenizer.json", left)
+        d = os.path.join(tmp, "arch")
+        shutil.copytree(TINY, d)
+        cfg = open(os.path.join(d, "config.json")).read().replace("Qwen3ForCausalLM", "MistralForCausalLM")
+        open(os.path.join(d, "config.json"), "w").write(cfg)
+        check_error("export: unsupported architecture", [EXPORT, d, out], "MistralForCausalLM", left)
+        d = os.path.join(tmp, "badjson")
+        shutil.copytree(TINY, d)
+        open(os.path.join(d, "config.json"), "w").write('{"architectures": ["Qwen3ForCausalLM"], "hidden_size": ')
+        check_error("export: malformed config.json", [EXPORT, d, out], "JSON", left)
+        d = os.path.join(tmp, "trunc_st")
+        shutil.copytree(TINY, d)
+        st = os.path.join(d, "model.safetensors")
+        sz = os.path.getsize(st)
+        with open(st, "r+b") as f:
+            f.truncate(sz - 1000)
+        check_error("export: truncated safetensors", [EXPORT, d, out], "truncated", left)
+        d = os.path.join(tmp, "shape")
+        shutil.copytree(TINY, d)
+        cfg = open(os.path.join(d, "config.json")).read().replace('"intermediate_size": ', '"intermediate_size": 1')
+        open(os.path.join(d, "config.json"), "w").write(cfg)
+        check_error("export: shape mismatch with config", [EXPORT, d, out], "shape", left)
+
+        # --- GGUF ---
+        gg = os.path.join(tmp, "bad.gguf")
+        with open(gg, "wb") as f:
+            f.write(b"GGUF" + struct.pack("<I", 3) + struct.pack("<QQ", 1, 1000000))
+        check_error("gguf: counts larger than the file", [EXPORT, gg, out], "implausible", left)
+        with open(gg, "wb") as f:
+            f.write(b"GGUF" + struct.pack("<I", 2) + struct.pack("<QQ", 0, 0))
+        check_error("gguf: version 2", [EXPORT, gg, out], "version", left)
+        with open(gg, "wb") as f:  # one tensor of type Q6_K (14), arch llama, nothing else
+            kv = struct.pack("<Q", 20) + b"general.architecture" + struct.pack("<IQ", 8, 5) + b"llama"
+            t = struct.pack("<Q", 17) + b"token_embd.weight" + struct.pack("<IQQIQ", 2, 256, 4, 14, 0)
+            f.write(b"GGUF" + struct.pack("<IQQ", 3, 1, 1) + kv + t)
+            f.write(b"\0" * (4096))
+        check_error("gguf: incomplete metadata", [EXPORT, gg, out], "lacks", left)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"{passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
