@@ -1,6 +1,6 @@
 # ParisKV runner. `make` builds ./run and ./export; `make test` builds and runs every test.
 CC      ?= cc
-OPT     ?= -O2 -march=native
+OPT     ?= -O3 -march=native
 CFLAGS  += -std=c11 -D_GNU_SOURCE $(OPT) -fopenmp -Wall -Wextra -g
 LDLIBS  += -lm -fopenmp
 TOKLIBS  = -lutf8proc

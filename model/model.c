@@ -1,6 +1,5 @@
 // The forward pass of Llama 3 and Qwen 3, written once over the backend's operations.
 #include "model.h"
-#include "../attention/attention.h"
 
 #include <math.h>
 #include <omp.h>
@@ -173,8 +172,12 @@ float *model_forward(const Model *m, RunState *s, const int *tokens, int T, int 
         be->rope(s->q, m->inv_freq, pos, T, (int)c->n_heads, hd);
         be->rope(k, m->inv_freq, pos, T, (int)c->n_kv_heads, hd);
 
-        attention_dense(s->xb, s->q, s->key_cache + layer_off, s->value_cache + layer_off, pos, T,
-                        (int)c->n_heads, (int)c->n_kv_heads, hd, s->att_scratch);
+        if (s->attn)
+            s->attn->attend(s->attn, (int)l, s->xb, s->q, s->key_cache + layer_off, s->value_cache + layer_off, pos, T,
+                            (int)c->n_heads, (int)c->n_kv_heads, hd, s->att_scratch);
+        else
+            attention_dense(s->xb, s->q, s->key_cache + layer_off, s->value_cache + layer_off, pos, T,
+                            (int)c->n_heads, (int)c->n_kv_heads, hd, s->att_scratch);
         be->matmul(s->xb2, s->xb, w->wo, dt, T, q_dim, dim);
         be->add(s->x, s->xb2, (long)T * dim);
 

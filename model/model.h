@@ -3,6 +3,7 @@
 #define MODEL_H
 
 #include <stddef.h>
+#include "../attention/attention.h"
 #include "backend.h"
 #include "config.h"
 #include "modelfile.h"
@@ -45,6 +46,7 @@ typedef struct {
     float *att_scratch; // (threads, ctx) attention scores
     float *key_cache;   // (n_layers, ctx, n_kv_heads * head_dim)
     float *value_cache; // (n_layers, ctx, n_kv_heads * head_dim)
+    AttnPolicy *attn;   // NULL: dense attention (not owned)
 } RunState;
 
 int model_load(Model *m, const char *path, char *err);

@@ -208,6 +208,7 @@ typedef struct {
     char *err;
     int failed;
     uint64_t done, total;
+    int shown; // last percentage printed
     float *buf;
     uint64_t buf_cap;
 } WriteCtx;
@@ -243,7 +244,11 @@ static void write_one(const char *name, uint32_t dtype, uint32_t ndim, uint64_t 
             return;
         }
     wc->done += n * dtype_size(dtype);
-    fprintf(stderr, "\rexport: %3d%% %-32s", (int)(100.0 * (double)wc->done / (double)wc->total), name);
+    int pct = (int)(100.0 * (double)wc->done / (double)wc->total);
+    if (pct / 5 != wc->shown / 5) { // a line each 5%: readable in a terminal and in a log
+        fprintf(stderr, "export: %3d%% (%s)\n", pct, name);
+        wc->shown = pct;
+    }
 }
 
 static void usage(void) {
@@ -324,12 +329,11 @@ int main(int argc, char **argv) {
     ModelWriter *w = ok ? modelwriter_create(out_path, &c, tok, tok_size, err) : NULL;
     if (w) {
         c.weight_dtype = dtype;
-        WriteCtx wc = {&src, w, err, 0, 0, 0, NULL, 0};
+        WriteCtx wc = {&src, w, err, 0, 0, 0, 0, NULL, 0};
         src.c = &c;
         model_tensor_list(&c, count_bytes, &wc);
         model_tensor_list(&c, write_one, &wc);
         free(wc.buf);
-        fprintf(stderr, "\n");
         if (wc.failed) {
             modelwriter_abort(w);
             ok = 0;

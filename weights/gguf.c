@@ -120,8 +120,9 @@ int gguf_open(GgufFile *g, const char *path, char *err) {
     }
     g->version = rd_u32(&c);
     if (g->version != 3) {
+        uint32_t v = g->version;
         gguf_close(g);
-        return fail(err, "'%s': GGUF version %u is not supported (only version 3)", path, g->version);
+        return fail(err, "'%s': GGUF version %u is not supported (only version 3)", path, v);
     }
     g->n_tensors = rd_u64(&c);
     g->n_kv = rd_u64(&c);
@@ -310,7 +311,7 @@ long gguf_get_i32_array(const GgufFile *g, const char *key, int32_t **out) {
     int32_t *a = malloc((kv->arr_len ? kv->arr_len : 1) * sizeof(int32_t));
     if (!a) return -1;
     for (uint64_t i = 0; i < kv->arr_len; i++) {
-        double d;
+        double d = 0.0;
         scalar_f64(kv->arr_type, kv->data + i * s, &d);
         a[i] = (int32_t)d;
     }
