@@ -8,23 +8,36 @@ JSONLIBS = -lcjson
 
 BUILD = build
 
+# The CUDA path is built whenever nvcc is found (CI has no GPU but compiles and links it).
+CUDA_HOME ?= /usr/local/cuda
+NVCC ?= $(shell command -v nvcc 2>/dev/null || ls $(CUDA_HOME)/bin/nvcc 2>/dev/null)
+NVCCFLAGS ?= -O3 -arch=sm_90 -std=c++17 -Xcompiler -Wall,-Wextra -lineinfo
+ifneq ($(NVCC),)
+CUDA_SRC  = $(filter-out kernels/test_%.cu,$(wildcard kernels/*.cu))
+CUDA_OBJ  = $(patsubst %.cu,$(BUILD)/%.o,$(CUDA_SRC))
+CUDA_LIBS = -L$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
+else
+CUDA_OBJ  = $(BUILD)/kernels/no_cuda.o
+CUDA_LIBS =
+endif
+
 MODEL_SRC = $(wildcard model/*.c)
 TOK_SRC   = $(wildcard tokenizer/*.c)
 ATTN_SRC  = $(wildcard attention/*.c)
 WEIGHTS_SRC = $(wildcard weights/*.c)
 
-RUN_OBJ    = $(patsubst %.c,$(BUILD)/%.o,run.c $(MODEL_SRC) $(TOK_SRC) $(ATTN_SRC))
+RUN_OBJ    = $(patsubst %.c,$(BUILD)/%.o,run.c $(MODEL_SRC) $(TOK_SRC) $(ATTN_SRC)) $(CUDA_OBJ)
 EXPORT_OBJ = $(patsubst %.c,$(BUILD)/%.o,$(WEIGHTS_SRC) $(TOK_SRC) model/modelfile.c)
-LIB_OBJ    = $(patsubst %.c,$(BUILD)/%.o,$(MODEL_SRC) $(TOK_SRC) $(ATTN_SRC) $(filter-out weights/export.c,$(WEIGHTS_SRC)))
+LIB_OBJ    = $(patsubst %.c,$(BUILD)/%.o,$(MODEL_SRC) $(TOK_SRC) $(ATTN_SRC) $(filter-out weights/export.c,$(WEIGHTS_SRC))) $(CUDA_OBJ)
 
 TEST_SRC  = $(wildcard tests/test_*.c)
 TEST_BIN  = $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
 
-.PHONY: all test check demo deps smollm2 clean
+.PHONY: all test check demo deps smollm2 clean gpu-tests test-gpu
 all: run export
 
 run: $(RUN_OBJ)
-	$(CC) -o $@ $^ $(LDLIBS) $(TOKLIBS)
+	$(CC) -o $@ $^ $(LDLIBS) $(TOKLIBS) $(CUDA_LIBS)
 
 export: $(EXPORT_OBJ)
 	$(CC) -o $@ $^ $(LDLIBS) $(TOKLIBS) $(JSONLIBS)
@@ -33,12 +46,31 @@ $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -MMD -MP -c -o $@ $<
 
+$(BUILD)/%.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -MMD -MP -c -o $@ $<
+
+# GPU tests: each kernels/test_X.cu checks kernels against the CPU reference (needs a GPU).
+GPU_TEST_BIN = $(patsubst kernels/%.cu,$(BUILD)/kernels/%,$(wildcard kernels/test_*.cu))
+$(BUILD)/kernels/test_%: kernels/test_%.cu $(LIB_OBJ)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -Xcompiler -fopenmp -o $@ $^ $(TOKLIBS) $(JSONLIBS) -lcublas -lgomp
+
+gpu-tests: all $(GPU_TEST_BIN)
+test-gpu: gpu-tests
+	@set -e; for t in $(GPU_TEST_BIN); do echo "=== $$t"; $$t; done
+
 # Each tests/test_X.c is its own program, linked against everything but the two mains.
 $(BUILD)/tests/%: tests/%.c $(LIB_OBJ)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS) $(TOKLIBS) $(JSONLIBS)
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS) $(TOKLIBS) $(JSONLIBS) $(CUDA_LIBS)
 
-test: all $(TEST_BIN)
+# The tokenizer's command-line helper for tests/test_tokenizer_hf.py and tests/bench_tokenizer.py.
+$(BUILD)/tests/tok_tool: tests/tok_tool.c $(LIB_OBJ)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS) $(TOKLIBS) $(JSONLIBS) $(CUDA_LIBS)
+
+test: all $(TEST_BIN) $(BUILD)/tests/tok_tool
 	bash tests/run_all.sh
 
 # ---- set-up on a fresh machine (Debian; apt needs root) ----

@@ -12,7 +12,7 @@
 #include <string.h>
 #include <time.h>
 
-#define PREFILL_CHUNK 64
+#define SCORE_CHUNK_GPU 256 // score keeps logits for a whole chunk: (chunk, vocab) floats
 
 typedef struct {
     const char *model_path;
@@ -28,6 +28,14 @@ typedef struct {
     int top_k;
     int sampling_set;         // any sampling flag given: generation_config.json defaults are off
     unsigned long long seed;
+    const char *device;       // --device cpu|gpu|auto
+    int bench;                // --bench
+    const char *synthetic;    // --synthetic NAME
+    const char *bench_ctx;    // --bench-ctx 4096,32768
+    int bench_steps;
+    int bench_prefill;
+    AttnConfig attn;          // --attn --topk --sink --local --update
+    int attn_set;             // --attn given
 } Options;
 
 static void usage(FILE *f) {
@@ -50,8 +58,23 @@ static void usage(FILE *f) {
             "  --score FILE     teacher-forced scoring of FILE's text (no BOS), or of its ids with\n"
             "                   --ids: one line 'i next_id nll' per position, then 'mean_nll X ppl Y'\n"
             "  --tokenize -f FILE   print the token ids of FILE's text (no BOS)\n"
-            "memory:\n"
+            "memory and device:\n"
             "  --ctx N          KV cache positions (default: what the run needs, at most the model's)\n"
+            "  --device D       cpu, gpu or auto (default: the GPU when there is one)\n"
+            "benchmark (GPU):\n"
+            "  --bench          time decode steps at each context and print TPOT beside the bandwidth floor\n"
+            "  --synthetic NAME random weights of a real shape instead of a model file:\n"
+            "                   llama3.1-8b, qwen3-8b, qwen3-0.6b\n"
+            "  --bench-ctx LIST contexts to fill, e.g. 4096,32768,131072 (default 4096,32768,131072)\n"
+            "  --bench-steps N  timed decode steps per context (default 64, at least 64)\n"
+            "  --bench-prefill  fill by a real prefill of random tokens (timed) instead of random K/V\n"
+            "attention (dense while the sequence is shorter than max(2000, sink + local + 2 topk)):\n"
+            "  --attn A         pariskv (default), full, or a peer: streaming, quest, fier, kmeans, oracle\n"
+            "  --topk K         retrieval-zone keys attended per step and KV head (default 100)\n"
+            "  --sink S         first tokens, always attended (default 4)\n"
+            "  --local L        most recent tokens, always attended (default 256)\n"
+            "  --update U       update buffer: after U decode steps the oldest U recent tokens join\n"
+            "                   the retrieval zone (default 512)\n"
             "  -h, --help       this text\n");
 }
 
@@ -138,15 +161,51 @@ static int *encode_text(const Tokenizer *tok, const char *text, size_t len, int 
     return ids;
 }
 
+// ---- attention policy ----
+
+// Consumes one attention option (its value is v); returns 0 when a is not one.
+static int attn_option(Options *o, const char *a, const char *v) {
+    int *field = strcmp(a, "--topk") == 0 ? &o->attn.topk : strcmp(a, "--sink") == 0 ? &o->attn.sink
+               : strcmp(a, "--local") == 0 ? &o->attn.local : strcmp(a, "--update") == 0 ? &o->attn.update : NULL;
+    if (!field && strcmp(a, "--attn") != 0) return 0;
+    if (!v) die("%s needs a value", a);
+    if (field) {
+        *field = (int)parse_long(v, a, field == &o->attn.topk || field == &o->attn.update ? 1 : 0, 1 << 24);
+    } else {
+        o->attn.method = attn_method_parse(v), o->attn_set = 1;
+        if (o->attn.method < 0) die("--attn must be full, pariskv, streaming, quest, fier, kmeans or oracle, not '%s'", v);
+    }
+    return 1;
+}
+
+// The run's attention policy: NULL (dense) for full attention, or when no position of the
+// context ever leaves the dense regime. prefill_len: the prompt, attended densely; --score passes
+// 0, so every scored position is a decode step that sees what step-by-step decoding would.
+static AttnPolicy *make_attn(const Options *o, const Model *m, const RunState *s, int prefill_len) {
+    AttnConfig c = o->attn;
+    c.prefill_len = prefill_len;
+    if (c.method == ATTN_FULL || s->ctx < attn_dense_threshold(&c) || s->ctx <= prefill_len) return NULL;
+    if (s->dev) { // the GPU pass has no selection policies yet
+        if (o->attn_set) die("--attn %s runs on the CPU only for now (add --device cpu)", attn_method_name(c.method));
+        return NULL;
+    }
+    char err[ATTN_ERR_LEN];
+    AttnPolicy *p = attn_policy_create(&c, (int)m->c.n_layers, (int)m->c.n_heads, (int)m->c.n_kv_heads, (int)m->c.head_dim, s->ctx, err);
+    if (!p) die("%s", err);
+    return p;
+}
+
 // Runs tokens through the model in chunks; calls on_logits for each chunk when all_logits.
 typedef void (*LogitsFn)(const float *logits, int first, int T, void *ctx);
 static float *prefill(const Model *m, RunState *s, const int *tokens, int n, int pos, int all_logits, LogitsFn fn, void *ctx) {
     float *logits = NULL;
     double t0 = now_s();
-    int show = n > 8 * PREFILL_CHUNK;
-    for (int i = 0; i < n; i += PREFILL_CHUNK) {
-        int T = n - i < PREFILL_CHUNK ? n - i : PREFILL_CHUNK;
-        logits = model_forward(m, s, tokens + i, T, pos + i, all_logits);
+    int chunk = s->chunk, show = n > 8 * chunk;
+    char err[MODEL_ERR_LEN];
+    for (int i = 0; i < n; i += chunk) {
+        int T = n - i < chunk ? n - i : chunk;
+        logits = model_forward(m, s, tokens + i, T, pos + i, all_logits, err);
+        if (!logits) die("%s", err);
         if (fn) fn(logits, i, T, ctx);
         if (show) {
             double el = now_s() - t0;
@@ -200,7 +259,9 @@ static void run_score(const Model *m, const Tokenizer *tok, const Options *o) {
     if (n > ctx) die("'%s' has %d tokens, more than the context of %d", o->score_file, n, ctx);
     RunState s;
     char err[MODEL_ERR_LEN];
-    if (run_state_init(&s, &m->c, ctx, PREFILL_CHUNK, err) != 0) die("%s", err);
+    int chunk = m->be->create ? SCORE_CHUNK_GPU : m->be->max_chunk;
+    if (run_state_init(&s, m, ctx, chunk, 1, err) != 0) die("%s", err);
+    s.attn = make_attn(o, m, &s, 0);
     ScoreCtx sc = {tokens, n, (int)m->c.vocab_size, 0.0};
     double t0 = now_s();
     prefill(m, &s, tokens, n, 0, 1, score_chunk, &sc);
@@ -208,6 +269,7 @@ static void run_score(const Model *m, const Tokenizer *tok, const Options *o) {
     double mean = sc.total / (n - 1);
     printf("mean_nll %.6f ppl %.6f\n", mean, exp(mean));
     fprintf(stderr, "score: %d tokens in %.2f s (%.1f tok/s)\n", n, el, n / el);
+    if (s.attn) s.attn->destroy(s.attn);
     run_state_free(&s);
     free(tokens);
 }
@@ -243,7 +305,8 @@ static void run_generate(const Model *m, const Tokenizer *tok, const Options *o)
             n_prompt, ctx, c->max_seq_len);
     RunState s;
     char err[MODEL_ERR_LEN];
-    if (run_state_init(&s, c, ctx, PREFILL_CHUNK, err) != 0) die("%s", err);
+    if (run_state_init(&s, m, ctx, m->be->max_chunk, 0, err) != 0) die("%s", err);
+    s.attn = make_attn(o, m, &s, n_prompt);
 
     Sampler sampler;
     int n_valid = tokenizer_n_tokens(tok) < (int)c->vocab_size ? tokenizer_n_tokens(tok) : (int)c->vocab_size;
@@ -275,7 +338,8 @@ static void run_generate(const Model *m, const Tokenizer *tok, const Options *o)
             stop = "context full";
             break;
         }
-        logits = model_forward(m, &s, &next, 1, pos, 0);
+        logits = model_forward(m, &s, &next, 1, pos, 0, err);
+        if (!logits) die("%s", err);
         pos++;
     }
     if (!o->ids) {
@@ -291,6 +355,7 @@ static void run_generate(const Model *m, const Tokenizer *tok, const Options *o)
             n_prompt, n_prompt / (t_prefill > 0 ? t_prefill : 1e-9), steps ? 1e3 * t_decode / steps : 0.0, generated);
     free(piece);
     sampler_free(&sampler);
+    if (s.attn) s.attn->destroy(s.attn);
     run_state_free(&s);
     free(prompt);
 }
@@ -307,12 +372,51 @@ static void run_tokenize(const Tokenizer *tok, const Options *o) {
     free(text);
 }
 
+// The GPU when there is one (or when asked), else the CPU.
+static void select_device(Model *m, const char *device) {
+    const Backend *cuda = backend_cuda_get();
+    int want_gpu = device && strcmp(device, "gpu") == 0, want_cpu = device && strcmp(device, "cpu") == 0;
+    int have_gpu = cuda && cuda->available();
+    if (want_gpu && !have_gpu)
+        die(cuda ? "--device gpu: no CUDA device is available" : "--device gpu: this build has no CUDA support");
+    if (have_gpu && !want_cpu) m->be = cuda;
+}
+
+static int run_bench(const Options *o) {
+    Model m;
+    char err[MODEL_ERR_LEN];
+    if (o->synthetic) {
+        if (o->model_path) die("give either a model file or --synthetic NAME, not both");
+        if (model_synthetic(&m, o->synthetic) != 0)
+            die("unknown --synthetic model '%s' (llama3.1-8b, qwen3-8b, qwen3-0.6b)", o->synthetic);
+    } else if (!o->model_path) {
+        die("--bench needs a model file or --synthetic NAME");
+    } else if (model_load(&m, o->model_path, err) != 0) {
+        die("%s", err);
+    }
+    select_device(&m, o->device ? o->device : "gpu");
+    if (!m.be->bench) die("--bench needs the GPU backend");
+    int ctxs[32], n = 0;
+    const char *p = o->bench_ctx ? o->bench_ctx : "4096,32768,131072";
+    while (*p) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p || v < 1 || v > (1 << 30) || n == 32 || (*end && *end != ',')) die("--bench-ctx: bad list '%s'", o->bench_ctx);
+        ctxs[n++] = (int)v;
+        p = *end ? end + 1 : end;
+    }
+    int rc = m.be->bench(&m, ctxs, n, o->bench_steps ? o->bench_steps : 64, o->bench_prefill, m.be->max_chunk);
+    model_free(&m);
+    return rc;
+}
+
 int main(int argc, char **argv) {
     Options o = {0};
     o.steps = 256;
     o.temperature = 0.8f;
     o.top_p = 0.95f;
     o.seed = (unsigned long long)time(NULL);
+    attn_config_default(&o.attn);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -346,6 +450,21 @@ int main(int argc, char **argv) {
             o.ids = 1;
         } else if (strcmp(a, "--ignore-eos") == 0) {
             o.ignore_eos = 1;
+        } else if (strcmp(a, "--device") == 0) {
+            NEEDS_VALUE(); o.device = v;
+            if (strcmp(v, "cpu") && strcmp(v, "gpu") && strcmp(v, "auto")) die("--device must be cpu, gpu or auto, not '%s'", v);
+        } else if (strcmp(a, "--bench") == 0) {
+            o.bench = 1;
+        } else if (strcmp(a, "--synthetic") == 0) {
+            NEEDS_VALUE(); o.synthetic = v;
+        } else if (strcmp(a, "--bench-ctx") == 0) {
+            NEEDS_VALUE(); o.bench_ctx = v;
+        } else if (strcmp(a, "--bench-steps") == 0) {
+            NEEDS_VALUE(); o.bench_steps = (int)parse_long(v, a, 64, 100000);
+        } else if (strcmp(a, "--bench-prefill") == 0) {
+            o.bench_prefill = 1;
+        } else if (attn_option(&o, a, v)) {
+            i++;
         } else if (a[0] == '-') {
             die("unknown option '%s' (see ./run -h)", a);
         } else if (!o.model_path) {
@@ -355,6 +474,7 @@ int main(int argc, char **argv) {
         }
 #undef NEEDS_VALUE
     }
+    if (o.bench) return run_bench(&o);
     if (!o.model_path) {
         usage(stderr);
         return 1;
@@ -364,6 +484,7 @@ int main(int argc, char **argv) {
     Model m;
     char err[MODEL_ERR_LEN];
     if (model_load(&m, o.model_path, err) != 0) die("%s", err);
+    select_device(&m, o.device);
     const FileHeader *h = m.file.header;
     char tok_err[TOK_ERR_LEN];
     Tokenizer *tok = tokenizer_load(m.file.data + h->tokenizer_offset, h->tokenizer_size, tok_err);

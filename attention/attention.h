@@ -1,5 +1,5 @@
 // Attention over the KV cache. Dense attention is the exact reference; the ParisKV policy and
-// its peers (issue 5) select a subset of positions and then attend exactly over that subset.
+// its peers select a subset of positions and then attend exactly over that subset.
 #ifndef ATTENTION_H
 #define ATTENTION_H
 
@@ -25,5 +25,52 @@ struct AttnPolicy {
     void (*destroy)(AttnPolicy *p);
     void *state;
 };
+
+// ---- selection policies: ParisKV and its peers (policy.c) ----
+//
+// Regions of a sequence, by position: [0, sink) is the sink; [sink, zone_end) the retrieval
+// zone; [zone_end, p] the local window and the update buffer, p the query's own position.
+// Positions below prefill_len are the prompt: attended densely (a prefill). Every later position
+// is a decode step: its query sees the regions the step-by-step protocol gives it, whether it
+// arrives alone (T = 1) or inside a chunk (teacher forcing: each query selects for itself).
+// Protocol: after the prefill the local window holds its last `local` tokens and the zone
+// everything between sink and window; each decode token enters the update buffer; after a step
+// that leaves `update` tokens in the buffer, the oldest `update` tokens of window + buffer move
+// to the zone. A query attends densely while the sequence (p + 1 tokens) is shorter than
+// max(dense_min, sink + local + 2 topk).
+typedef enum { ATTN_FULL, ATTN_PARISKV, ATTN_STREAMING, ATTN_QUEST, ATTN_FIER, ATTN_KMEANS, ATTN_ORACLE, ATTN_N_METHODS } AttnMethod;
+
+typedef struct {
+    int method;      // AttnMethod
+    int topk;        // retrieval-zone keys attended per step and KV head (100)
+    int sink;        // S (4)
+    int local;       // L (256)
+    int update;      // U (512)
+    int dense_min;   // dense below max(dense_min, S + L + 2 topk) tokens (2000)
+    int prefill_len; // positions below it are the prompt (0: every position is a decode step)
+    float beta, rho; // ParisKV candidate ratio and tier fraction; 0: the adaptive schedule by zone size
+} AttnConfig;
+
+#define ATTN_ERR_LEN 256
+
+void attn_config_default(AttnConfig *c);          // the spec's defaults, method ParisKV
+int attn_method_parse(const char *name);           // AttnMethod, or -1
+const char *attn_method_name(int method);
+int attn_dense_threshold(const AttnConfig *c);     // max(dense_min, S + L + 2 topk)
+int attn_is_dense(const AttnConfig *c, int pos);   // the query at pos attends densely
+int attn_zone_end(const AttnConfig *c, int pos);   // end of the retrieval zone seen by the query at pos
+
+// A policy for every layer of a model, K/V cache of ctx positions. NULL with err filled when the
+// configuration is invalid (ATTN_FULL included: it needs no policy) or memory runs out. All index
+// memory is allocated here: attend() never allocates.
+AttnPolicy *attn_policy_create(const AttnConfig *c, int n_layers, int n_heads, int n_kv_heads, int head_dim, int ctx, char *err);
+const AttnConfig *attn_policy_config(const AttnPolicy *p);
+
+// What the policy selects for the query at pos (q_group: the G query heads of kv_head, (G,
+// head_dim)) -- the same choice attend() made, for measuring it. Valid right after attend() has
+// run with pos as its last query (the index then covers exactly pos's zone). beta, rho > 0
+// override the configured ParisKV schedule. Writes retrieval-zone positions (ascending) to out
+// (room for topk + 16) and returns their count, or -1 when pos is dense or the index is elsewhere.
+int attn_policy_select(AttnPolicy *p, int layer, int kv_head, const float *q_group, int pos, float beta, float rho, int *out);
 
 #endif

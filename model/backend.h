@@ -1,10 +1,14 @@
-// The operations the forward pass is written in. The CPU backend (backend_cpu.c) is the
-// reference; the CUDA backend (kernels/) implements the same table over device memory.
+// The backend interface. The CPU backend (backend_cpu.c) supplies the operations the forward
+// pass in model.c is written in, and is the reference. The CUDA backend (kernels/) runs the
+// same pass itself -- fused kernels, bf16 weights and KV cache, the decode step as one CUDA
+// graph -- behind create / forward / destroy, and is checked against the CPU one.
 // Activations are fp32, row-major, T rows (tokens) at a time.
 #ifndef BACKEND_H
 #define BACKEND_H
 
 #include <stdint.h>
+
+struct Model;
 
 typedef struct Backend {
     const char *name;
@@ -21,8 +25,23 @@ typedef struct Backend {
     void (*swiglu)(float *a, const float *b, long n);
     // x (n) += y
     void (*add)(float *x, const float *y, long n);
+
+    // Whole-pass backends (NULL for the CPU). create() uploads the weights (or makes random
+    // ones for a synthetic model: m->token_embd == NULL) and allocates the KV cache for ctx
+    // positions and activations for chunk tokens (logits for all of them when all_logits),
+    // after checking they fit device memory.
+    int (*available)(void);
+    void *(*create)(const struct Model *m, int ctx, int chunk, int all_logits, char *err);
+    // As model_forward; the logits returned are in host memory. NULL (err filled) on failure.
+    float *(*forward)(void *dev, const int *tokens, int T, int pos, int all_logits, char *err);
+    void (*destroy)(void *dev);
+    // ./run --bench (see kernels/bench_cuda.cu); 0 on success.
+    int (*bench)(const struct Model *m, const int *ctx_list, int n_ctx, int steps, int real_prefill, int chunk);
+    int max_chunk; // preferred prefill chunk
 } Backend;
 
 extern const Backend backend_cpu;
+// NULL when built without CUDA.
+const Backend *backend_cuda_get(void);
 
 #endif

@@ -113,4 +113,5 @@ const Backend backend_cpu = {
     .rope = rope,
     .swiglu = swiglu,
     .add = add,
+    .max_chunk = 64,
 };

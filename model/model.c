@@ -78,6 +78,37 @@ int model_load(Model *m, const char *path, char *err) {
     return 0;
 }
 
+int model_synthetic(Model *m, const char *name) {
+    memset(m, 0, sizeof *m);
+    m->file.fd = -1; // no file behind it
+    Config *c = &m->c;
+    c->rope_scaling = ROPE_SCALING_NONE;
+    c->norm_eps = 1e-6f;
+    c->weight_dtype = DTYPE_BF16;
+    c->head_dim = 128;
+    c->n_kv_heads = 8;
+    if (strcmp(name, "llama3.1-8b") == 0) {
+        c->arch = ARCH_LLAMA, c->n_layers = 32, c->dim = 4096, c->n_heads = 32, c->hidden_dim = 14336;
+        c->vocab_size = 128256, c->max_seq_len = 131072, c->rope_theta = 500000.0f, c->norm_eps = 1e-5f;
+        c->rope_scaling = ROPE_SCALING_LLAMA3, c->rope_factor = 8, c->rope_low_freq = 1, c->rope_high_freq = 4;
+        c->rope_orig_ctx = 8192;
+    } else if (strcmp(name, "qwen3-8b") == 0) {
+        c->arch = ARCH_QWEN3, c->n_layers = 36, c->dim = 4096, c->n_heads = 32, c->hidden_dim = 12288;
+        c->vocab_size = 151936, c->max_seq_len = 131072, c->rope_theta = 1000000.0f, c->qk_norm = 1;
+    } else if (strcmp(name, "qwen3-0.6b") == 0) {
+        c->arch = ARCH_QWEN3, c->n_layers = 28, c->dim = 1024, c->n_heads = 16, c->hidden_dim = 3072;
+        c->vocab_size = 151936, c->max_seq_len = 131072, c->rope_theta = 1000000.0f, c->qk_norm = 1;
+        c->tied_embeddings = 1;
+    } else {
+        return -1;
+    }
+    m->inv_freq = malloc(c->head_dim / 2 * sizeof(float));
+    if (!m->inv_freq) return -1;
+    rope_inv_freq(c, NULL, m->inv_freq);
+    m->be = &backend_cpu;
+    return 0;
+}
+
 void model_free(Model *m) {
     free(m->layers);
     free(m->inv_freq);
@@ -93,8 +124,16 @@ size_t run_state_bytes(const Config *c, int ctx, int chunk) {
                             (size_t)omp_get_max_threads() * (size_t)ctx);
 }
 
-int run_state_init(RunState *s, const Config *c, int ctx, int chunk, char *err) {
+int run_state_init(RunState *s, const Model *m, int ctx, int chunk, int all_logits, char *err) {
     memset(s, 0, sizeof *s);
+    const Config *c = &m->c;
+    s->be = m->be;
+    s->ctx = ctx;
+    s->chunk = chunk;
+    if (m->be->create) {
+        s->dev = m->be->create(m, ctx, chunk, all_logits, err);
+        return s->dev ? 0 : -1;
+    }
     size_t need = run_state_bytes(c, ctx, chunk);
     struct sysinfo si;
     if (sysinfo(&si) == 0) {
@@ -113,8 +152,6 @@ int run_state_init(RunState *s, const Config *c, int ctx, int chunk, char *err) 
     }
     size_t q = (size_t)c->n_heads * c->head_dim, kv = (size_t)c->n_kv_heads * c->head_dim;
     size_t wide = q > c->dim ? q : c->dim, T = (size_t)chunk;
-    s->ctx = ctx;
-    s->chunk = chunk;
     s->x = calloc(T * c->dim, sizeof(float));
     s->xb = calloc(T * wide, sizeof(float));
     s->xb2 = calloc(T * c->dim, sizeof(float));
@@ -133,6 +170,7 @@ int run_state_init(RunState *s, const Config *c, int ctx, int chunk, char *err) 
 }
 
 void run_state_free(RunState *s) {
+    if (s->dev) s->be->destroy(s->dev);
     free(s->x);
     free(s->xb);
     free(s->xb2);
@@ -146,7 +184,8 @@ void run_state_free(RunState *s) {
     memset(s, 0, sizeof *s);
 }
 
-float *model_forward(const Model *m, RunState *s, const int *tokens, int T, int pos, int all_logits) {
+float *model_forward(const Model *m, RunState *s, const int *tokens, int T, int pos, int all_logits, char *err) {
+    if (s->dev) return s->be->forward(s->dev, tokens, T, pos, all_logits, err);
     const Config *c = &m->c;
     const Backend *be = m->be;
     int dim = (int)c->dim, hd = (int)c->head_dim, hidden = (int)c->hidden_dim;

@@ -22,7 +22,7 @@ typedef struct {
     const void *w_down;      // (dim, hidden_dim)
 } LayerWeights;
 
-typedef struct {
+typedef struct Model {
     Config c;
     ModelFile file;
     const void *token_embd;   // (vocab_size, dim)
@@ -47,20 +47,29 @@ typedef struct {
     float *key_cache;   // (n_layers, ctx, n_kv_heads * head_dim)
     float *value_cache; // (n_layers, ctx, n_kv_heads * head_dim)
     AttnPolicy *attn;   // NULL: dense attention (not owned)
+    void *dev;          // a whole-pass backend's state (GPU); the buffers above are then unused
+    const Backend *be;
 } RunState;
 
 int model_load(Model *m, const char *path, char *err);
 void model_free(Model *m);
 
-// Bytes run_state_init would allocate.
+// Bytes run_state_init would allocate on the CPU.
 size_t run_state_bytes(const Config *c, int ctx, int chunk);
-// Allocates the state after checking it fits the memory available (the message names both).
-int run_state_init(RunState *s, const Config *c, int ctx, int chunk, char *err);
+// Allocates the state on m's backend after checking it fits the memory available (the message
+// names both).
+// all_logits: the run wants logits for every token of a chunk (scoring), not only the last.
+int run_state_init(RunState *s, const Model *m, int ctx, int chunk, int all_logits, char *err);
 void run_state_free(RunState *s);
 
 // Runs tokens[0..T) (T <= chunk) at positions pos .. pos+T-1, writing their K/V into the cache.
-// Returns the logits of every token (T, vocab) when all_logits, else of the last token only.
-float *model_forward(const Model *m, RunState *s, const int *tokens, int T, int pos, int all_logits);
+// Returns the logits (host memory) of every token (T, vocab) when all_logits, else of the last
+// token only. NULL only from a device backend's failure, with err filled.
+float *model_forward(const Model *m, RunState *s, const int *tokens, int T, int pos, int all_logits, char *err);
+
+// Fills a synthetic model (no file, random weights on the device) with a named real shape:
+// llama3.1-8b, qwen3-8b, qwen3-0.6b. Returns 0, or -1 for an unknown name.
+int model_synthetic(Model *m, const char *name);
 
 // RoPE frequencies for a configuration (rope_freqs: per-frequency divisors, or NULL).
 void rope_inv_freq(const Config *c, const float *rope_freqs, float *inv_freq);

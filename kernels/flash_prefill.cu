@@ -1,0 +1,668 @@
+// Causal grouped-query flash attention for long-prompt prefill. See flash_prefill.h.
+//
+// Both kernels pack the G = n_heads / n_kv query heads that share one KV head into the rows of one
+// block: row r of a block is (query t0 + r / G, head kvh * G + r % G). The q layout (T, n_heads, hd)
+// makes those rows contiguous, and every K/V tile loaded into shared memory serves all G heads.
+// BM = 128 rows per block, so a block covers 128 / G queries. Online softmax in fp32 (exp2 with the
+// scale folded in), bf16 P, fp32 O. Tiles past the block's last query are never visited; tiles that
+// straddle the diagonal are masked per element; keys past pos0 + T - 1 are never read (the load
+// clamps the row index, and the mask zeroes them).
+//
+// Shared-memory tiles are stored the way wgmma's 128-byte swizzle wants them, and the mma.sync kernel
+// uses the same layout (it is conflict-free for ldmatrix too): a tile of R rows x HD columns is HD/64
+// "slabs" of R rows x 128 bytes; the 16-byte chunk c of row r sits at chunk c ^ (r % 8) of that row.
+// Slabs start on 1024-byte boundaries.
+//
+// Kernel 1 (sm_90a, wgmma; the default): 2 warpgroups of 64 rows, 128-key tiles. K/V tiles go through a
+// 3-stage ring of shared memory filled by cp.async from all 256 threads, with mbarrier full/empty
+// handshakes (cp.async arrives on the full barrier when it lands; a slot is refilled once both
+// warpgroups released it). S = Q K^T with both operands from shared memory; O += P V with P from
+// registers and V read transposed (MN-major) from shared memory. The S GEMM of tile j+1 is issued
+// before the PV GEMM of tile j, so the softmax of one tile overlaps the PV GEMM.
+// Kernel 2 (sm_80+, mma.sync m16n8k16; fallback): FA2 layout, 8 warps x 16 rows, 64-key tiles, 2-stage
+// cp.async, ldmatrix from the same swizzled layout.
+// Measured on an H100 (kernels/bench/flash_prefill.md): Qwen3-8B shapes, whole 128K prompt, kernel 1
+// 458 TFLOP/s (11.1 s over 36 layers), kernel 2 306 TFLOP/s. Tried and slower: the MODE 1/2 scheduling
+// variants below; a separate producer warpgroup with setmaxnreg (ptxas 13.0 then caps every thread at
+// 168 registers, the consumers spill and the wgmmas serialize).
+#include "flash_prefill.h"
+
+#include <math.h>
+#include <stdint.h>
+
+typedef __nv_bfloat16 bf16;
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define FP_HAVE_WGMMA 1
+#else
+#define FP_HAVE_WGMMA 0
+#endif
+
+namespace {
+
+constexpr int BM = 128;        // rows (query, head) per block, both kernels
+constexpr int WG_BN = 128;     // keys per tile, wgmma kernel
+constexpr int WG_STAGES = 3;   // K/V ring depth, wgmma kernel
+constexpr int WG_THREADS = 256; // 2 warpgroups; each thread also copies its share of every tile
+constexpr int MMA_BN = 64;     // keys per tile, mma kernel
+constexpr int MMA_THREADS = 256;
+
+template <int HD> constexpr int wg_smem_bytes() { return 1024 + BM * HD * 2 + WG_STAGES * 2 * WG_BN * HD * 2; }
+template <int HD> constexpr int mma_smem_bytes() { return 1024 + BM * HD * 2 + 2 * 2 * MMA_BN * HD * 2; }
+
+__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void *src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ float fast_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+
+// Byte offset of 16-byte chunk c (0 .. HD/8-1) of row r in an R-row swizzled tile.
+template <int R> __device__ __forceinline__ uint32_t swz(int r, int c) {
+    return (uint32_t)((c >> 3) * (R * 128) + r * 128 + (((c & 7) ^ (r & 7)) << 4));
+}
+
+// Rows row0 .. row0+R-1 of a (rows, HD) bf16 matrix into an R-row swizzled tile, row indices clamped
+// to row_max; the copy is spread over NTHR threads (thread index tid).
+template <int HD, int R, int NTHR>
+__device__ __forceinline__ void load_rows(uint32_t sbase, const bf16 *g, int row0, int row_max, int tid) {
+    constexpr int CPR = HD / 8;
+    static_assert((R * CPR) % NTHR == 0, "tile copy must split evenly");
+#pragma unroll 8
+    for (int i = 0; i < R * CPR / NTHR; i++) {
+        const int idx = tid + i * NTHR;
+        const int r = idx / CPR, c = idx % CPR;
+        const int row = min(row0 + r, row_max);
+        cp_async16(sbase + swz<R>(r, c), g + (size_t)row * HD + c * 8);
+    }
+}
+
+// The BM packed rows (query, head) of a block: row r -> q row (t0 + min(r / G, nq - 1)) * n_heads + kvh * G + r % G.
+template <int HD, int NTHR>
+__device__ __forceinline__ void load_q(uint32_t sbase, const bf16 *q, int t0, int nq, int G, int kvh, int n_heads,
+                                       int tid) {
+    constexpr int CPR = HD / 8;
+    static_assert((BM * CPR) % NTHR == 0, "tile copy must split evenly");
+#pragma unroll
+    for (int i = 0; i < BM * CPR / NTHR; i++) {
+        const int idx = tid + i * NTHR;
+        const int r = idx / CPR, c = idx % CPR;
+        const int t = t0 + min(r / G, nq - 1);
+        const int h = kvh * G + r % G;
+        cp_async16(sbase + swz<BM>(r, c), q + ((size_t)t * n_heads + h) * HD + c * 8);
+    }
+}
+
+// ---- mbarrier (wgmma kernel only) ----
+#if FP_HAVE_WGMMA
+__device__ __forceinline__ void mbar_init(uint64_t *b, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(b)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t *b) {
+    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(smem_u32(b)) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t *b, int parity) {
+    const uint32_t a = smem_u32(b);
+    uint32_t ok;
+    long spins = 0;
+    do {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(ok)
+                     : "r"(a), "r"(parity)
+                     : "memory");
+        if (++spins > (1L << 26)) __trap(); // a deadlock becomes a launch error, not a hang
+    } while (!ok);
+}
+// Arrives on the barrier (counted in its expected count) once all earlier cp.async of this thread land.
+__device__ __forceinline__ void cp_async_arrive(uint64_t *b) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_u32(b)) : "memory");
+}
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// Named barriers 1 and 2 over both warpgroups (256 threads): one side syncs, the other arrives.
+__device__ __forceinline__ void named_sync(int id) { asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory"); }
+__device__ __forceinline__ void named_arrive(int id) { asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory"); }
+#endif // FP_HAVE_WGMMA
+
+} // namespace
+
+// ================================ wgmma kernel (sm_90a) ================================
+namespace {
+#if FP_HAVE_WGMMA
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Pins accumulator registers after a wgmma wait so that no read of them moves above it.
+template <int N> __device__ __forceinline__ void fence_regs(float (&r)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; i++) asm volatile("" : "+f"(r[i])::"memory");
+}
+// Shared-memory matrix descriptor, 128-byte swizzle. lbo/sbo in bytes.
+// The volatile move keeps the compiler from hoisting every descriptor of the unrolled loops into
+// registers of their own (which spilled): each is rebuilt from one base right before its wgmma.
+__device__ __forceinline__ uint64_t make_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+    uint64_t d = (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)(lbo >> 4) << 16) | ((uint64_t)(sbo >> 4) << 32) |
+                 (1ull << 62);
+    asm volatile("mov.b64 %0, %0;\n" : "+l"(d));
+    return d;
+}
+// D(64x128, f32) (+)= A(64x16, smem desc, K-major) * B(128x16, smem desc, K-major)^T
+__device__ __forceinline__ void wgmma_ss_n128(float (&d)[64], uint64_t da, uint64_t db, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(da), "l"(db), "r"(scale_d));
+}
+
+// D(64x128, f32) += A(64x16, bf16 registers) * B(16x128, smem desc, MN-major i.e. transposed)
+__device__ __forceinline__ void wgmma_rs_n128_tb(float (&d)[64], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint64_t db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(db), "r"(1));
+}
+
+// D(64x64, f32) += A(64x16, bf16 registers) * B(16x64, smem desc, MN-major i.e. transposed)
+__device__ __forceinline__ void wgmma_rs_n64_tb(float (&d)[32], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint64_t db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(db), "r"(1));
+}
+
+#endif // FP_HAVE_WGMMA
+} // namespace
+
+// MODE 0: every thread copies 1/256 of each tile; a slot is refilled once both warpgroups released it
+//         (the warpgroups wait on each other once per tile).
+// MODE 1: warpgroup 1 alone refills the ring; warpgroup 0 never waits on warpgroup 1.
+// MODE 2: MODE 1 + ping-pong: named barriers make the warpgroups take turns issuing their GEMMs, so one
+//         warpgroup's softmax runs while the other's GEMMs occupy the tensor cores.
+template <int HD, int MODE>
+__global__ void __launch_bounds__(WG_THREADS, 1)
+    fp_wgmma_kernel(bf16 *__restrict__ out, const bf16 *__restrict__ q, const bf16 *__restrict__ kc,
+                    const bf16 *__restrict__ vc, int pos0, int T, int n_heads, int n_kv, int ctx, int G, int nq,
+                    int n_qtiles, float sl2) {
+#if FP_HAVE_WGMMA
+    constexpr int QB = BM * HD * 2, KVB = WG_BN * HD * 2;
+    constexpr int NO = HD / 2; // O accumulators per thread (m64 x nHD over 128 threads)
+    extern __shared__ uint8_t smem_raw[];
+    __shared__ __align__(8) uint64_t bar_full[WG_STAGES], bar_empty[WG_STAGES], bar_q;
+    const uint32_t sQ = (smem_u32(smem_raw) + 1023u) & ~1023u;
+    const uint32_t sKV = sQ + QB; // stage s: K at sKV + s*2*KVB, V right after
+
+    const int kvh = blockIdx.x % n_kv;
+    const int qt = n_qtiles - 1 - (int)(blockIdx.x / n_kv); // the longest rows first
+    const int t0 = qt * nq;
+    const int nqh = min(nq, T - t0);
+    const int kv_len = pos0 + t0 + nqh; // keys 0 .. kv_len-1 are visible to some row
+    const int n_tiles = (kv_len + WG_BN - 1) / WG_BN;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const bf16 *kg = kc + (size_t)kvh * ctx * HD, *vg = vc + (size_t)kvh * ctx * HD;
+
+    if (tid == 0) {
+#pragma unroll
+        for (int s = 0; s < WG_STAGES; s++) {
+            mbar_init(&bar_full[s], MODE == 0 ? WG_THREADS : 128);
+            mbar_init(&bar_empty[s], WG_THREADS);
+        }
+        mbar_init(&bar_q, WG_THREADS);
+    }
+    __syncthreads();
+
+    // The copying threads each copy their share of a tile and arrive on the tile's barrier when it lands.
+    auto issue_tile = [&](int jt) {
+        const int s = jt % WG_STAGES;
+        const uint32_t kb = sKV + s * 2 * KVB;
+        if constexpr (MODE == 0) {
+            load_rows<HD, WG_BN, WG_THREADS>(kb, kg, jt * WG_BN, kv_len - 1, tid);
+            load_rows<HD, WG_BN, WG_THREADS>(kb + KVB, vg, jt * WG_BN, kv_len - 1, tid);
+        } else {
+            load_rows<HD, WG_BN, 128>(kb, kg, jt * WG_BN, kv_len - 1, tid - 128);
+            load_rows<HD, WG_BN, 128>(kb + KVB, vg, jt * WG_BN, kv_len - 1, tid - 128);
+        }
+        cp_async_arrive(&bar_full[s]);
+    };
+    load_q<HD, WG_THREADS>(sQ, q, t0, nqh, G, kvh, n_heads, tid);
+    cp_async_arrive(&bar_q);
+    if (MODE == 0 || tid >= 128)
+        for (int jt = 0; jt < WG_STAGES && jt < n_tiles; jt++) issue_tile(jt);
+    if (MODE == 2 && tid >= 128) named_arrive(1); // warpgroup 0 issues first
+    // GEMM issue turns (MODE 2): point k of warpgroup w waits for the other's point k-1 (or the start).
+    auto turn_begin = [&]() {
+        if constexpr (MODE == 2) named_sync(1 + (warp >> 2));
+    };
+    auto turn_end = [&](bool last) {
+        if constexpr (MODE == 2) {
+            if (!(last && warp >= 4)) named_arrive(2 - (warp >> 2));
+        }
+    };
+
+    // ---- warpgroup wg owns rows wg*64 .. wg*64+63 ----
+    const int wg = warp >> 2, wl = warp & 3, g = lane >> 2, tq = lane & 3;
+    const int r0 = wg * 64 + wl * 16 + g, r1 = r0 + 8;
+    const int qp0 = pos0 + t0 + min(r0 / G, nqh - 1);
+    const int qp1 = pos0 + t0 + min(r1 / G, nqh - 1);
+    const int wg_qp_min = pos0 + t0 + min((wg * 64) / G, nqh - 1);
+    const uint32_t qbase = sQ + wg * 64 * 128;
+
+    float o[NO];
+#pragma unroll
+    for (int i = 0; i < NO; i++) o[i] = 0.f;
+    float sacc[64];
+    uint32_t p[32];
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+
+    auto s_gemm = [&](uint32_t kb) {
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++) {
+            const uint64_t da = make_desc(qbase + (kk >> 2) * (BM * 128) + (kk & 3) * 32, 16, 1024);
+            const uint64_t db = make_desc(kb + (kk >> 2) * (WG_BN * 128) + (kk & 3) * 32, 16, 1024);
+            wgmma_ss_n128(sacc, da, db, kk > 0);
+        }
+    };
+    auto pv_gemm = [&](uint32_t vb) {
+#pragma unroll
+        for (int kk = 0; kk < WG_BN / 16; kk++) {
+            const uint64_t db = make_desc(vb + kk * 2048, WG_BN * 128, 1024);
+            if constexpr (HD == 128)
+                wgmma_rs_n128_tb(o, p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3], db);
+            else
+                wgmma_rs_n64_tb(o, p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3], db);
+        }
+    };
+    // Mask, running max, exponentials in place; returns the rescale factors of the old state.
+    auto softmax = [&](int j, float &a0, float &a1) {
+        if (j * WG_BN + WG_BN - 1 > wg_qp_min) {
+            const int kb = j * WG_BN + 2 * tq;
+#pragma unroll
+            for (int i = 0; i < 16; i++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const int key = kb + 8 * i + e;
+                    if (key > qp0) sacc[4 * i + e] = -INFINITY;
+                    if (key > qp1) sacc[4 * i + 2 + e] = -INFINITY;
+                }
+        }
+        float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            mx0 = fmaxf(mx0, fmaxf(sacc[4 * i], sacc[4 * i + 1]));
+            mx1 = fmaxf(mx1, fmaxf(sacc[4 * i + 2], sacc[4 * i + 3]));
+        }
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+        const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1); // finite: key 0 is in every row's first tile
+        a0 = fast_exp2((m0 - mn0) * sl2);
+        a1 = fast_exp2((m1 - mn1) * sl2);
+        m0 = mn0;
+        m1 = mn1;
+        const float ms0 = mn0 * sl2, ms1 = mn1 * sl2;
+        float rs0 = 0.f, rs1 = 0.f;
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            sacc[4 * i] = fast_exp2(fmaf(sacc[4 * i], sl2, -ms0));
+            sacc[4 * i + 1] = fast_exp2(fmaf(sacc[4 * i + 1], sl2, -ms0));
+            sacc[4 * i + 2] = fast_exp2(fmaf(sacc[4 * i + 2], sl2, -ms1));
+            sacc[4 * i + 3] = fast_exp2(fmaf(sacc[4 * i + 3], sl2, -ms1));
+            rs0 += sacc[4 * i] + sacc[4 * i + 1];
+            rs1 += sacc[4 * i + 2] + sacc[4 * i + 3];
+        }
+        l0 = l0 * a0 + rs0;
+        l1 = l1 * a1 + rs1;
+    };
+    auto to_p = [&]() {
+#pragma unroll
+        for (int kk = 0; kk < WG_BN / 16; kk++) {
+            p[4 * kk] = pack_bf16(sacc[8 * kk], sacc[8 * kk + 1]);
+            p[4 * kk + 1] = pack_bf16(sacc[8 * kk + 2], sacc[8 * kk + 3]);
+            p[4 * kk + 2] = pack_bf16(sacc[8 * kk + 4], sacc[8 * kk + 5]);
+            p[4 * kk + 3] = pack_bf16(sacc[8 * kk + 6], sacc[8 * kk + 7]);
+        }
+    };
+
+    mbar_wait(&bar_q, 0);
+    mbar_wait(&bar_full[0], 0);
+    fence_proxy_async(); // cp.async wrote through the generic proxy; wgmma reads through the async proxy
+    turn_begin();
+    wgmma_fence();
+    s_gemm(sKV);
+    wgmma_commit();
+    turn_end(false);
+    wgmma_wait<0>();
+    fence_regs(sacc);
+    {
+        float a0, a1;
+        softmax(0, a0, a1);
+    }
+    to_p();
+
+    for (int j = 1; j < n_tiles; j++) {
+        const int s = j % WG_STAGES, sp = (j - 1) % WG_STAGES;
+        mbar_wait(&bar_full[s], (j / WG_STAGES) & 1);
+        fence_proxy_async();
+        turn_begin();
+        wgmma_fence();
+        s_gemm(sKV + s * 2 * KVB);                // S_j = Q K_j^T
+        wgmma_commit();
+        pv_gemm(sKV + sp * 2 * KVB + KVB);        // O += P_{j-1} V_{j-1}
+        wgmma_commit();
+        turn_end(false);
+        wgmma_wait<1>();
+        fence_regs(sacc);
+        float a0, a1;
+        softmax(j, a0, a1);                       // overlaps the PV GEMM
+        // Always true (l0 >= 0, or NaN), but ptxas cannot know: without the condition it hoists the
+        // wait above the exponentials and the softmax no longer overlaps the PV GEMM.
+        if (!(l0 < 0.f)) wgmma_wait<0>();
+        fence_regs(o);
+        mbar_arrive(&bar_empty[sp]);
+        if (j - 1 + WG_STAGES < n_tiles && (MODE == 0 || warp >= 4)) {
+            // refill the slot of tile j-1 once both warpgroups are done with it
+            mbar_wait(&bar_empty[sp], ((j - 1) / WG_STAGES) & 1);
+            issue_tile(j - 1 + WG_STAGES);
+        }
+#pragma unroll
+        for (int i = 0; i < NO / 4; i++) {
+            o[4 * i] *= a0;
+            o[4 * i + 1] *= a0;
+            o[4 * i + 2] *= a1;
+            o[4 * i + 3] *= a1;
+        }
+        to_p();
+    }
+    turn_begin();
+    wgmma_fence();
+    pv_gemm(sKV + ((n_tiles - 1) % WG_STAGES) * 2 * KVB + KVB);
+    wgmma_commit();
+    turn_end(true);
+    wgmma_wait<0>();
+    fence_regs(o);
+
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    const float inv0 = 1.f / l0, inv1 = 1.f / l1;
+    if (r0 < nqh * G) {
+        bf16 *op = out + ((size_t)(t0 + r0 / G) * n_heads + kvh * G + r0 % G) * HD + 2 * tq;
+#pragma unroll
+        for (int i = 0; i < HD / 8; i++)
+            *reinterpret_cast<__nv_bfloat162 *>(op + 8 * i) = __floats2bfloat162_rn(o[4 * i] * inv0, o[4 * i + 1] * inv0);
+    }
+    if (r1 < nqh * G) {
+        bf16 *op = out + ((size_t)(t0 + r1 / G) * n_heads + kvh * G + r1 % G) * HD + 2 * tq;
+#pragma unroll
+        for (int i = 0; i < HD / 8; i++)
+            *reinterpret_cast<__nv_bfloat162 *>(op + 8 * i) =
+                __floats2bfloat162_rn(o[4 * i + 2] * inv1, o[4 * i + 3] * inv1);
+    }
+#endif // FP_HAVE_WGMMA
+}
+
+// ================================ mma.sync kernel (sm_80+) ================================
+namespace {
+__device__ __forceinline__ void ldsm_x4(uint32_t &a, uint32_t &b, uint32_t &c, uint32_t &d, uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(a), "=r"(b), "=r"(c), "=r"(d)
+                 : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t &a, uint32_t &b, uint32_t &c, uint32_t &d, uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(a), "=r"(b), "=r"(c), "=r"(d)
+                 : "r"(addr));
+}
+__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                 "{%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+} // namespace
+
+template <int HD>
+__global__ void __launch_bounds__(MMA_THREADS, 1)
+    fp_mma_kernel(bf16 *__restrict__ out, const bf16 *__restrict__ q, const bf16 *__restrict__ kc,
+                  const bf16 *__restrict__ vc, int pos0, int T, int n_heads, int n_kv, int ctx, int G, int nq,
+                  int n_qtiles, float sl2) {
+    constexpr int QB = BM * HD * 2, KVB = MMA_BN * HD * 2;
+    constexpr int NT = MMA_BN / 8; // n8 score tiles per warp
+    constexpr int DT = HD / 8;     // n8 output tiles per warp
+    extern __shared__ uint8_t smem_raw[];
+    const uint32_t sQ = (smem_u32(smem_raw) + 1023u) & ~1023u;
+    const uint32_t sKV = sQ + QB; // buffer b: K at sKV + b*2*KVB, V right after
+
+    const int kvh = blockIdx.x % n_kv;
+    const int qt = n_qtiles - 1 - (int)(blockIdx.x / n_kv);
+    const int t0 = qt * nq;
+    const int nqh = min(nq, T - t0);
+    const int kv_len = pos0 + t0 + nqh;
+    const int n_tiles = (kv_len + MMA_BN - 1) / MMA_BN;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const bf16 *kg = kc + (size_t)kvh * ctx * HD, *vg = vc + (size_t)kvh * ctx * HD;
+
+    load_q<HD, MMA_THREADS>(sQ, q, t0, nqh, G, kvh, n_heads, tid);
+    load_rows<HD, MMA_BN, MMA_THREADS>(sKV, kg, 0, kv_len - 1, tid);
+    load_rows<HD, MMA_BN, MMA_THREADS>(sKV + KVB, vg, 0, kv_len - 1, tid);
+    cp_async_commit();
+
+    const int g = lane >> 2, tq = lane & 3, lm = lane >> 3, l8 = lane & 7;
+    const int r0 = warp * 16 + g, r1 = r0 + 8;
+    const int qp0 = pos0 + t0 + min(r0 / G, nqh - 1);
+    const int qp1 = pos0 + t0 + min(r1 / G, nqh - 1);
+    const int w_qp_min = pos0 + t0 + min((warp * 16) / G, nqh - 1);
+
+    uint32_t qf[HD / 16][4];
+    float o[DT][4];
+#pragma unroll
+    for (int i = 0; i < DT; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+
+    for (int j = 0; j < n_tiles; j++) {
+        cp_async_wait<0>();
+        __syncthreads(); // tile j landed for everyone; everyone is done with tile j-1
+        if (j == 0) {
+#pragma unroll
+            for (int kk = 0; kk < HD / 16; kk++)
+                ldsm_x4(qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3],
+                        sQ + swz<BM>(warp * 16 + (lm & 1) * 8 + l8, 2 * kk + (lm >> 1)));
+        }
+        if (j + 1 < n_tiles) {
+            const uint32_t nb = sKV + ((j + 1) & 1) * 2 * KVB;
+            load_rows<HD, MMA_BN, MMA_THREADS>(nb, kg, (j + 1) * MMA_BN, kv_len - 1, tid);
+            load_rows<HD, MMA_BN, MMA_THREADS>(nb + KVB, vg, (j + 1) * MMA_BN, kv_len - 1, tid);
+        }
+        cp_async_commit();
+        const uint32_t kb = sKV + (j & 1) * 2 * KVB, vb = kb + KVB;
+
+        float s[NT][4];
+#pragma unroll
+        for (int i = 0; i < NT; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+#pragma unroll
+        for (int kk = 0; kk < HD / 16; kk++)
+#pragma unroll
+            for (int np = 0; np < NT / 2; np++) {
+                uint32_t b0, b1, b2, b3;
+                ldsm_x4(b0, b1, b2, b3, kb + swz<MMA_BN>(16 * np + (lm >> 1) * 8 + l8, 2 * kk + (lm & 1)));
+                mma16816(s[2 * np], qf[kk], b0, b1);
+                mma16816(s[2 * np + 1], qf[kk], b2, b3);
+            }
+
+        if (j * MMA_BN + MMA_BN - 1 > w_qp_min) {
+            const int kb0 = j * MMA_BN + 2 * tq;
+#pragma unroll
+            for (int i = 0; i < NT; i++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const int key = kb0 + 8 * i + e;
+                    if (key > qp0) s[i][e] = -INFINITY;
+                    if (key > qp1) s[i][2 + e] = -INFINITY;
+                }
+        }
+        float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+        for (int i = 0; i < NT; i++) {
+            mx0 = fmaxf(mx0, fmaxf(s[i][0], s[i][1]));
+            mx1 = fmaxf(mx1, fmaxf(s[i][2], s[i][3]));
+        }
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+        const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+        const float a0 = fast_exp2((m0 - mn0) * sl2), a1 = fast_exp2((m1 - mn1) * sl2);
+        m0 = mn0;
+        m1 = mn1;
+        const float ms0 = mn0 * sl2, ms1 = mn1 * sl2;
+        float rs0 = 0.f, rs1 = 0.f;
+#pragma unroll
+        for (int i = 0; i < NT; i++) {
+            s[i][0] = fast_exp2(fmaf(s[i][0], sl2, -ms0));
+            s[i][1] = fast_exp2(fmaf(s[i][1], sl2, -ms0));
+            s[i][2] = fast_exp2(fmaf(s[i][2], sl2, -ms1));
+            s[i][3] = fast_exp2(fmaf(s[i][3], sl2, -ms1));
+            rs0 += s[i][0] + s[i][1];
+            rs1 += s[i][2] + s[i][3];
+        }
+        l0 = l0 * a0 + rs0;
+        l1 = l1 * a1 + rs1;
+#pragma unroll
+        for (int i = 0; i < DT; i++) {
+            o[i][0] *= a0;
+            o[i][1] *= a0;
+            o[i][2] *= a1;
+            o[i][3] *= a1;
+        }
+#pragma unroll
+        for (int kk = 0; kk < MMA_BN / 16; kk++) {
+            const uint32_t pa[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]), pack_bf16(s[2 * kk][2], s[2 * kk][3]),
+                                    pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                                    pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+            for (int dp = 0; dp < DT / 2; dp++) {
+                uint32_t b0, b1, b2, b3;
+                ldsm_x4_t(b0, b1, b2, b3, vb + swz<MMA_BN>(16 * kk + (lm & 1) * 8 + l8, 2 * dp + (lm >> 1)));
+                mma16816(o[2 * dp], pa, b0, b1);
+                mma16816(o[2 * dp + 1], pa, b2, b3);
+            }
+        }
+    }
+
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    const float inv0 = 1.f / l0, inv1 = 1.f / l1;
+    if (r0 < nqh * G) {
+        bf16 *op = out + ((size_t)(t0 + r0 / G) * n_heads + kvh * G + r0 % G) * HD + 2 * tq;
+#pragma unroll
+        for (int i = 0; i < DT; i++)
+            *reinterpret_cast<__nv_bfloat162 *>(op + 8 * i) = __floats2bfloat162_rn(o[i][0] * inv0, o[i][1] * inv0);
+    }
+    if (r1 < nqh * G) {
+        bf16 *op = out + ((size_t)(t0 + r1 / G) * n_heads + kvh * G + r1 % G) * HD + 2 * tq;
+#pragma unroll
+        for (int i = 0; i < DT; i++)
+            *reinterpret_cast<__nv_bfloat162 *>(op + 8 * i) = __floats2bfloat162_rn(o[i][2] * inv1, o[i][3] * inv1);
+    }
+}
+
+// ================================ host ================================
+__device__ int fp_wgmma_built = FP_HAVE_WGMMA;
+
+namespace {
+// 1 when the loaded module has the sm_90a kernel and the device is sm_90; probed once, outside capture.
+int wgmma_usable(cudaStream_t st) {
+    static int state = -1;
+    if (state >= 0) return state;
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(st, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone) {
+        cudaGetLastError();
+        return 0; // cannot probe now; take the portable kernel this time
+    }
+    int dev = 0, major = 0, minor = 0, built = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) ||
+        cudaMemcpyFromSymbol(&built, fp_wgmma_built, sizeof(int)) != cudaSuccess) {
+        cudaGetLastError();
+        built = 0;
+    }
+    state = (major == 9 && minor == 0 && built) ? 1 : 0;
+    return state;
+}
+
+template <int HD>
+cudaError_t launch(int impl, bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v, int pos0, int T, int n_heads,
+                   int n_kv, int ctx, cudaStream_t st) {
+    const int G = n_heads / n_kv;
+    const int nq = BM / G;
+    const int n_qtiles = (T + nq - 1) / nq;
+    const float sl2 = (float)(1.4426950408889634 / sqrt((double)HD));
+    const dim3 grid((unsigned)(n_qtiles * n_kv));
+    if (impl != FLASH_PREFILL_MMA) {
+        const int smem = wg_smem_bytes<HD>();
+        void (*kern)(bf16 *, const bf16 *, const bf16 *, const bf16 *, int, int, int, int, int, int, int, int,
+                     float) = impl == FLASH_PREFILL_WGMMA_M1   ? fp_wgmma_kernel<HD, 1>
+                              : impl == FLASH_PREFILL_WGMMA_M2 ? fp_wgmma_kernel<HD, 2>
+                                                               : fp_wgmma_kernel<HD, 0>;
+        cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+        if (e != cudaSuccess) return e;
+        kern<<<grid, WG_THREADS, smem, st>>>(out, q, k, v, pos0, T, n_heads, n_kv, ctx, G, nq, n_qtiles, sl2);
+    } else {
+        const int smem = mma_smem_bytes<HD>();
+        cudaError_t e = cudaFuncSetAttribute(fp_mma_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+        if (e != cudaSuccess) return e;
+        fp_mma_kernel<HD><<<grid, MMA_THREADS, smem, st>>>(out, q, k, v, pos0, T, n_heads, n_kv, ctx, G, nq,
+                                                         n_qtiles, sl2);
+    }
+    return cudaGetLastError();
+}
+} // namespace
+
+extern "C" cudaError_t flash_prefill_impl(int impl, bf16 *out, const bf16 *q, const bf16 *k_cache,
+                                          const bf16 *v_cache, int pos0, int T, int n_heads, int n_kv_heads,
+                                          int head_dim, int ctx, cudaStream_t stream) {
+    if (T == 0) return cudaSuccess;
+    if (!out || !q || !k_cache || !v_cache || T < 0 || pos0 < 0 || n_heads <= 0 || n_kv_heads <= 0 ||
+        n_heads % n_kv_heads || n_heads / n_kv_heads > BM || (head_dim != 64 && head_dim != 128) ||
+        (long long)pos0 + T > ctx || (((uintptr_t)out | (uintptr_t)q | (uintptr_t)k_cache | (uintptr_t)v_cache) & 15))
+        return cudaErrorInvalidValue;
+    if (impl == FLASH_PREFILL_AUTO) impl = wgmma_usable(stream) ? FLASH_PREFILL_WGMMA : FLASH_PREFILL_MMA;
+    else if (impl == FLASH_PREFILL_MMA) {
+    } else if (impl == FLASH_PREFILL_WGMMA || impl == FLASH_PREFILL_WGMMA_M1 || impl == FLASH_PREFILL_WGMMA_M2) {
+        if (!wgmma_usable(stream)) return cudaErrorInvalidDeviceFunction;
+    } else
+        return cudaErrorInvalidValue;
+    if (head_dim == 128)
+        return launch<128>(impl, out, q, k_cache, v_cache, pos0, T, n_heads, n_kv_heads, ctx, stream);
+    return launch<64>(impl, out, q, k_cache, v_cache, pos0, T, n_heads, n_kv_heads, ctx, stream);
+}
+
+extern "C" cudaError_t flash_prefill(bf16 *out, const bf16 *q, const bf16 *k_cache, const bf16 *v_cache, int pos0,
+                                     int T, int n_heads, int n_kv_heads, int head_dim, int ctx, cudaStream_t stream) {
+    return flash_prefill_impl(FLASH_PREFILL_AUTO, out, q, k_cache, v_cache, pos0, T, n_heads, n_kv_heads, head_dim,
+                              ctx, stream);
+}

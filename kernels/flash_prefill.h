@@ -1,0 +1,46 @@
+// Causal grouped-query flash attention for long-prompt prefill (issue 4).
+#ifndef FLASH_PREFILL_H
+#define FLASH_PREFILL_H
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#ifdef __cplusplus
+extern "C" {
+#else
+// Plain C cannot see the C++ class __nv_bfloat16; its 2-byte storage type stands in (same ABI: pointers).
+typedef __nv_bfloat16_raw __nv_bfloat16;
+#endif
+
+// Causal grouped-query attention for a chunk of T queries at positions pos0 .. pos0+T-1 over cache
+// positions 0 .. pos0+T-1 (query t sees keys 0 .. pos0+t). Scale 1/sqrt(head_dim). fp32 accumulation.
+//   out: (T, n_heads, head_dim) bf16      q: (T, n_heads, head_dim) bf16 (RoPE already applied)
+//   k_cache, v_cache: (n_kv_heads, ctx, head_dim) bf16, head-major (one head's positions contiguous)
+// Query head h uses KV head h / (n_heads / n_kv_heads). head_dim 64 or 128.
+// Requirements: n_heads % n_kv_heads == 0, n_heads / n_kv_heads <= 128, pos0 >= 0, pos0 + T <= ctx,
+// all four pointers 16-byte aligned. Only cache rows 0 .. pos0+T-1 are read. T == 0 is a no-op.
+// Returns cudaErrorInvalidValue for bad arguments, else the launch error. No allocation; no host sync
+// except on the first call, which probes once whether the loaded module has the sm_90a kernel: make that
+// first call outside stream capture (a call under capture before it takes the mma kernel).
+cudaError_t flash_prefill(__nv_bfloat16 *out, const __nv_bfloat16 *q, const __nv_bfloat16 *k_cache,
+                          const __nv_bfloat16 *v_cache, int pos0, int T, int n_heads, int n_kv_heads,
+                          int head_dim, int ctx, cudaStream_t stream);
+
+// The same with the implementation chosen (for tests and benchmarks):
+//   FLASH_PREFILL_AUTO  : wgmma when this build has sm_90a code and the device is sm_90, else mma
+//   FLASH_PREFILL_WGMMA : Hopper wgmma kernel (needs -gencode arch=compute_90a,code=sm_90a);
+//                         cudaErrorInvalidDeviceFunction if this build has no sm_90a code
+//   FLASH_PREFILL_MMA   : portable mma.sync m16n8k16 kernel (sm_80 and newer)
+//   FLASH_PREFILL_WGMMA_M1, _M2 : scheduling variants of the wgmma kernel (benchmarks; see the .cu)
+enum { FLASH_PREFILL_AUTO = 0, FLASH_PREFILL_WGMMA = 1, FLASH_PREFILL_MMA = 2, FLASH_PREFILL_WGMMA_M1 = 3,
+       FLASH_PREFILL_WGMMA_M2 = 4 };
+cudaError_t flash_prefill_impl(int impl, __nv_bfloat16 *out, const __nv_bfloat16 *q,
+                               const __nv_bfloat16 *k_cache, const __nv_bfloat16 *v_cache, int pos0,
+                               int T, int n_heads, int n_kv_heads, int head_dim, int ctx,
+                               cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

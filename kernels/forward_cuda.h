@@ -1,0 +1,35 @@
+// The CUDA backend's extra entry points, for the benchmark mode and the GPU tests.
+#ifndef FORWARD_CUDA_H
+#define FORWARD_CUDA_H
+
+#include <cuda_runtime.h>
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+#include "../model/model.h"
+
+typedef struct GpuState GpuState;
+
+void *gpu_create(const Model *m, int ctx, int chunk, int all_logits, char *err);
+float *gpu_forward(void *dev, const int *tokens, int T, int pos, int all_logits, char *err);
+void gpu_destroy(void *dev);
+size_t gpu_weight_bytes(const Config *c);   // bytes of weights a decode step reads
+size_t gpu_kv_bytes(const Config *c, int ctx);
+size_t gpu_state_weight_bytes(void *dev);
+// Fills positions 0 .. n_tokens-1 of every layer's cache with random K/V (contexts too long to prefill).
+cudaError_t gpu_fill_kv_random(void *dev, int n_tokens);
+// Times n decode steps at position pos after warmup steps; per-step milliseconds into ms_out.
+cudaError_t gpu_time_decode(void *dev, int pos, int warmup, int n, float *ms_out);
+// Measured streaming read bandwidth of the device, bytes per second.
+double gpu_read_bandwidth(void);
+// ./run --bench: for each context, fill (real prefill of random tokens in chunks, or random
+// K/V), time `steps` decode steps and print a table with the bandwidth floor. 0 on success.
+int gpu_bench(const Model *m, const int *ctx_list, int n_ctx, int steps, int real_prefill, int chunk);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,146 @@
+// Decode GEMV at the memory-bandwidth floor: every weight byte is read once with 16-byte
+// loads. Two variants, benchmarked side by side in kernels/test_kernels.cu:
+//   v1 (staged): x staged once per block in shared memory; each warp computes two rows.
+//   v2 (rowwarp): one row (a gate/up pair for SwiGLU) per warp, x read through L1, U loads
+//       per lane issued before any arithmetic so enough bytes are in flight for short matrices.
+#include "cuda_common.h"
+#include "kernels.h"
+
+#define GEMV_WARPS 8
+
+__device__ __forceinline__ float dot8(uint4 w, uint4 x) {
+    const __nv_bfloat162 *wp = (const __nv_bfloat162 *)&w, *xp = (const __nv_bfloat162 *)&x;
+    float s = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float2 a = __bfloat1622float2(wp[i]), b = __bfloat1622float2(xp[i]);
+        s = fmaf(a.x, b.x, s);
+        s = fmaf(a.y, b.y, s);
+    }
+    return s;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+template <int EPI>
+__global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_kernel(void *y, const bf16 *W, const bf16 *x, int n, int d) {
+    extern __shared__ uint4 xs[]; // x, n/8 chunks of 8 bf16
+    int chunks = n / 8;
+    for (int i = threadIdx.x; i < chunks; i += blockDim.x) xs[i] = ((const uint4 *)x)[i];
+    __syncthreads();
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int pairs = (d + 1) / 2;
+    for (int p = blockIdx.x * GEMV_WARPS + warp; p < pairs; p += gridDim.x * GEMV_WARPS) {
+        int r0 = 2 * p, r1 = r0 + 1 < d ? r0 + 1 : r0; // odd d: the last warp computes one row twice
+        const uint4 *w0 = (const uint4 *)(W + (size_t)r0 * n), *w1 = (const uint4 *)(W + (size_t)r1 * n);
+        float s0 = 0.0f, s1 = 0.0f;
+#pragma unroll 4
+        for (int c = lane; c < chunks; c += 32) {
+            uint4 a = __ldg(w0 + c), b = __ldg(w1 + c), xv = xs[c];
+            s0 += dot8(a, xv);
+            s1 += dot8(b, xv);
+        }
+        s0 = warp_sum(s0);
+        s1 = warp_sum(s1);
+        if (lane == 0) {
+            if (EPI == GEMV_SWIGLU) {
+                ((bf16 *)y)[p] = __float2bfloat16(s0 / (1.0f + __expf(-s0)) * s1);
+            } else {
+                float *yf = (float *)y;
+                if (EPI == GEMV_ADD) {
+                    yf[r0] += s0;
+                    if (r1 != r0) yf[r1] += s1;
+                } else {
+                    yf[r0] = s0;
+                    if (r1 != r0) yf[r1] = s1;
+                }
+            }
+        }
+    }
+}
+
+#define ROW_WARPS 4
+#define ROW_UNROLL 8
+
+template <int EPI>
+__global__ void __launch_bounds__(ROW_WARPS * 32) gemv_row_kernel(void *y, const bf16 *W, const bf16 *x, int n, int d) {
+    constexpr int R = EPI == GEMV_SWIGLU ? 2 : 1; // rows per warp
+    int lane = threadIdx.x & 31;
+    int unit = blockIdx.x * ROW_WARPS + (threadIdx.x >> 5);
+    if (unit * R >= d) return;
+    int chunks = n / 8;
+    const uint4 *xv = (const uint4 *)x;
+    const uint4 *w[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) w[r] = (const uint4 *)(W + (size_t)(unit * R + r) * n);
+    float s[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) s[r] = 0.0f;
+    for (int c0 = 0; c0 < chunks; c0 += 32 * ROW_UNROLL) {
+        uint4 wv[R][ROW_UNROLL], xx[ROW_UNROLL];
+#pragma unroll
+        for (int u = 0; u < ROW_UNROLL; u++) {
+            int c = c0 + u * 32 + lane;
+            bool in = c < chunks;
+            xx[u] = in ? __ldg(xv + c) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+            for (int r = 0; r < R; r++) wv[r][u] = in ? __ldcs(w[r] + c) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < ROW_UNROLL; u++)
+#pragma unroll
+            for (int r = 0; r < R; r++) s[r] += dot8(wv[r][u], xx[u]);
+    }
+#pragma unroll
+    for (int r = 0; r < R; r++) s[r] = warp_sum(s[r]);
+    if (lane == 0) {
+        if (EPI == GEMV_SWIGLU) ((bf16 *)y)[unit] = __float2bfloat16(s[0] / (1.0f + __expf(-s[0])) * s[R - 1]);
+        else if (EPI == GEMV_ADD) ((float *)y)[unit] += s[0];
+        else ((float *)y)[unit] = s[0];
+    }
+}
+
+extern "C" cudaError_t gemv_bf16_rowwarp(void *y, const bf16 *W, const bf16 *x, int n, int d, int epilogue, cudaStream_t st) {
+    int units = epilogue == GEMV_SWIGLU ? d / 2 : d;
+    int blocks = (units + ROW_WARPS - 1) / ROW_WARPS;
+    switch (epilogue) {
+    case GEMV_STORE: gemv_row_kernel<GEMV_STORE><<<blocks, ROW_WARPS * 32, 0, st>>>(y, W, x, n, d); break;
+    case GEMV_ADD: gemv_row_kernel<GEMV_ADD><<<blocks, ROW_WARPS * 32, 0, st>>>(y, W, x, n, d); break;
+    case GEMV_SWIGLU: gemv_row_kernel<GEMV_SWIGLU><<<blocks, ROW_WARPS * 32, 0, st>>>(y, W, x, n, d); break;
+    default: return cudaErrorInvalidValue;
+    }
+    return cudaGetLastError();
+}
+
+extern "C" cudaError_t gemv_bf16(void *y, const bf16 *W, const bf16 *x, int n, int d, int epilogue, cudaStream_t st) {
+    return gemv_bf16_rowwarp(y, W, x, n, d, epilogue, st);
+}
+
+extern "C" cudaError_t gemv_bf16_staged(void *y, const bf16 *W, const bf16 *x, int n, int d, int epilogue, cudaStream_t st) {
+    int dev, sms;
+    CU_TRY(cudaGetDevice(&dev));
+    CU_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    size_t smem = (size_t)n * sizeof(bf16);
+    int pairs = (d + 1) / 2;
+    int blocks = (pairs + GEMV_WARPS - 1) / GEMV_WARPS;
+    if (blocks > sms * 8) blocks = sms * 8;
+    switch (epilogue) {
+#define LAUNCH(E)                                                                                        \
+    case E:                                                                                              \
+        if (smem > 48 * 1024)                                                                            \
+            CU_TRY(cudaFuncSetAttribute(gemv_kernel<E>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem)); \
+        gemv_kernel<E><<<blocks, GEMV_WARPS * 32, smem, st>>>(y, W, x, n, d);                            \
+        break;
+        LAUNCH(GEMV_STORE)
+        LAUNCH(GEMV_ADD)
+        LAUNCH(GEMV_SWIGLU)
+#undef LAUNCH
+    default:
+        return cudaErrorInvalidValue;
+    }
+    return cudaGetLastError();
+}

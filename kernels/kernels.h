@@ -1,0 +1,69 @@
+// Launchers of the CUDA kernels (C linkage, callable from C). All run on the given stream and
+// return the launch error. Shapes follow model/backend.h: row-major, T rows at a time.
+#ifndef KERNELS_H
+#define KERNELS_H
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef __nv_bfloat16 bf16;
+
+// How a GEMV writes its result.
+enum GemvEpilogue {
+    GEMV_STORE = 0,  // y[i] = W[i]·x
+    GEMV_ADD = 1,    // y[i] += W[i]·x (residual)
+    GEMV_SWIGLU = 2, // W rows interleaved gate/up: h[i] = silu(W[2i]·x) * (W[2i+1]·x), written as bf16
+};
+
+// Decode matrix-vector product: W (d, n) bf16 row-major, x (n) bf16, y (d) fp32 (or (d/2) bf16
+// for GEMV_SWIGLU). n must be a multiple of 8.
+cudaError_t gemv_bf16(void *y, const bf16 *W, const bf16 *x, int n, int d, int epilogue, cudaStream_t st);
+// The variants gemv_bf16 chooses from (see gemv.cu), exposed for the side-by-side benchmark.
+cudaError_t gemv_bf16_staged(void *y, const bf16 *W, const bf16 *x, int n, int d, int epilogue, cudaStream_t st);
+cudaError_t gemv_bf16_rowwarp(void *y, const bf16 *W, const bf16 *x, int n, int d, int epilogue, cudaStream_t st);
+
+// out (T, n) bf16 = x (T, n) fp32 / rms * w
+cudaError_t rmsnorm_bf16(bf16 *out, const float *x, const float *w, int T, int n, float eps, cudaStream_t st);
+
+// x (T, dim) fp32 = rows of E (vocab, dim) bf16 for tokens (device ids)
+cudaError_t embed_rows(float *x, const bf16 *E, const int *tokens, int T, int dim, cudaStream_t st);
+
+// After the QKV projection: qkv (T, (n_heads + 2 n_kv) * hd) fp32 →
+//   q_out (T, n_heads, hd) bf16 with optional per-head RMSNorm (q_norm) and RoPE,
+//   k → k_cache (n_kv, ctx, hd) bf16 at positions pos .. pos+T-1 (k_norm, RoPE), v → v_cache.
+// The position comes from *d_pos (device), so a captured graph replays at any position.
+cudaError_t qkv_rope_store(bf16 *q_out, bf16 *k_cache, bf16 *v_cache, const float *qkv, const float *q_norm,
+                           const float *k_norm, const float *inv_freq, const int *d_pos, int T, int n_heads,
+                           int n_kv, int hd, int ctx, float eps, cudaStream_t st);
+
+// h (T, hidden) bf16 = silu(gu[:, 2i]) * gu[:, 2i+1], gu (T, 2 hidden) fp32
+cudaError_t swiglu_pairs(bf16 *h, const float *gu, int T, int hidden, cudaStream_t st);
+
+// Flash decoding: one query token at position *d_pos attends to cache positions 0 .. *d_pos.
+// q (n_heads, hd) bf16, caches (n_kv, ctx, hd) bf16, out (n_heads, hd) bf16. partial: scratch of
+// attn_decode_scratch_floats() floats. The split count is fixed by ctx, so graphs stay valid.
+size_t attn_decode_scratch_floats(int n_heads, int hd, int ctx);
+cudaError_t attn_decode(bf16 *out, const bf16 *q, const bf16 *k_cache, const bf16 *v_cache, const int *d_pos,
+                        int n_heads, int n_kv, int hd, int ctx, float *partial, cudaStream_t st);
+
+// Simple exact causal attention for T queries at positions pos0..: one block per (query, head).
+// The reference the tiled prefill kernel is checked against, and a fallback.
+cudaError_t attn_prefill_simple(bf16 *out, const bf16 *q, const bf16 *k_cache, const bf16 *v_cache, int pos0, int T,
+                                int n_heads, int n_kv, int hd, int ctx, cudaStream_t st);
+
+// Fill with uniform random values in [-scale, scale] + offset (synthetic weights, tests).
+cudaError_t fill_random_bf16(bf16 *p, size_t n, unsigned long long seed, float scale, float offset, cudaStream_t st);
+cudaError_t fill_random_f32(float *p, size_t n, unsigned long long seed, float scale, float offset, cudaStream_t st);
+
+// Streaming read of n bytes (bandwidth measurement); result written to *sink.
+cudaError_t read_bandwidth_kernel(const void *p, size_t n, float *sink, cudaStream_t st);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

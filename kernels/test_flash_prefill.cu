@@ -1,0 +1,345 @@
+// Standalone correctness test and benchmark of kernels/flash_prefill.cu (causal GQA prefill attention).
+//
+// Build (sm_90a code is needed for the wgmma kernel):
+//   nvcc -gencode arch=compute_90a,code=sm_90a -O3 -std=c++17 -o build/fp/test_flash_prefill \
+//        kernels/test_flash_prefill.cu kernels/flash_prefill.cu -lpthread
+// Run:
+//   test_flash_prefill check IMPL    every correctness case (IMPL: wgmma | wgmma1 | wgmma2 | mma | auto)
+//   test_flash_prefill small IMPL    the small cases only (for compute-sanitizer)
+//   test_flash_prefill bench IMPL    Qwen3-8B shapes at ctx 131072: chunks of T = 4096 / 8192 at several pos0,
+//                                    then every chunk of a whole 128K prompt, projected over 36 layers
+//
+// Correctness: fresh random bf16 inputs (q, k uniform in [-2, 2], v in [-1, 1]); cache rows past pos0 + T
+// hold NaN (the kernel must never read them); the output is poisoned with NaN before the call and every
+// element must come back finite. A CPU reference in double precision (from the same bf16 inputs) is
+// compared on every row of the small cases and on a subset of query rows (all heads) of the big ones.
+// Pass: max |out - ref| <= 1e-2 * max |ref| and ||out - ref|| / ||ref|| <= 1e-2.
+#include "flash_prefill.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <algorithm>
+#include <vector>
+
+typedef __nv_bfloat16 bf16;
+
+#define CK(call)                                                                                            \
+    do {                                                                                                    \
+        cudaError_t e_ = (call);                                                                            \
+        if (e_ != cudaSuccess) {                                                                            \
+            fprintf(stderr, "CUDA error %s at %s:%d: %s\n", cudaGetErrorName(e_), __FILE__, __LINE__,       \
+                    cudaGetErrorString(e_));                                                                \
+            exit(1);                                                                                        \
+        }                                                                                                   \
+    } while (0)
+
+static int g_impl = FLASH_PREFILL_AUTO;
+
+__device__ __forceinline__ uint64_t mix64(uint64_t x) {
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+
+__global__ void fill_uniform(bf16 *p, size_t n, uint64_t seed, float scale) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const float u = (float)(mix64(seed * 0x100000001b3ull ^ i) >> 40) * (1.0f / 16777216.0f);
+        p[i] = __float2bfloat16((2.f * u - 1.f) * scale);
+    }
+}
+
+// Cache rows at positions >= lim get NaN.
+__global__ void poison_tail(bf16 *p, int nkv, int ctx, int hd, int lim) {
+    const size_t per_head = (size_t)(ctx - lim) * hd;
+    const size_t n = per_head * nkv;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const size_t h = i / per_head, r = i % per_head;
+        p[h * (size_t)ctx * hd + (size_t)lim * hd + r] = __float2bfloat16(nanf(""));
+    }
+}
+
+static void fill(bf16 *p, size_t n, uint64_t seed, float scale) {
+    fill_uniform<<<1024, 256>>>(p, n, seed, scale);
+    CK(cudaGetLastError());
+}
+
+static float bf2f(uint16_t b) {
+    uint32_t u = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+// ---------------- CPU reference ----------------
+struct RefJob {
+    const float *q, *k, *v; // q (T, H, hd); k, v (KV, kv_rows, hd) (only the first kv_rows positions)
+    int hd, H, KV, kv_rows, pos0;
+    const std::vector<int> *ts;
+    double *out; // (ts.size(), H, hd)
+    int tid, nthr;
+};
+
+static void *ref_worker(void *arg) {
+    RefJob *j = (RefJob *)arg;
+    const int G = j->H / j->KV;
+    const double scale = 1.0 / sqrt((double)j->hd);
+    const int nrow = (int)j->ts->size() * j->H;
+    std::vector<double> s;
+    for (int row = j->tid; row < nrow; row += j->nthr) {
+        const int ti = row / j->H, h = row % j->H, t = (*j->ts)[ti];
+        const int nk = j->pos0 + t + 1;
+        const float *q = j->q + ((size_t)t * j->H + h) * j->hd;
+        const float *K = j->k + (size_t)(h / G) * j->kv_rows * j->hd;
+        const float *V = j->v + (size_t)(h / G) * j->kv_rows * j->hd;
+        s.resize(nk);
+        double m = -1e300;
+        for (int p = 0; p < nk; p++) {
+            double d = 0;
+            const float *kr = K + (size_t)p * j->hd;
+            for (int e = 0; e < j->hd; e++) d += (double)q[e] * kr[e];
+            s[p] = d * scale;
+            m = std::max(m, s[p]);
+        }
+        double *o = j->out + (size_t)row * j->hd;
+        for (int e = 0; e < j->hd; e++) o[e] = 0;
+        double sum = 0;
+        for (int p = 0; p < nk; p++) {
+            const double w = exp(s[p] - m);
+            sum += w;
+            const float *vr = V + (size_t)p * j->hd;
+            for (int e = 0; e < j->hd; e++) o[e] += w * vr[e];
+        }
+        for (int e = 0; e < j->hd; e++) o[e] /= sum;
+    }
+    return NULL;
+}
+
+struct Case {
+    const char *name;
+    int hd, H, KV, T, pos0, ctx;
+    int n_t; // 0: every query row; else this many query rows (first, last and spread), all heads
+};
+
+struct CheckResult {
+    double max_err, max_ref, rel_l2;
+    long nonfinite;
+    bool pass;
+    float ms;
+};
+
+static CheckResult run_case(const Case &c, uint64_t seed) {
+    const size_t nq = (size_t)c.T * c.H * c.hd, nkv = (size_t)c.KV * c.ctx * c.hd;
+    const int kv_len = c.pos0 + c.T;
+    bf16 *dq, *dk, *dv, *dout;
+    CK(cudaMalloc(&dq, nq * 2));
+    CK(cudaMalloc(&dout, nq * 2));
+    CK(cudaMalloc(&dk, nkv * 2));
+    CK(cudaMalloc(&dv, nkv * 2));
+    fill(dq, nq, seed * 4 + 1, 2.f);
+    fill(dk, nkv, seed * 4 + 2, 2.f);
+    fill(dv, nkv, seed * 4 + 3, 1.f);
+    if (kv_len < c.ctx) {
+        poison_tail<<<256, 256>>>(dk, c.KV, c.ctx, c.hd, kv_len);
+        poison_tail<<<256, 256>>>(dv, c.KV, c.ctx, c.hd, kv_len);
+        CK(cudaGetLastError());
+    }
+    CK(cudaMemset(dout, 0xff, nq * 2)); // NaN
+    CK(cudaDeviceSynchronize());
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    CK(cudaEventRecord(e0));
+    CK(flash_prefill_impl(g_impl, dout, dq, dk, dv, c.pos0, c.T, c.H, c.KV, c.hd, c.ctx, 0));
+    CK(cudaEventRecord(e1));
+    CK(cudaDeviceSynchronize());
+    CheckResult r = {};
+    CK(cudaEventElapsedTime(&r.ms, e0, e1));
+
+    std::vector<uint16_t> hq(nq), hout(nq), hk(nkv), hv(nkv);
+    CK(cudaMemcpy(hq.data(), dq, nq * 2, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(hout.data(), dout, nq * 2, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(hk.data(), dk, nkv * 2, cudaMemcpyDeviceToHost));
+    CK(cudaMemcpy(hv.data(), dv, nkv * 2, cudaMemcpyDeviceToHost));
+    CK(cudaFree(dq));
+    CK(cudaFree(dout));
+    CK(cudaFree(dk));
+    CK(cudaFree(dv));
+
+    for (size_t i = 0; i < nq; i++)
+        if (!isfinite(bf2f(hout[i]))) r.nonfinite++;
+
+    std::vector<int> ts;
+    if (c.n_t == 0 || c.n_t >= c.T) {
+        for (int t = 0; t < c.T; t++) ts.push_back(t);
+    } else {
+        uint64_t x = seed * 7919 + 17;
+        ts.push_back(0);
+        ts.push_back(c.T - 1);
+        for (int i = 2; i < c.n_t; i++) {
+            x = x * 6364136223846793005ull + 1442695040888963407ull;
+            ts.push_back((int)((x >> 33) % (uint64_t)c.T));
+        }
+    }
+    std::vector<float> fq(nq), fk((size_t)c.KV * kv_len * c.hd), fv(fk.size());
+    for (size_t i = 0; i < nq; i++) fq[i] = bf2f(hq[i]);
+    for (int h = 0; h < c.KV; h++)
+        for (size_t i = 0; i < (size_t)kv_len * c.hd; i++) {
+            fk[(size_t)h * kv_len * c.hd + i] = bf2f(hk[(size_t)h * c.ctx * c.hd + i]);
+            fv[(size_t)h * kv_len * c.hd + i] = bf2f(hv[(size_t)h * c.ctx * c.hd + i]);
+        }
+    std::vector<double> ref(ts.size() * c.H * c.hd);
+    const int nthr = 16;
+    RefJob jobs[nthr];
+    pthread_t th[nthr];
+    for (int i = 0; i < nthr; i++) {
+        jobs[i] = RefJob{fq.data(), fk.data(), fv.data(), c.hd, c.H, c.KV, kv_len, c.pos0, &ts, ref.data(), i, nthr};
+        pthread_create(&th[i], NULL, ref_worker, &jobs[i]);
+    }
+    for (int i = 0; i < nthr; i++) pthread_join(th[i], NULL);
+
+    double se = 0, sr = 0;
+    for (size_t ti = 0; ti < ts.size(); ti++)
+        for (int h = 0; h < c.H; h++)
+            for (int e = 0; e < c.hd; e++) {
+                const double rv = ref[(ti * c.H + h) * c.hd + e];
+                const double ov = bf2f(hout[((size_t)ts[ti] * c.H + h) * c.hd + e]);
+                const double err = fabs(ov - rv);
+                if (!(err <= r.max_err)) r.max_err = isfinite(err) ? std::max(r.max_err, err) : INFINITY;
+                r.max_ref = std::max(r.max_ref, fabs(rv));
+                se += (ov - rv) * (ov - rv);
+                sr += rv * rv;
+            }
+    r.rel_l2 = sqrt(se / sr);
+    r.pass = r.nonfinite == 0 && r.max_err <= 1e-2 * r.max_ref && r.rel_l2 <= 1e-2;
+    printf("%-34s hd %3d H %2d KV %2d T %5d pos0 %6d rows %5zu/%5d  max_err %.3e (ref max %.3f)  rel_l2 %.3e  "
+           "nonfinite %ld  %s\n",
+           c.name, c.hd, c.H, c.KV, c.T, c.pos0, ts.size(), c.T, r.max_err, r.max_ref, r.rel_l2, r.nonfinite,
+           r.pass ? "PASS" : "FAIL");
+    fflush(stdout);
+    return r;
+}
+
+static int check(bool small_only) {
+    const Case cases[] = {
+        {"qwen3/llama3 single query", 128, 32, 8, 1, 0, 64, 0},
+        {"qwen3/llama3 ragged T, pos0 0", 128, 32, 8, 100, 0, 256, 0},
+        {"qwen3/llama3 pos0 1000 T 257", 128, 32, 8, 257, 1000, 1400, 0},
+        {"MHA (G=1) pos0 129", 128, 8, 8, 300, 129, 512, 0},
+        {"G=3 hd128 pos0 77", 128, 12, 4, 200, 77, 300, 0},
+        {"smollm2 (hd64 G=3) pos0 333", 64, 9, 3, 77, 333, 512, 0},
+        {"smollm2 single query pos0 50", 64, 9, 3, 1, 50, 64, 0},
+        {"hd64 G=8 pos0 3", 64, 8, 1, 130, 3, 200, 0},
+        {"smollm2 T 2048 pos0 5000", 64, 9, 3, 2048, 5000, 8192, 64},
+        {"qwen3/llama3 T 4096 pos0 0", 128, 32, 8, 4096, 0, 4096, 48},
+        {"qwen3/llama3 T 1000 pos0 31000", 128, 32, 8, 1000, 31000, 40000, 32},
+        {"qwen3 T 8192 pos0 122880 ctx 128K", 128, 32, 8, 8192, 122880, 131072, 16},
+    };
+    int n = 0, fails = 0;
+    for (const Case &c : cases) {
+        if (small_only && c.n_t != 0) continue;
+        CheckResult r = run_case(c, 1000 + n);
+        n++;
+        if (!r.pass) fails++;
+    }
+    printf("check: %d cases, %d failed\n", n, fails);
+    return fails ? 1 : 0;
+}
+
+// ---------------- benchmark ----------------
+static double pairs(long long pos0, long long T) { return (double)T * pos0 + (double)T * (T + 1) / 2; }
+
+static float time_call(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v, int pos0, int T, int reps,
+                       int H, int KV, int hd, int ctx) {
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    std::vector<float> ts;
+    for (int i = 0; i < reps; i++) {
+        CK(cudaEventRecord(e0));
+        CK(flash_prefill_impl(g_impl, out, q, k, v, pos0, T, H, KV, hd, ctx, 0));
+        CK(cudaEventRecord(e1));
+        CK(cudaEventSynchronize(e1));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, e0, e1));
+        ts.push_back(ms);
+    }
+    CK(cudaEventDestroy(e0));
+    CK(cudaEventDestroy(e1));
+    std::sort(ts.begin(), ts.end());
+    return ts[ts.size() / 2];
+}
+
+static int bench() {
+    const int H = 32, KV = 8, hd = 128, ctx = 131072, layers = 36;
+    const size_t nkv = (size_t)KV * ctx * hd, nq = (size_t)8192 * H * hd;
+    bf16 *dq, *dk, *dv, *dout;
+    CK(cudaMalloc(&dq, nq * 2));
+    CK(cudaMalloc(&dout, nq * 2));
+    CK(cudaMalloc(&dk, nkv * 2));
+    CK(cudaMalloc(&dv, nkv * 2));
+    fill(dq, nq, 11, 2.f);
+    fill(dk, nkv, 12, 2.f);
+    fill(dv, nkv, 13, 1.f);
+    CK(cudaDeviceSynchronize());
+    const double fl_per_pair = 4.0 * hd * H;
+    // warm-up
+    time_call(dout, dq, dk, dv, 65536, 8192, 2, H, KV, hd, ctx);
+
+    printf("\nQwen3-8B attention (H 32, KV 8, hd 128, ctx 131072), one layer, median of N\n");
+    printf("%6s %7s %10s %10s %9s %4s\n", "T", "pos0", "ms", "TFLOP/s", "GFLOP", "N");
+    const int Ts[2] = {4096, 8192};
+    const int pos[5] = {0, 32768, 65536, 98304, 122880};
+    for (int T : Ts)
+        for (int p : pos) {
+            const double fl = fl_per_pair * pairs(p, T);
+            float ms = time_call(dout, dq, dk, dv, p, T, 1, H, KV, hd, ctx);
+            int reps = (int)std::min(25.0, std::max(5.0, 300.0 / ms));
+            ms = time_call(dout, dq, dk, dv, p, T, reps, H, KV, hd, ctx);
+            printf("%6d %7d %10.3f %10.1f %9.1f %4d\n", T, p, ms, fl / (ms * 1e-3) / 1e12, fl / 1e9, reps);
+            fflush(stdout);
+        }
+
+    printf("\nWhole 131072-token prompt in chunks (sum of per-chunk medians of 3), one layer and x%d layers\n", layers);
+    for (int T : Ts) {
+        double tot_ms = 0, tot_fl = 0;
+        for (int p = 0; p < ctx; p += T) {
+            tot_ms += time_call(dout, dq, dk, dv, p, T, 3, H, KV, hd, ctx);
+            tot_fl += fl_per_pair * pairs(p, T);
+        }
+        printf("chunk T %5d: %d chunks, %.1f ms per layer, %.1f TFLOP/s, projected %d layers: %.2f s (%.2f PFLOP)\n",
+               T, ctx / T, tot_ms, tot_fl / (tot_ms * 1e-3) / 1e12, layers, tot_ms * layers / 1e3,
+               tot_fl * layers / 1e15);
+        fflush(stdout);
+    }
+    CK(cudaFree(dq));
+    CK(cudaFree(dout));
+    CK(cudaFree(dk));
+    CK(cudaFree(dv));
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    const char *mode = argc > 1 ? argv[1] : "check";
+    const char *impl = argc > 2 ? argv[2] : "auto";
+    if (!strcmp(impl, "wgmma")) g_impl = FLASH_PREFILL_WGMMA;
+    else if (!strcmp(impl, "wgmma1")) g_impl = FLASH_PREFILL_WGMMA_M1;
+    else if (!strcmp(impl, "wgmma2")) g_impl = FLASH_PREFILL_WGMMA_M2;
+    else if (!strcmp(impl, "mma")) g_impl = FLASH_PREFILL_MMA;
+    else g_impl = FLASH_PREFILL_AUTO;
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    printf("device %s (sm_%d%d, %d SMs), impl %s, mode %s\n", prop.name, prop.major, prop.minor,
+           prop.multiProcessorCount, impl, mode);
+    if (!strcmp(mode, "info")) return 0;
+    if (!strcmp(mode, "check")) return check(false);
+    if (!strcmp(mode, "small")) return check(true);
+    if (!strcmp(mode, "bench")) return bench();
+    fprintf(stderr, "usage: %s check|small|bench wgmma|mma|auto\n", argv[0]);
+    return 2;
+}

@@ -1,0 +1,429 @@
+// Each CUDA kernel against the CPU reference on fresh random inputs (outputs poisoned first),
+// then timed with CUDA events after warm-up (median of many runs), variants side by side.
+// Build and run: make test-gpu (needs a GPU).
+#include <cublas_v2.h>
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "cuda_common.h"
+#include "kernels.h"
+extern "C" {
+#include "../attention/attention.h"
+#include "../model/backend.h"
+#include "../model/bf16.h"
+#include "../model/config.h"
+}
+
+static int passed, failed;
+static unsigned long long rng = 88172645463325252ull;
+
+static float frand(void) { // uniform [-1, 1)
+    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+    return (float)(rng >> 40) / 8388608.0f - 1.0f;
+}
+
+// Random values that bf16 represents exactly, so host and device see the same numbers.
+static void rand_bf16(std::vector<float> &f, std::vector<uint16_t> &b, size_t n, float scale) {
+    f.resize(n), b.resize(n);
+    for (size_t i = 0; i < n; i++) {
+        b[i] = f32_to_bf16(scale * frand());
+        f[i] = bf16_to_f32(b[i]);
+    }
+}
+
+template <typename T> static T *to_dev(const std::vector<T> &h) {
+    T *d;
+    CU_CHECK(cudaMalloc(&d, h.size() * sizeof(T) + 16));
+    CU_CHECK(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
+    return d;
+}
+
+// max |a - b| / max |b|: the error relative to the output's scale.
+static double rel_err(const float *a, const float *b, size_t n) {
+    double e = 0, m = 1e-30;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(a[i])) return INFINITY;
+        e = fmax(e, fabs((double)a[i] - b[i]));
+        m = fmax(m, fabs((double)b[i]));
+    }
+    return e / m;
+}
+
+static void check(const char *what, double err, double tol) {
+    int ok = err <= tol;
+    printf("%s %-58s err %.2e (tol %.0e)\n", ok ? "ok  " : "FAIL", what, err, tol);
+    ok ? passed++ : failed++;
+}
+
+static std::vector<float> bf16_dev_to_f32(const bf16 *d, size_t n) {
+    std::vector<uint16_t> h(n);
+    CU_CHECK(cudaMemcpy(h.data(), d, n * 2, cudaMemcpyDeviceToHost));
+    std::vector<float> f(n);
+    for (size_t i = 0; i < n; i++) f[i] = bf16_to_f32(h[i]);
+    return f;
+}
+
+typedef void (*Launch)(void *);
+static float time_ms(void (*fn)(void *), void *arg, int reps) {
+    cudaEvent_t a, b;
+    CU_CHECK(cudaEventCreate(&a));
+    CU_CHECK(cudaEventCreate(&b));
+    for (int i = 0; i < 10; i++) fn(arg);
+    std::vector<float> t(reps);
+    for (int i = 0; i < reps; i++) {
+        CU_CHECK(cudaEventRecord(a));
+        fn(arg);
+        CU_CHECK(cudaEventRecord(b));
+        CU_CHECK(cudaEventSynchronize(b));
+        CU_CHECK(cudaEventElapsedTime(&t[i], a, b));
+    }
+    std::sort(t.begin(), t.end());
+    cudaEventDestroy(a), cudaEventDestroy(b);
+    return t[reps / 2];
+}
+
+// ---- GEMV ----
+
+typedef cudaError_t (*GemvFn)(void *, const bf16 *, const bf16 *, int, int, int, cudaStream_t);
+static const struct {
+    const char *name;
+    GemvFn fn;
+} gemv_variants[] = {{"staged", gemv_bf16_staged}, {"rowwarp", gemv_bf16_rowwarp}};
+#define N_GEMV_VARIANTS 2
+
+struct GemvArgs {
+    void *y;
+    const bf16 *W, *x;
+    int n, d, epi;
+    cublasHandle_t blas;
+    float *yf;
+    GemvFn fn;
+};
+static void run_gemv(void *p) {
+    GemvArgs *a = (GemvArgs *)p;
+    CU_CHECK(a->fn(a->y, a->W, a->x, a->n, a->d, a->epi, 0));
+}
+static void run_cublas_gemv(void *p) {
+    GemvArgs *a = (GemvArgs *)p;
+    float one = 1, zero = 0;
+    cublasGemmEx(a->blas, CUBLAS_OP_T, CUBLAS_OP_N, a->d, 1, a->n, &one, a->W, CUDA_R_16BF, a->n, a->x, CUDA_R_16BF, a->n,
+                 &zero, a->yf, CUDA_R_32F, a->d, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+}
+
+static void test_gemv_one(GemvFn fn, const char *vname, int n, int d, int epi) {
+    std::vector<float> wf, xf;
+    std::vector<uint16_t> wb, xb;
+    rand_bf16(wf, wb, (size_t)d * n, 0.05f);
+    rand_bf16(xf, xb, n, 1.0f);
+    std::vector<float> ref(d), y0(d);
+    backend_cpu.matmul(ref.data(), xf.data(), wb.data(), DTYPE_BF16, 1, n, d);
+    for (int i = 0; i < d; i++) y0[i] = frand();
+    bf16 *W = (bf16 *)to_dev(wb), *x = (bf16 *)to_dev(xb);
+    float *y = to_dev(y0);
+    int out_n = epi == GEMV_SWIGLU ? d / 2 : d;
+    std::vector<float> got(out_n), want(out_n);
+    if (epi == GEMV_SWIGLU) {
+        bf16 *h;
+        CU_CHECK(cudaMalloc(&h, out_n * 2));
+        CU_CHECK(cudaMemset(h, 0xff, out_n * 2)); // NaN poison
+        CU_CHECK(fn(h, W, x, n, d, epi, 0));
+        CU_CHECK(cudaDeviceSynchronize());
+        got = bf16_dev_to_f32(h, out_n);
+        for (int i = 0; i < out_n; i++) {
+            float g = ref[2 * i], u = ref[2 * i + 1];
+            want[i] = g / (1.0f + expf(-g)) * u;
+        }
+        cudaFree(h);
+    } else {
+        if (epi == GEMV_STORE) CU_CHECK(cudaMemset(y, 0xff, d * 4));
+        CU_CHECK(fn(y, W, x, n, d, epi, 0));
+        CU_CHECK(cudaMemcpy(got.data(), y, d * 4, cudaMemcpyDeviceToHost));
+        for (int i = 0; i < d; i++) want[i] = ref[i] + (epi == GEMV_ADD ? y0[i] : 0.0f);
+    }
+    char what[128];
+    snprintf(what, sizeof what, "gemv %s %s n=%d d=%d", vname, epi == GEMV_STORE ? "store" : epi == GEMV_ADD ? "add" : "swiglu", n, d);
+    check(what, rel_err(got.data(), want.data(), out_n), epi == GEMV_SWIGLU ? 1e-2 : 1e-4);
+    cudaFree(W), cudaFree(x), cudaFree(y);
+}
+
+static void test_gemv(int n, int d, int epi) {
+    for (int v = 0; v < N_GEMV_VARIANTS; v++) test_gemv_one(gemv_variants[v].fn, gemv_variants[v].name, n, d, epi);
+}
+
+static void bench_gemv(cublasHandle_t blas, double bw) {
+    int shapes[][2] = {{4096, 6144}, {4096, 4096}, {4096, 28672}, {14336, 4096}, {4096, 24576}, {12288, 4096},
+                       {4096, 128256}, {4096, 151936}, {576, 960}, {1536, 576}};
+    printf("\n%-22s | %9s %6s | %9s %6s | %9s %6s | %s\n", "GEMV bf16 (n -> d)", "staged us", "TB/s", "rowwarp", "TB/s",
+           "cuBLAS us", "TB/s", "floor us");
+    for (auto &s : shapes) {
+        int n = s[0], d = s[1];
+        size_t bytes = (size_t)n * d * 2;
+        // Rotate among weight copies so the 50 MB L2 does not hold the matrix between runs.
+        int copies = (int)std::max<size_t>(1, (size_t)(200u << 20) / bytes + 1);
+        std::vector<bf16 *> Ws(copies);
+        for (auto &w : Ws) {
+            CU_CHECK(cudaMalloc(&w, bytes));
+            CU_CHECK(fill_random_bf16(w, (size_t)n * d, 3, 0.05f, 0, 0));
+        }
+        bf16 *x;
+        float *y;
+        CU_CHECK(cudaMalloc(&x, n * 2));
+        CU_CHECK(cudaMalloc(&y, d * 4));
+        CU_CHECK(fill_random_bf16(x, n, 4, 1.0f, 0, 0));
+        struct Rot {
+            GemvArgs a;
+            std::vector<bf16 *> *Ws;
+            int i;
+        } r = {{y, NULL, x, n, d, GEMV_STORE, blas, y, NULL}, &Ws, 0};
+        auto ours = [](void *p) {
+            Rot *r = (Rot *)p;
+            r->a.W = (*r->Ws)[r->i++ % r->Ws->size()];
+            run_gemv(&r->a);
+        };
+        auto theirs = [](void *p) {
+            Rot *r = (Rot *)p;
+            r->a.W = (*r->Ws)[r->i++ % r->Ws->size()];
+            run_cublas_gemv(&r->a);
+        };
+        float tv[N_GEMV_VARIANTS];
+        for (int v = 0; v < N_GEMV_VARIANTS; v++) {
+            r.a.fn = gemv_variants[v].fn;
+            tv[v] = time_ms(ours, &r, 200);
+        }
+        float t2 = time_ms(theirs, &r, 200);
+        printf("%8d -> %-10d |", n, d);
+        for (int v = 0; v < N_GEMV_VARIANTS; v++) printf(" %9.1f %6.2f |", tv[v] * 1e3, bytes / (tv[v] * 1e-3) / 1e12);
+        printf(" %9.1f %6.2f | %.1f\n", t2 * 1e3, bytes / (t2 * 1e-3) / 1e12, bytes / bw * 1e6);
+        for (auto w : Ws) cudaFree(w);
+        cudaFree(x), cudaFree(y);
+    }
+}
+
+// ---- norms, RoPE, QKV ----
+
+static void test_rmsnorm(int T, int n) {
+    std::vector<float> x(T * n), w(n), ref(T * n);
+    for (auto &v : x) v = 3.0f * frand();
+    for (auto &v : w) v = 1.0f + 0.5f * frand();
+    backend_cpu.rmsnorm(ref.data(), x.data(), w.data(), T, n, 1e-6f);
+    float *dx = to_dev(x), *dw = to_dev(w);
+    bf16 *out;
+    CU_CHECK(cudaMalloc(&out, T * n * 2));
+    CU_CHECK(cudaMemset(out, 0xff, T * n * 2));
+    CU_CHECK(rmsnorm_bf16(out, dx, dw, T, n, 1e-6f, 0));
+    auto got = bf16_dev_to_f32(out, T * n);
+    char what[96];
+    snprintf(what, sizeof what, "rmsnorm T=%d n=%d", T, n);
+    check(what, rel_err(got.data(), ref.data(), T * n), 1e-2);
+    cudaFree(dx), cudaFree(dw), cudaFree(out);
+}
+
+static void test_qkv(int T, int pos, int nh, int nkv, int hd, int qk_norm) {
+    int ctx = pos + T + 3, row = (nh + 2 * nkv) * hd;
+    std::vector<float> qkv(T * row), qn(hd), kn(hd), inv(hd / 2);
+    for (auto &v : qkv) v = 2.0f * frand();
+    for (int i = 0; i < hd; i++) qn[i] = 1 + 0.3f * frand(), kn[i] = 1 + 0.3f * frand();
+    for (int i = 0; i < hd / 2; i++) inv[i] = powf(1e6f, -2.0f * i / hd);
+    // CPU: split, norm, rope exactly as model.c does
+    std::vector<float> q(T * nh * hd), k(T * nkv * hd), v(T * nkv * hd);
+    for (int t = 0; t < T; t++) {
+        memcpy(&q[t * nh * hd], &qkv[t * row], nh * hd * 4);
+        memcpy(&k[t * nkv * hd], &qkv[t * row + nh * hd], nkv * hd * 4);
+        memcpy(&v[t * nkv * hd], &qkv[t * row + (nh + nkv) * hd], nkv * hd * 4);
+    }
+    if (qk_norm) {
+        backend_cpu.rmsnorm(q.data(), q.data(), qn.data(), T * nh, hd, 1e-6f);
+        backend_cpu.rmsnorm(k.data(), k.data(), kn.data(), T * nkv, hd, 1e-6f);
+    }
+    backend_cpu.rope(q.data(), inv.data(), pos, T, nh, hd);
+    backend_cpu.rope(k.data(), inv.data(), pos, T, nkv, hd);
+    float *dqkv = to_dev(qkv), *dqn = to_dev(qn), *dkn = to_dev(kn), *dinv = to_dev(inv);
+    std::vector<int> hp = {pos};
+    int *dpos = to_dev(hp);
+    bf16 *dq, *kc, *vc;
+    CU_CHECK(cudaMalloc(&dq, T * nh * hd * 2));
+    CU_CHECK(cudaMalloc(&kc, (size_t)nkv * ctx * hd * 2));
+    CU_CHECK(cudaMalloc(&vc, (size_t)nkv * ctx * hd * 2));
+    CU_CHECK(cudaMemset(dq, 0xff, T * nh * hd * 2));
+    CU_CHECK(cudaMemset(kc, 0xff, (size_t)nkv * ctx * hd * 2));
+    CU_CHECK(cudaMemset(vc, 0xff, (size_t)nkv * ctx * hd * 2));
+    CU_CHECK(qkv_rope_store(dq, kc, vc, dqkv, qk_norm ? dqn : NULL, qk_norm ? dkn : NULL, dinv, dpos, T, nh, nkv, hd, ctx,
+                            1e-6f, 0));
+    auto gq = bf16_dev_to_f32(dq, T * nh * hd), gk = bf16_dev_to_f32(kc, (size_t)nkv * ctx * hd),
+         gv = bf16_dev_to_f32(vc, (size_t)nkv * ctx * hd);
+    std::vector<float> gk2(T * nkv * hd), gv2(T * nkv * hd);
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < nkv; h++)
+            for (int j = 0; j < hd; j++) {
+                gk2[(t * nkv + h) * hd + j] = gk[((size_t)h * ctx + pos + t) * hd + j];
+                gv2[(t * nkv + h) * hd + j] = gv[((size_t)h * ctx + pos + t) * hd + j];
+            }
+    char what[128];
+    snprintf(what, sizeof what, "qkv+rope T=%d pos=%d heads %d/%d hd=%d qknorm=%d: q", T, pos, nh, nkv, hd, qk_norm);
+    check(what, rel_err(gq.data(), q.data(), q.size()), 1e-2);
+    snprintf(what, sizeof what, "qkv+rope T=%d pos=%d heads %d/%d hd=%d qknorm=%d: k", T, pos, nh, nkv, hd, qk_norm);
+    check(what, rel_err(gk2.data(), k.data(), k.size()), 1e-2);
+    snprintf(what, sizeof what, "qkv+rope T=%d pos=%d: v stored", T, pos);
+    check(what, rel_err(gv2.data(), v.data(), v.size()), 1e-2);
+    cudaFree(dqkv), cudaFree(dqn), cudaFree(dkn), cudaFree(dinv), cudaFree(dpos), cudaFree(dq), cudaFree(kc), cudaFree(vc);
+}
+
+// ---- attention ----
+
+struct AttnData {
+    int nh, nkv, hd, ctx, n; // n keys filled
+    std::vector<float> kf, vf; // CPU layout (ctx, nkv*hd)
+    bf16 *kc, *vc;             // GPU layout (nkv, ctx, hd)
+};
+
+static void make_attn(AttnData &a, int nh, int nkv, int hd, int ctx, int n) {
+    a.nh = nh, a.nkv = nkv, a.hd = hd, a.ctx = ctx, a.n = n;
+    a.kf.assign((size_t)ctx * nkv * hd, 0), a.vf.assign((size_t)ctx * nkv * hd, 0);
+    std::vector<uint16_t> kb((size_t)nkv * ctx * hd), vb((size_t)nkv * ctx * hd);
+    for (int p = 0; p < n; p++)
+        for (int h = 0; h < nkv; h++)
+            for (int j = 0; j < hd; j++) {
+                uint16_t k = f32_to_bf16(2.0f * frand()), v = f32_to_bf16(frand());
+                kb[((size_t)h * ctx + p) * hd + j] = k, vb[((size_t)h * ctx + p) * hd + j] = v;
+                a.kf[((size_t)p * nkv + h) * hd + j] = bf16_to_f32(k), a.vf[((size_t)p * nkv + h) * hd + j] = bf16_to_f32(v);
+            }
+    a.kc = (bf16 *)to_dev(kb), a.vc = (bf16 *)to_dev(vb);
+}
+
+static void test_attn_decode(int nh, int nkv, int hd, int ctx, int pos) {
+    AttnData a;
+    make_attn(a, nh, nkv, hd, ctx, pos + 1);
+    std::vector<float> qf;
+    std::vector<uint16_t> qb;
+    rand_bf16(qf, qb, nh * hd, 1.0f);
+    std::vector<float> ref(nh * hd), scratch((size_t)omp_get_max_threads() * (pos + 1));
+    attention_dense(ref.data(), qf.data(), a.kf.data(), a.vf.data(), pos, 1, nh, nkv, hd, scratch.data());
+    bf16 *dq = (bf16 *)to_dev(qb), *out;
+    std::vector<int> hp = {pos};
+    int *dpos = to_dev(hp);
+    float *partial;
+    CU_CHECK(cudaMalloc(&partial, attn_decode_scratch_floats(nh, hd, ctx) * 4));
+    CU_CHECK(cudaMalloc(&out, nh * hd * 2));
+    CU_CHECK(cudaMemset(out, 0xff, nh * hd * 2));
+    CU_CHECK(attn_decode(out, dq, a.kc, a.vc, dpos, nh, nkv, hd, ctx, partial, 0));
+    CU_CHECK(cudaDeviceSynchronize());
+    auto got = bf16_dev_to_f32(out, nh * hd);
+    char what[128];
+    snprintf(what, sizeof what, "attn_decode heads %d/%d hd=%d ctx=%d keys=%d", nh, nkv, hd, ctx, pos + 1);
+    check(what, rel_err(got.data(), ref.data(), ref.size()), 2e-2);
+    cudaFree(dq), cudaFree(out), cudaFree(dpos), cudaFree(partial), cudaFree(a.kc), cudaFree(a.vc);
+}
+
+static void test_attn_prefill(int nh, int nkv, int hd, int pos0, int T) {
+    AttnData a;
+    int ctx = pos0 + T + 5;
+    make_attn(a, nh, nkv, hd, ctx, pos0 + T);
+    std::vector<float> qf;
+    std::vector<uint16_t> qb;
+    rand_bf16(qf, qb, (size_t)T * nh * hd, 1.0f);
+    std::vector<float> ref((size_t)T * nh * hd), scratch((size_t)omp_get_max_threads() * (pos0 + T));
+    attention_dense(ref.data(), qf.data(), a.kf.data(), a.vf.data(), pos0, T, nh, nkv, hd, scratch.data());
+    bf16 *dq = (bf16 *)to_dev(qb), *out;
+    CU_CHECK(cudaMalloc(&out, (size_t)T * nh * hd * 2));
+    CU_CHECK(cudaMemset(out, 0xff, (size_t)T * nh * hd * 2));
+    CU_CHECK(attn_prefill_simple(out, dq, a.kc, a.vc, pos0, T, nh, nkv, hd, ctx, 0));
+    CU_CHECK(cudaDeviceSynchronize());
+    auto got = bf16_dev_to_f32(out, (size_t)T * nh * hd);
+    char what[128];
+    snprintf(what, sizeof what, "attn_prefill_simple heads %d/%d hd=%d pos0=%d T=%d", nh, nkv, hd, pos0, T);
+    check(what, rel_err(got.data(), ref.data(), ref.size()), 2e-2);
+    cudaFree(dq), cudaFree(out), cudaFree(a.kc), cudaFree(a.vc);
+}
+
+struct DecArgs {
+    bf16 *out, *q, *kc, *vc;
+    int *pos;
+    int nh, nkv, hd, ctx;
+    float *partial;
+};
+static void run_dec(void *p) {
+    DecArgs *a = (DecArgs *)p;
+    CU_CHECK(attn_decode(a->out, a->q, a->kc, a->vc, a->pos, a->nh, a->nkv, a->hd, a->ctx, a->partial, 0));
+}
+
+static void bench_attn_decode(double bw) {
+    printf("\n%-34s | %9s | %8s | %s\n", "flash decode (one layer)", "us", "TB/s", "floor us");
+    int cfg[][4] = {{32, 8, 128, 4096}, {32, 8, 128, 32768}, {32, 8, 128, 131072}, {32, 8, 128, 1 << 20}, {9, 3, 64, 8192}};
+    for (auto &c : cfg) {
+        int nh = c[0], nkv = c[1], hd = c[2], ctx = c[3];
+        size_t kv = (size_t)nkv * ctx * hd;
+        DecArgs a;
+        a.nh = nh, a.nkv = nkv, a.hd = hd, a.ctx = ctx;
+        CU_CHECK(cudaMalloc(&a.kc, kv * 2));
+        CU_CHECK(cudaMalloc(&a.vc, kv * 2));
+        CU_CHECK(cudaMalloc(&a.q, nh * hd * 2));
+        CU_CHECK(cudaMalloc(&a.out, nh * hd * 2));
+        CU_CHECK(cudaMalloc(&a.partial, attn_decode_scratch_floats(nh, hd, ctx) * 4));
+        CU_CHECK(fill_random_bf16(a.kc, kv, 5, 1, 0, 0));
+        CU_CHECK(fill_random_bf16(a.vc, kv, 6, 1, 0, 0));
+        CU_CHECK(fill_random_bf16(a.q, nh * hd, 7, 1, 0, 0));
+        std::vector<int> hp = {ctx - 1};
+        a.pos = to_dev(hp);
+        float t = time_ms(run_dec, &a, 100);
+        double bytes = 2.0 * kv * 2;
+        printf("heads %2d/%d hd %3d ctx %8d      | %9.1f | %8.2f | %.1f\n", nh, nkv, hd, ctx, t * 1e3, bytes / (t * 1e-3) / 1e12,
+               bytes / bw * 1e6);
+        cudaFree(a.kc), cudaFree(a.vc), cudaFree(a.q), cudaFree(a.out), cudaFree(a.partial), cudaFree(a.pos);
+    }
+}
+
+int main(void) {
+    cudaDeviceProp prop;
+    CU_CHECK(cudaGetDeviceProperties(&prop, 0));
+    printf("device: %s (%d SMs)\n", prop.name, prop.multiProcessorCount);
+    // correctness
+    test_gemv(576, 960, GEMV_STORE);
+    test_gemv(4096, 6144, GEMV_STORE);
+    test_gemv(1536, 577, GEMV_ADD);
+    test_gemv(4096, 4096, GEMV_ADD);
+    test_gemv(576, 3072, GEMV_SWIGLU);
+    test_gemv(4096, 2 * 12288, GEMV_SWIGLU);
+    test_gemv(14336, 4096, GEMV_ADD);
+    test_rmsnorm(1, 576);
+    test_rmsnorm(7, 4096);
+    test_qkv(1, 0, 9, 3, 64, 0);
+    test_qkv(5, 1000, 32, 8, 128, 1);
+    test_qkv(3, 131000, 16, 8, 128, 1);
+    int dec[][5] = {{9, 3, 64, 300, 0}, {9, 3, 64, 300, 299}, {32, 8, 128, 5000, 4321}, {16, 8, 128, 2048, 1023},
+                    {8, 8, 128, 700, 650}, {64, 8, 128, 3000, 2999}, {32, 8, 128, 70000, 65537},
+                    {4, 2, 16, 200, 149}, {4, 2, 32, 200, 77}, {16, 4, 256, 900, 899}};
+    for (auto &d : dec) test_attn_decode(d[0], d[1], d[2], d[3], d[4]);
+    test_attn_prefill(9, 3, 64, 0, 40);
+    test_attn_prefill(32, 8, 128, 300, 17);
+    // speed
+    double bw = 0;
+    {
+        size_t n = (size_t)2 << 30;
+        void *buf;
+        float *sink;
+        CU_CHECK(cudaMalloc(&buf, n));
+        CU_CHECK(cudaMalloc(&sink, 4));
+        CU_CHECK(fill_random_bf16((bf16 *)buf, n / 2, 1, 1, 0, 0));
+        struct R {
+            void *b;
+            size_t n;
+            float *s;
+        } r = {buf, n, sink};
+        float t = time_ms([](void *p) { R *r = (R *)p; CU_CHECK(read_bandwidth_kernel(r->b, r->n, r->s, 0)); }, &r, 20);
+        bw = n / (t * 1e-3);
+        printf("\nmeasured read bandwidth: %.2f TB/s\n", bw / 1e12);
+        cudaFree(buf), cudaFree(sink);
+    }
+    cublasHandle_t blas;
+    cublasCreate(&blas);
+    bench_gemv(blas, bw);
+    bench_attn_decode(bw);
+    printf("\n%d passed, %d failed\n", passed, failed);
+    return failed != 0;
+}
