@@ -50,6 +50,11 @@ $(BUILD)/%.o: %.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -MMD -MP -c -o $@ $<
 
+# The prefill attention's fast path uses wgmma, which only the sm_90a target has.
+$(BUILD)/kernels/flash_prefill.o: kernels/flash_prefill.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -gencode arch=compute_90a,code=sm_90a -MMD -MP -c -o $@ $<
+
 # GPU tests: each kernels/test_X.cu checks kernels against the CPU reference (needs a GPU).
 GPU_TEST_BIN = $(patsubst kernels/%.cu,$(BUILD)/kernels/%,$(wildcard kernels/test_*.cu))
 $(BUILD)/kernels/test_%: kernels/test_%.cu $(LIB_OBJ)

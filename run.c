@@ -235,17 +235,24 @@ typedef struct {
 
 static void score_chunk(const float *logits, int first, int T, void *p) {
     ScoreCtx *sc = p;
-    for (int t = 0; t < T; t++) {
-        int i = first + t;
-        if (i + 1 >= sc->n) break;
+    int n = first + T < sc->n ? T : sc->n - 1 - first; // the last token has no successor
+    if (n <= 0) return;
+    double *nll = malloc((size_t)n * sizeof(double));
+    if (!nll) die("out of memory");
+    // log-softmax over the vocabulary for each row: the rows are independent
+#pragma omp parallel for schedule(static)
+    for (int t = 0; t < n; t++) {
         const float *l = logits + (size_t)t * sc->vocab;
         float mx = l[argmax(l, sc->vocab)];
         double sum = 0.0;
         for (int j = 0; j < sc->vocab; j++) sum += exp((double)l[j] - mx);
-        double nll = log(sum) + mx - l[sc->tokens[i + 1]];
-        sc->total += nll;
-        printf("%d\t%d\t%.6f\n", i, sc->tokens[i + 1], nll);
+        nll[t] = log(sum) + mx - l[sc->tokens[first + t + 1]];
     }
+    for (int t = 0; t < n; t++) {
+        sc->total += nll[t];
+        printf("%d\t%d\t%.6f\n", first + t, sc->tokens[first + t + 1], nll[t]);
+    }
+    free(nll);
 }
 
 static void run_score(const Model *m, const Tokenizer *tok, const Options *o) {

@@ -10,6 +10,7 @@
 #include "cuda_common.h"
 #include "forward_cuda.h"
 #include "kernels.h"
+#include "flash_prefill.h"
 
 extern "C" {
 #include "../model/bf16.h"
@@ -316,7 +317,8 @@ static cudaError_t enqueue_forward(GpuState *g, int T, int pos, int all_logits) 
         CU_TRY(qkv_rope_store(g->q, kc, vc, g->proj, w->q_norm, w->k_norm, g->inv_freq, g->d_pos, T, nh, nkv, hd, g->ctx,
                               c->norm_eps, st));
         if (decode) CU_TRY(attn_decode(g->att, g->q, kc, vc, g->d_pos, nh, nkv, hd, g->ctx, g->partial, st));
-        else CU_TRY(attn_prefill_simple(g->att, g->q, kc, vc, pos, T, nh, nkv, hd, g->ctx, st));
+        else if (hd == 64 || hd == 128) CU_TRY(flash_prefill(g->att, g->q, kc, vc, pos, T, nh, nkv, hd, g->ctx, st));
+        else CU_TRY(attn_prefill_simple(g->att, g->q, kc, vc, pos, T, nh, nkv, hd, g->ctx, st)); // other head sizes
         if (decode) CU_TRY(gemv_bf16(g->x, w->wo, g->att, q_dim, dim, GEMV_ADD, st));
         else CU_TRY(gemm(g, g->x, g->att, w->wo, T, q_dim, dim, 1));
         CU_TRY(rmsnorm_bf16(g->xb, g->x, w->ffn_norm, T, dim, c->norm_eps, st));
@@ -455,7 +457,7 @@ static int gpu_available(void) {
 }
 
 static const Backend backend_cuda = {
-    "cuda", NULL, NULL, NULL, NULL, NULL, NULL, gpu_available, gpu_create, gpu_forward, gpu_destroy, gpu_bench, 1024,
+    "cuda", NULL, NULL, NULL, NULL, NULL, NULL, gpu_available, gpu_create, gpu_forward, gpu_destroy, gpu_bench, 4096,
 };
 
 extern "C" const Backend *backend_cuda_get(void) { return &backend_cuda; }

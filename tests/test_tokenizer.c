@@ -404,7 +404,7 @@ static void test_hf_import_errors(void) {
 
 static void test_gguf_import(void) {
     // GGUF stores byte-level strings: "\xc4\xa0" is the space byte.
-    const char *tokens[] = {"<|endoftext|>", "a", "b", "ab", "\xc4\xa0", "\xc4\xa0" "ab"};
+    const char *tokens[] = {"<|endoftext|>", "a", "b", "ab", "\xc4\xa0", ("\xc4\xa0" "ab")};
     const int32_t types[] = {3, 1, 1, 1, 1, 1};
     const char *merges[] = {"a b", "\xc4\xa0 ab"};
     const int eos[] = {0};

@@ -6,14 +6,7 @@ static int printable(unsigned b) {
     return (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
 }
 
-uint32_t bytelevel_char(uint8_t b) {
-    if (printable(b)) return b;
-    unsigned k = 0; // rank of b among the non-printable bytes
-    for (unsigned x = 0; x < b; x++) k += !printable(x);
-    return 256 + k;
-}
-
-// Inverse of bytelevel_char, -1 for code points outside the mapping.
+// Byte written as code point c, -1 for code points outside the mapping.
 static int unmap_char(uint32_t c) {
     if (c < 256) return printable(c) ? (int)c : -1;
     if (c >= 256 + 68) return -1;

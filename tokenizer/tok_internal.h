@@ -103,7 +103,7 @@ size_t utf8_lossy(const uint8_t *s, size_t n, uint8_t *out);
 typedef struct {
     int32_t cp;    // code point, -1 for a byte of ill-formed UTF-8
     uint32_t off;  // byte offset in the segment
-    uint8_t cls;   // CharClass bits
+    uint8_t cls;   // character class bits (CL_* in pretokenize.c)
 } TokChar;
 
 typedef struct {
@@ -122,7 +122,7 @@ int tok_nfc(const uint8_t *seg, size_t len, PretokScratch *s, const uint8_t **ou
 // ---- bpe.c ----
 typedef struct {
     int32_t *sym; int32_t *prev; int32_t *next; size_t sym_cap;
-    struct BpeMerge *heap; size_t heap_cap;
+    struct BpeMerge *heap;          // 3 * sym_cap entries
 } BpeScratch;
 void bpe_scratch_free(BpeScratch *s);
 // Appends the ids of one pre-token (raw bytes). Returns 0, or -1 when out of memory.
@@ -144,8 +144,6 @@ int bpe_word_cached(const struct Tokenizer *t, const uint8_t *w, size_t n, BpeSc
                     IntBuf *out);
 
 // ---- bytelevel.c: GPT-2's byte <-> printable code point mapping ----
-// Code point that byte b is written as in byte-level vocabularies.
-uint32_t bytelevel_char(uint8_t b);
 // Undoes the mapping of a UTF-8 string; out must hold n bytes. Returns the byte count, or -1 when
 // some character is not in the mapping (the string is then not byte-level encoded).
 long bytelevel_unmap(const char *s, size_t n, uint8_t *out);
