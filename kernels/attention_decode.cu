@@ -3,6 +3,7 @@
 // once for the whole group), then a second kernel merges the splits' softmax pieces.
 #include "cuda_common.h"
 #include "kernels.h"
+#include "pdl.h"
 
 #define DEC_THREADS 128
 #define DEC_MAX_SPLIT 1024
@@ -45,6 +46,8 @@ __global__ void __launch_bounds__(DEC_THREADS) attn_split_kernel(float *partial,
     __shared__ float mx_s[G], sum_s[G];
     float(*acc_s)[G][HD] = (float(*)[G][HD])sc; // NW * G * HD <= G * DEC_MAX_SPLIT
     int kvh = blockIdx.x, split = blockIdx.y;
+    pdl_wait();
+    pdl_release();
     int n_keys = *d_pos + 1;
     int k0 = split * S, k1 = min(k0 + S, n_keys);
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, sub = lane / LPK, part = lane % LPK;
@@ -180,6 +183,8 @@ __global__ void __launch_bounds__(DEC_THREADS) attn_split_kernel(float *partial,
 // One block per query head: merge the splits (each a max m, a sum l and an unnormalized o).
 __global__ void attn_merge_kernel(bf16 *out, const float *partial, int n_splits, int hd) {
     int h = blockIdx.x, d = threadIdx.x;
+    pdl_wait();
+    pdl_release();
     const float *base = partial + (size_t)h * n_splits * (hd + 2);
     float M = -INFINITY;
     for (int s = 0; s < n_splits; s++) M = fmaxf(M, base[(size_t)s * (hd + 2) + hd]);
@@ -201,15 +206,14 @@ extern "C" cudaError_t attn_decode(bf16 *out, const bf16 *q, const bf16 *k_cache
     dim3 grid(n_kv, n_splits);
 #define CASE(g, d)                                                                                               \
     if (G == g && hd == d) {                                                                                     \
-        attn_split_kernel<g, d><<<grid, DEC_THREADS, 0, st>>>(partial, q, k_cache, v_cache, d_pos, ctx, S, n_splits, scale); \
+        CU_TRY(launch_pdl(attn_split_kernel<g, d>, grid, DEC_THREADS, 0, st, partial, q, k_cache, v_cache, d_pos, ctx, S,   \
+                          n_splits, scale));                                                                      \
     } else
 #define CASES(g) CASE(g, 16) CASE(g, 32) CASE(g, 64) CASE(g, 128) CASE(g, 256)
     CASES(1) CASES(2) CASES(3) CASES(4) CASES(5) CASES(6) CASES(7) CASES(8) return cudaErrorInvalidValue;
 #undef CASES
 #undef CASE
-    CU_TRY(cudaGetLastError());
-    attn_merge_kernel<<<n_heads, hd, 0, st>>>(out, partial, n_splits, hd);
-    return cudaGetLastError();
+    return launch_pdl(attn_merge_kernel, n_heads, hd, 0, st, out, partial, n_splits, hd);
 }
 
 // ---- simple exact causal attention (reference and fallback for prefill) ----

@@ -5,6 +5,7 @@
 //       per lane issued before any arithmetic so enough bytes are in flight for short matrices.
 #include "cuda_common.h"
 #include "kernels.h"
+#include "pdl.h"
 
 #define GEMV_WARPS 8
 
@@ -71,29 +72,46 @@ __global__ void __launch_bounds__(ROW_WARPS * 32) gemv_row_kernel(void *y, const
     constexpr int R = EPI == GEMV_SWIGLU ? 2 : 1; // rows per warp
     int lane = threadIdx.x & 31;
     int unit = blockIdx.x * ROW_WARPS + (threadIdx.x >> 5);
-    if (unit * R >= d) return;
+    bool active = unit * R < d;
     int chunks = n / 8;
     const uint4 *xv = (const uint4 *)x;
     const uint4 *w[R];
 #pragma unroll
-    for (int r = 0; r < R; r++) w[r] = (const uint4 *)(W + (size_t)(unit * R + r) * n);
+    for (int r = 0; r < R; r++) w[r] = (const uint4 *)(W + (size_t)(active ? unit * R + r : 0) * n);
+    // The first batch of weights is requested before waiting on the previous kernel: weights
+    // are read-only, and their loads then overlap that kernel's tail.
+    uint4 wv[R][ROW_UNROLL];
+#pragma unroll
+    for (int u = 0; u < ROW_UNROLL; u++) {
+        int c = u * 32 + lane;
+#pragma unroll
+        for (int r = 0; r < R; r++) wv[r][u] = active && c < chunks ? __ldcs(w[r] + c) : make_uint4(0, 0, 0, 0);
+    }
+    pdl_wait();
+    pdl_release();
+    if (!active) return;
     float s[R];
 #pragma unroll
     for (int r = 0; r < R; r++) s[r] = 0.0f;
-    for (int c0 = 0; c0 < chunks; c0 += 32 * ROW_UNROLL) {
-        uint4 wv[R][ROW_UNROLL], xx[ROW_UNROLL];
+    for (int c0 = 0;;) {
+        uint4 xx[ROW_UNROLL];
 #pragma unroll
         for (int u = 0; u < ROW_UNROLL; u++) {
             int c = c0 + u * 32 + lane;
-            bool in = c < chunks;
-            xx[u] = in ? __ldg(xv + c) : make_uint4(0, 0, 0, 0);
-#pragma unroll
-            for (int r = 0; r < R; r++) wv[r][u] = in ? __ldcs(w[r] + c) : make_uint4(0, 0, 0, 0);
+            xx[u] = c < chunks ? __ldg(xv + c) : make_uint4(0, 0, 0, 0);
         }
 #pragma unroll
         for (int u = 0; u < ROW_UNROLL; u++)
 #pragma unroll
             for (int r = 0; r < R; r++) s[r] += dot8(wv[r][u], xx[u]);
+        c0 += 32 * ROW_UNROLL;
+        if (c0 >= chunks) break;
+#pragma unroll
+        for (int u = 0; u < ROW_UNROLL; u++) {
+            int c = c0 + u * 32 + lane;
+#pragma unroll
+            for (int r = 0; r < R; r++) wv[r][u] = c < chunks ? __ldcs(w[r] + c) : make_uint4(0, 0, 0, 0);
+        }
     }
 #pragma unroll
     for (int r = 0; r < R; r++) s[r] = warp_sum(s[r]);
@@ -108,12 +126,11 @@ extern "C" cudaError_t gemv_bf16_rowwarp(void *y, const bf16 *W, const bf16 *x, 
     int units = epilogue == GEMV_SWIGLU ? d / 2 : d;
     int blocks = (units + ROW_WARPS - 1) / ROW_WARPS;
     switch (epilogue) {
-    case GEMV_STORE: gemv_row_kernel<GEMV_STORE><<<blocks, ROW_WARPS * 32, 0, st>>>(y, W, x, n, d); break;
-    case GEMV_ADD: gemv_row_kernel<GEMV_ADD><<<blocks, ROW_WARPS * 32, 0, st>>>(y, W, x, n, d); break;
-    case GEMV_SWIGLU: gemv_row_kernel<GEMV_SWIGLU><<<blocks, ROW_WARPS * 32, 0, st>>>(y, W, x, n, d); break;
+    case GEMV_STORE: return launch_pdl(gemv_row_kernel<GEMV_STORE>, blocks, ROW_WARPS * 32, 0, st, y, W, x, n, d);
+    case GEMV_ADD: return launch_pdl(gemv_row_kernel<GEMV_ADD>, blocks, ROW_WARPS * 32, 0, st, y, W, x, n, d);
+    case GEMV_SWIGLU: return launch_pdl(gemv_row_kernel<GEMV_SWIGLU>, blocks, ROW_WARPS * 32, 0, st, y, W, x, n, d);
     default: return cudaErrorInvalidValue;
     }
-    return cudaGetLastError();
 }
 
 extern "C" cudaError_t gemv_bf16(void *y, const bf16 *W, const bf16 *x, int n, int d, int epilogue, cudaStream_t st) {

@@ -2,6 +2,7 @@
 // (QK-norm, RoPE, cache write), SwiGLU, and utilities for synthetic weights and bandwidth.
 #include "cuda_common.h"
 #include "kernels.h"
+#include "pdl.h"
 
 __device__ __forceinline__ float block_sum(float v, float *red) {
 #pragma unroll
@@ -17,6 +18,8 @@ __device__ __forceinline__ float block_sum(float v, float *red) {
 
 __global__ void rmsnorm_kernel(bf16 *out, const float *x, const float *w, int n, float eps) {
     __shared__ float red[32];
+    pdl_wait();
+    pdl_release();
     const float *xr = x + (size_t)blockIdx.x * n;
     float ss = 0.0f;
     for (int i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
@@ -26,19 +29,19 @@ __global__ void rmsnorm_kernel(bf16 *out, const float *x, const float *w, int n,
 }
 
 extern "C" cudaError_t rmsnorm_bf16(bf16 *out, const float *x, const float *w, int T, int n, float eps, cudaStream_t st) {
-    rmsnorm_kernel<<<T, 256, 0, st>>>(out, x, w, n, eps);
-    return cudaGetLastError();
+    return launch_pdl(rmsnorm_kernel, T, 256, 0, st, out, x, w, n, eps);
 }
 
 __global__ void embed_kernel(float *x, const bf16 *E, const int *tokens, int dim) {
+    pdl_wait();
+    pdl_release();
     const bf16 *r = E + (size_t)tokens[blockIdx.x] * dim;
     float *o = x + (size_t)blockIdx.x * dim;
     for (int i = threadIdx.x; i < dim; i += blockDim.x) o[i] = __bfloat162float(r[i]);
 }
 
 extern "C" cudaError_t embed_rows(float *x, const bf16 *E, const int *tokens, int T, int dim, cudaStream_t st) {
-    embed_kernel<<<T, 256, 0, st>>>(x, E, tokens, dim);
-    return cudaGetLastError();
+    return launch_pdl(embed_kernel, T, 256, 0, st, x, E, tokens, dim);
 }
 
 // One block per (token, head slot); slots are n_heads query heads, then n_kv key heads, then
@@ -49,6 +52,8 @@ __global__ void qkv_rope_store_kernel(bf16 *q_out, bf16 *k_cache, bf16 *v_cache,
     __shared__ float red[32];
     extern __shared__ float v[]; // (hd)
     int t = blockIdx.x, slot = blockIdx.y, j = threadIdx.x, half = hd / 2;
+    pdl_wait();
+    pdl_release();
     int pos = *d_pos + t;
     int row = (n_heads + 2 * n_kv) * hd;
     float x = qkv[(size_t)t * row + (size_t)slot * hd + j];
@@ -79,12 +84,13 @@ extern "C" cudaError_t qkv_rope_store(bf16 *q_out, bf16 *k_cache, bf16 *v_cache,
                                       const float *k_norm, const float *inv_freq, const int *d_pos, int T, int n_heads,
                                       int n_kv, int hd, int ctx, float eps, cudaStream_t st) {
     dim3 grid(T, n_heads + 2 * n_kv);
-    qkv_rope_store_kernel<<<grid, hd, hd * sizeof(float), st>>>(q_out, k_cache, v_cache, qkv, q_norm, k_norm, inv_freq,
-                                                               d_pos, n_heads, n_kv, hd, ctx, eps);
-    return cudaGetLastError();
+    return launch_pdl(qkv_rope_store_kernel, grid, hd, hd * sizeof(float), st, q_out, k_cache, v_cache, qkv, q_norm,
+                      k_norm, inv_freq, d_pos, n_heads, n_kv, hd, ctx, eps);
 }
 
 __global__ void swiglu_kernel(bf16 *h, const float *gu, size_t n) {
+    pdl_wait();
+    pdl_release();
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) {
         float g = gu[2 * i], u = gu[2 * i + 1];
