@@ -1,0 +1,281 @@
+// The selection policies as one AttnPolicy: the regions of the sequence, the sliding update, the
+// dense threshold, and exact attention over sink + selected + local + buffer. What is selected
+// comes from a Selector: ParisKV or one of its peers, all on the same keys and the same budget.
+#include "attention.h"
+#include "selector.h"
+
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const method_names[ATTN_N_METHODS] = {"full", "pariskv", "streaming", "quest", "fier", "kmeans", "oracle"};
+
+void attn_config_default(AttnConfig *c) {
+    *c = (AttnConfig){.method = ATTN_PARISKV, .topk = 100, .sink = 4, .local = 256, .update = 512, .dense_min = 2000};
+}
+
+int attn_method_parse(const char *name) {
+    for (int i = 0; i < ATTN_N_METHODS; i++)
+        if (strcmp(name, method_names[i]) == 0) return i;
+    return -1;
+}
+
+const char *attn_method_name(int method) { return method >= 0 && method < ATTN_N_METHODS ? method_names[method] : "?"; }
+
+int attn_dense_threshold(const AttnConfig *c) {
+    long t = (long)c->sink + c->local + 2L * c->topk;
+    return t > c->dense_min ? (int)t : c->dense_min;
+}
+
+int attn_is_dense(const AttnConfig *c, int pos) { return pos < c->prefill_len || pos + 1 < attn_dense_threshold(c); }
+
+int attn_zone_end(const AttnConfig *c, int pos) {
+    // After the prefill the zone ends `local` tokens before the prompt's end (never inside the
+    // sink); each update moves it forward by `update`, once per `update` decode steps.
+    int r0 = c->prefill_len - c->local > c->sink ? c->prefill_len - c->local : c->sink;
+    long over = (long)pos - r0 - c->local;
+    return over < 0 ? r0 : r0 + c->update * (int)(over / c->update);
+}
+
+typedef struct {
+    AttnConfig cfg;
+    int n_layers, n_heads, n_kv_heads, head_dim, ctx, n_threads;
+    Selector *sel;
+    int *indexed;   // (n_layers) zone slots in the layer's index
+    int *seen_end;  // (n_layers) end of the positions of the layer's last call
+    char *scratch;  // (n_threads, stride)
+    size_t stride, sel_off;
+} Policy;
+
+// Per-thread scratch: the mean query, the selected slots and their gathered rows, the attended
+// rows' pointers and their scores, then the selector's own.
+typedef struct {
+    float *qbar;
+    int *slots;
+    float *ksel, *vsel;
+    const float **krow, **vrow;
+    float *score;
+    void *sel;
+} Scratch;
+
+#define ALIGN64(x) (((x) + 63) & ~(size_t)63)
+
+static size_t scratch_layout(const Policy *P, char *base, Scratch *s) {
+    size_t hd = (size_t)P->head_dim, kmax = (size_t)P->cfg.topk + 16, ctx = (size_t)P->ctx, off = 0;
+#define CARVE(field, type, count) \
+    if (s) s->field = (type)(base + off); \
+    off += ALIGN64((count) * sizeof(*s->field))
+    CARVE(qbar, float *, hd);
+    CARVE(slots, int *, kmax);
+    CARVE(ksel, float *, kmax * hd);
+    CARVE(vsel, float *, kmax * hd);
+    CARVE(krow, const float **, ctx);
+    CARVE(vrow, const float **, ctx);
+    CARVE(score, float *, ctx);
+#undef CARVE
+    if (s) s->sel = base + off;
+    return off;
+}
+
+static Scratch thread_scratch(const Policy *P, int tid) {
+    Scratch s;
+    scratch_layout(P, P->scratch + (size_t)tid * P->stride, &s);
+    return s;
+}
+
+static void reset_layer(Policy *P, int layer) {
+    P->sel->reset(P->sel, layer);
+    P->indexed[layer] = 0;
+}
+
+static void policy_reset(AttnPolicy *ap) {
+    Policy *P = ap->state;
+    for (int l = 0; l < P->n_layers; l++) reset_layer(P, l), P->seen_end[l] = 0;
+}
+
+// Grows the layer's index to the zone [sink, zone_end): the keys leaving the local window are
+// encoded while still in the working window, then evicted to the host store.
+static void index_to(Policy *P, int layer, KVStore *st, int zone_end) {
+    int need = zone_end - P->cfg.sink, from = P->indexed[layer];
+    if (from > need) reset_layer(P, layer), from = 0; // the zone never shrinks within a sequence
+    if (need <= from) return;
+#pragma omp parallel for schedule(static) num_threads(P->n_threads)
+    for (int h = 0; h < P->n_kv_heads; h++) P->sel->extend(P->sel, layer, h, st, P->cfg.sink, from, need);
+    st->evict(st, P->cfg.sink + from, need - from);
+    P->indexed[layer] = need;
+}
+
+static void mean_query(float *qbar, const float *qg, int G, int hd) {
+    for (int j = 0; j < hd; j++) {
+        float s = 0.0f;
+        for (int g = 0; g < G; g++) s += qg[(size_t)g * hd + j];
+        qbar[j] = s / (float)G;
+    }
+}
+
+// Exact softmax attention of one head over m rows given by pointers, with the arithmetic of
+// attention_dense in the same order, so that attending to every position reproduces it.
+static void attend_rows(float *o, const float *qh, const float *const *krow, const float *const *vrow, int m, int hd, float *score) {
+    float scale = 1.0f / sqrtf((float)hd), mx = -INFINITY;
+    for (int i = 0; i < m; i++) {
+        const float *kp = krow[i];
+        float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+        for (int j = 0; j < hd; j++) s += qh[j] * kp[j];
+        score[i] = s * scale;
+        if (score[i] > mx) mx = score[i];
+    }
+    float sum = 0.0f;
+    for (int i = 0; i < m; i++) {
+        score[i] = expf(score[i] - mx);
+        sum += score[i];
+    }
+    memset(o, 0, (size_t)hd * sizeof(float));
+    for (int i = 0; i < m; i++) {
+        const float *vp = vrow[i];
+        float wgt = score[i] / sum;
+#pragma omp simd
+        for (int j = 0; j < hd; j++) o[j] += wgt * vp[j];
+    }
+}
+
+static int select_zone(const Policy *P, int layer, int kv_head, const float *qg, int zone_end, float beta, float rho, Scratch *s) {
+    int G = P->n_heads / P->n_kv_heads, n = zone_end - P->cfg.sink;
+    mean_query(s->qbar, qg, G, P->head_dim);
+    SelectParams sp = {P->cfg.topk, beta, rho};
+    return n > 0 ? P->sel->select(P->sel, layer, kv_head, s->qbar, n, &sp, s->sel, s->slots) : 0;
+}
+
+// One decode query (position pos, chunk row t) and one KV head: select, fetch, attend for the
+// group's query heads.
+static void attend_one(const Policy *P, int layer, const KVStore *st, float *out, const float *q, int t, int pos, int kv_head, int zone_end,
+                       Scratch *s) {
+    int hd = P->head_dim, G = P->n_heads / P->n_kv_heads, S = P->cfg.sink;
+    const float *qg = q + ((size_t)t * P->n_heads + (size_t)kv_head * G) * hd;
+    int nsel = select_zone(P, layer, kv_head, qg, zone_end, P->cfg.beta, P->cfg.rho, s);
+    for (int i = 0; i < nsel; i++) s->slots[i] += S; // slots -> positions
+    st->gather(st, kv_head, s->slots, nsel, s->ksel, s->vsel);
+    // sink, then the selected keys (ascending), then local window + buffer: position order.
+    int m = 0;
+    for (int p = 0; p < S && p <= pos; p++, m++) s->krow[m] = kvstore_window_k(st, p, kv_head), s->vrow[m] = kvstore_window_v(st, p, kv_head);
+    for (int i = 0; i < nsel; i++, m++) s->krow[m] = s->ksel + (size_t)i * hd, s->vrow[m] = s->vsel + (size_t)i * hd;
+    for (int p = zone_end; p <= pos; p++, m++) s->krow[m] = kvstore_window_k(st, p, kv_head), s->vrow[m] = kvstore_window_v(st, p, kv_head);
+    for (int g = 0; g < G; g++) {
+        size_t h = (size_t)t * P->n_heads + (size_t)kv_head * G + g;
+        attend_rows(out + h * hd, q + h * hd, s->krow, s->vrow, m, hd, s->score);
+    }
+}
+
+static void policy_attend(AttnPolicy *ap, int layer, float *out, const float *q, const float *k_cache, const float *v_cache, int pos0, int T,
+                          int n_heads, int n_kv_heads, int head_dim, float *scratch) {
+    Policy *P = ap->state;
+    if (pos0 == 0 || pos0 < P->seen_end[layer]) reset_layer(P, layer); // a new sequence, or a rewind
+    P->seen_end[layer] = pos0 + T;
+    // Prompt positions and short sequences attend densely; they come first in any chunk.
+    int nd = 0;
+    while (nd < T && attn_is_dense(&P->cfg, pos0 + nd)) nd++;
+    if (nd > 0) attention_dense(out, q, k_cache, v_cache, pos0, nd, n_heads, n_kv_heads, head_dim, scratch);
+    KVStore st;
+    kvstore_cpu_view(&st, k_cache, v_cache, n_kv_heads, head_dim);
+    // Decode queries, in runs that see the same zone: grow the index to it, then each query of
+    // the run selects for itself, exactly as it would arriving alone.
+    for (int t0 = nd; t0 < T;) {
+        int zone_end = attn_zone_end(&P->cfg, pos0 + t0), t1 = t0 + 1;
+        while (t1 < T && attn_zone_end(&P->cfg, pos0 + t1) == zone_end) t1++;
+        index_to(P, layer, &st, zone_end);
+        int tasks = (t1 - t0) * n_kv_heads;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(P->n_threads)
+        for (int i = 0; i < tasks; i++) {
+            Scratch s = thread_scratch(P, omp_get_thread_num());
+            int t = t0 + i / n_kv_heads;
+            attend_one(P, layer, &st, out, q, t, pos0 + t, i % n_kv_heads, zone_end, &s);
+        }
+        t0 = t1;
+    }
+}
+
+int attn_policy_select(AttnPolicy *ap, int layer, int kv_head, const float *q_group, int pos, float beta, float rho, int *out) {
+    Policy *P = ap->state;
+    if (layer < 0 || layer >= P->n_layers || kv_head < 0 || kv_head >= P->n_kv_heads || attn_is_dense(&P->cfg, pos)) return -1;
+    int zone_end = attn_zone_end(&P->cfg, pos);
+    if (P->indexed[layer] != zone_end - P->cfg.sink) return -1;
+    Scratch s = thread_scratch(P, 0);
+    int nsel = select_zone(P, layer, kv_head, q_group, zone_end, beta > 0 ? beta : P->cfg.beta, rho > 0 ? rho : P->cfg.rho, &s);
+    for (int i = 0; i < nsel; i++) out[i] = s.slots[i] + P->cfg.sink;
+    return nsel;
+}
+
+const AttnConfig *attn_policy_config(const AttnPolicy *ap) { return &((const Policy *)ap->state)->cfg; }
+
+static void policy_destroy(AttnPolicy *ap) {
+    if (!ap) return;
+    Policy *P = ap->state;
+    if (P) {
+        if (P->sel) P->sel->destroy(P->sel);
+        free(P->indexed);
+        free(P->seen_end);
+        free(P->scratch);
+        free(P);
+    }
+    free(ap);
+}
+
+static int bad(char *err, const char *what, int v) {
+    snprintf(err, ATTN_ERR_LEN, "attention: %s, got %d", what, v);
+    return 1;
+}
+
+AttnPolicy *attn_policy_create(const AttnConfig *c, int n_layers, int n_heads, int n_kv_heads, int head_dim, int ctx, char *err) {
+    if (c->method == ATTN_FULL) {
+        snprintf(err, ATTN_ERR_LEN, "attention: full attention needs no policy");
+        return NULL;
+    }
+    if (c->method < 0 || c->method >= ATTN_N_METHODS) { bad(err, "unknown method", c->method); return NULL; }
+    if (c->topk < 1) { bad(err, "topk must be at least 1", c->topk); return NULL; }
+    if (c->sink < 0) { bad(err, "sink must be at least 0", c->sink); return NULL; }
+    if (c->local < 0) { bad(err, "local must be at least 0", c->local); return NULL; }
+    if (c->update < 1) { bad(err, "update must be at least 1", c->update); return NULL; }
+    if (c->dense_min < 0 || c->prefill_len < 0) { bad(err, "dense_min and prefill_len must be at least 0", c->dense_min < 0 ? c->dense_min : c->prefill_len); return NULL; }
+    if (!(c->beta >= 0 && c->beta <= 1 && c->rho >= 0 && c->rho <= 1)) {
+        snprintf(err, ATTN_ERR_LEN, "attention: beta and rho must be in [0, 1], got %g and %g", c->beta, c->rho);
+        return NULL;
+    }
+    if (n_layers < 1 || n_kv_heads < 1 || head_dim < 1 || n_heads % n_kv_heads || ctx < 1) {
+        snprintf(err, ATTN_ERR_LEN, "attention: bad shape (layers %d, heads %d / %d, head_dim %d, ctx %d)", n_layers, n_heads, n_kv_heads, head_dim, ctx);
+        return NULL;
+    }
+    AttnPolicy *ap = attn_calloc(1, sizeof *ap, "the attention policy", err);
+    Policy *P = ap ? attn_calloc(1, sizeof *P, "the attention policy", err) : NULL;
+    if (!P) {
+        free(ap);
+        return NULL;
+    }
+    *ap = (AttnPolicy){method_names[c->method], policy_attend, policy_reset, policy_destroy, P};
+    P->cfg = *c;
+    P->n_layers = n_layers, P->n_heads = n_heads, P->n_kv_heads = n_kv_heads, P->head_dim = head_dim, P->ctx = ctx;
+    P->n_threads = omp_get_max_threads();
+    int cap = ctx > c->sink ? ctx - c->sink : 0; // the most zone slots a sequence of ctx tokens has
+    switch (c->method) {
+    case ATTN_PARISKV: P->sel = selector_pariskv(n_layers, n_kv_heads, head_dim, cap, err); break;
+    case ATTN_STREAMING: P->sel = selector_streaming(err); break;
+    case ATTN_QUEST: P->sel = selector_quest(n_layers, n_kv_heads, head_dim, cap, err); break;
+    case ATTN_FIER: P->sel = selector_fier(n_layers, n_kv_heads, head_dim, cap, err); break;
+    case ATTN_KMEANS: P->sel = selector_kmeans(n_layers, n_kv_heads, head_dim, cap, err); break;
+    case ATTN_ORACLE: P->sel = selector_oracle(n_layers, n_kv_heads, head_dim, cap, err); break;
+    }
+    if (!P->sel) {
+        policy_destroy(ap);
+        return NULL;
+    }
+    P->sel_off = scratch_layout(P, NULL, NULL);
+    P->stride = ALIGN64(P->sel_off + P->sel->scratch_bytes(P->sel, cap));
+    if (!(P->indexed = attn_calloc((size_t)n_layers, sizeof(int), "policy state", err)) ||
+        !(P->seen_end = attn_calloc((size_t)n_layers, sizeof(int), "policy state", err)) ||
+        !(P->scratch = attn_calloc((size_t)P->n_threads, P->stride, "attention scratch", err))) {
+        policy_destroy(ap);
+        return NULL;
+    }
+    return ap;
+}

@@ -1,0 +1,308 @@
+// ParisKV's math, piece by piece, each against an independent computation: the SRHT, the ids,
+// the 4-bit codes, fp16, the calibrated estimator (and what alpha buys), the tier bonus, the
+// bucket top-C and the top-k. Deterministic: every input comes from a fixed-seed generator.
+#include "../attention/pariskv.h"
+#include "../attention/selector.h"
+#include "../attention/srht.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int passed, failed;
+
+static void check(int ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+#include <stdarg.h>
+static void check(int ok, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    printf("%s ", ok ? "ok  " : "FAIL");
+    vprintf(fmt, ap);
+    printf("\n");
+    va_end(ap);
+    ok ? passed++ : failed++;
+}
+
+typedef struct {
+    unsigned long long s;
+} Rng;
+static unsigned long long next_u64(Rng *r) {
+    unsigned long long z = (r->s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+static double uniform(Rng *r) { return (double)(next_u64(r) >> 11) * (1.0 / 9007199254740992.0); }
+static float gauss(Rng *r) {
+    double u = uniform(r), v = uniform(r);
+    return (float)(sqrt(-2.0 * log(u + 1e-300)) * cos(6.283185307179586 * v));
+}
+
+// Anisotropic vectors like real keys: per-channel scales spanning 25x and a few large offsets.
+static void anisotropic(Rng *r, int D, const float *scale, const float *offset, float *x) {
+    for (int j = 0; j < D; j++) x[j] = scale[j] * gauss(r) + offset[j];
+}
+static void make_shape(Rng *r, int D, float *scale, float *offset) {
+    for (int j = 0; j < D; j++) {
+        scale[j] = expf(logf(0.2f) + (logf(5.0f) - logf(0.2f)) * (float)uniform(r));
+        offset[j] = j % 16 == 3 ? 6.0f * gauss(r) : 0.0f;
+    }
+}
+
+static double dotd(const float *a, const float *b, int n) {
+    double s = 0;
+    for (int i = 0; i < n; i++) s += (double)a[i] * b[i];
+    return s;
+}
+
+static void test_srht(void) {
+    Rng r = {1};
+    for (int D = 8; D <= 128; D *= 4) { // 8, 32, 128
+        float s[128], x[128], y[128], xs[128], ys[128];
+        srht_signs(SRHT_SEED, D, s);
+        // Against the explicit matrix: H_ij = (-1)^popcount(i & j) (Sylvester order).
+        for (int j = 0; j < D; j++) x[j] = gauss(&r);
+        memcpy(xs, x, sizeof xs);
+        srht_apply(xs, s, D);
+        double maxd = 0;
+        for (int i = 0; i < D; i++) {
+            double e = 0;
+            for (int j = 0; j < D; j++) e += (__builtin_popcount((unsigned)(i & j)) & 1 ? -1.0 : 1.0) * s[j] * x[j];
+            e /= sqrt((double)D);
+            if (fabs(e - xs[i]) > maxd) maxd = fabs(e - xs[i]);
+        }
+        check(maxd < 1e-5, "SRHT D=%d equals H diag(s) x / sqrt(D) (max diff %.2e)", D, maxd);
+        // Inner products of unit vectors are preserved.
+        double worst = 0;
+        for (int t = 0; t < 200; t++) {
+            for (int j = 0; j < D; j++) x[j] = gauss(&r), y[j] = gauss(&r);
+            float nx = (float)sqrt(dotd(x, x, D)), ny = (float)sqrt(dotd(y, y, D));
+            for (int j = 0; j < D; j++) x[j] /= nx, y[j] /= ny;
+            memcpy(xs, x, sizeof xs), memcpy(ys, y, sizeof ys);
+            srht_apply(xs, s, D), srht_apply(ys, s, D);
+            double d = fabs(dotd(xs, ys, D) - dotd(x, y, D));
+            if (d > worst) worst = d;
+        }
+        check(worst < 1e-5, "SRHT D=%d preserves inner products of unit vectors (worst %.2e <= 1e-5)", D, worst);
+    }
+    float a[64], b[64];
+    srht_signs(SRHT_SEED, 64, a), srht_signs(SRHT_SEED, 64, b);
+    int pos = 0;
+    for (int j = 0; j < 64; j++) pos += a[j] > 0;
+    check(memcmp(a, b, sizeof a) == 0 && pos > 16 && pos < 48, "SRHT signs are fixed by the seed and mixed (%d of 64 positive)", pos);
+}
+
+// Rotated, normalized key as the encoder sees it, computed here in double.
+static void rotated(const float *k, int D, const float *s, float *kt) {
+    double r = sqrt(dotd(k, k, D));
+    for (int j = 0; j < D; j++) kt[j] = (float)(k[j] / r);
+    srht_apply(kt, s, D);
+}
+
+static void test_encoding(void) {
+    Rng r = {2};
+    int D = 64, B = D / PKV_M;
+    float s[64], scale[64], off[64], k[64], kt[64], alpha[8];
+    uint8_t ids[8], codes[32];
+    uint16_t w[8];
+    srht_signs(SRHT_SEED, D, s);
+    make_shape(&r, D, scale, off);
+    int ids_ok = 1, nearest_ok = 1, codes_ok = 1, alpha_ok = 1, w_ok = 1;
+    for (int t = 0; t < 300; t++) {
+        anisotropic(&r, D, scale, off, k);
+        pkv_encode_key(k, D, s, ids, codes, w, alpha);
+        rotated(k, D, s, kt);
+        double kn = sqrt(dotd(k, k, D));
+        for (int b = 0; b < B; b++) {
+            const float *u = kt + b * PKV_M;
+            double rb = sqrt(dotd(u, u, PKV_M));
+            int id = 0;
+            for (int j = 0; j < PKV_M; j++) id |= (u[j] >= 0) << j;
+            ids_ok &= ids[b] == id;
+            // The sign pattern is the nearest of the 256 centroids {+-1/sqrt(8)}^8.
+            double best = -1e30;
+            int arg = -1;
+            for (int c = 0; c < 256; c++) {
+                double d = 0;
+                for (int j = 0; j < PKV_M; j++) d += ((c >> j) & 1 ? 1 : -1) * u[j];
+                if (d > best) best = d, arg = c;
+            }
+            nearest_ok &= arg == ids[b];
+            double a = 0;
+            for (int j = 0; j < PKV_M; j++) {
+                int c = (codes[b * 4 + j / 2] >> (j & 1 ? 4 : 0)) & 15;
+                codes_ok &= c == pkv_code((float)(u[j] / rb));
+                a += pkv_decode(c) * (u[j] / rb);
+            }
+            alpha_ok &= fabs(a - alpha[b]) < 1e-5;
+            double want = kn * rb / a, got = pkv_f16_to_f32(w[b]);
+            w_ok &= fabs(got - want) <= want * 4.9e-4 + 1e-7; // fp16: half an ulp is 2^-11
+        }
+    }
+    check(ids_ok, "ids are the sign patterns of the rotated subspaces (300 keys x %d)", B);
+    check(nearest_ok, "each id is the nearest of the 256 sign-pattern centroids");
+    check(codes_ok, "the packed nibbles are each coordinate's code, even coordinate low");
+    check(alpha_ok, "alpha_b = <v_b, u_b>");
+    check(w_ok, "w_b = ||k|| r_b / alpha_b, rounded to fp16");
+}
+
+static void test_codes(void) {
+    int ok = 1;
+    for (int c = 0; c < 16; c++) ok &= pkv_code(pkv_decode(c)) == c; // each center lies in its own bin
+    check(ok, "code -> value -> code round trip for all 16 codes");
+    // Every value decodes to within its bin: the worst distance is the widest half-bin (or the
+    // top bin's reach to 1).
+    double worst = 0;
+    for (int i = -1000; i <= 1000; i++) {
+        float u = (float)i / 1000.0f;
+        double d = fabs(pkv_decode(pkv_code(u)) - u);
+        if (d > worst) worst = d;
+    }
+    check(worst <= 0.2368 && pkv_code(0.0f) == 8 && pkv_code(-0.0001f) == 0 && pkv_code(0.95f) == 15,
+          "decode(code(u)) within its bin for u in [-1, 1] (worst %.4f <= 1 - 0.7633); sign bit 3", worst);
+    // fp16: exact values, round-to-nearest-even at a midpoint, subnormals, saturation to inf.
+    check(pkv_f32_to_f16(1.0f) == 0x3c00 && pkv_f32_to_f16(-2.5f) == 0xc100 && pkv_f32_to_f16(1.0f + ldexpf(1, -11)) == 0x3c00 &&
+              pkv_f32_to_f16(1.0f + 3 * ldexpf(1, -11)) == 0x3c02 && pkv_f32_to_f16(ldexpf(1, -24)) == 0x0001 &&
+              pkv_f32_to_f16(1e6f) == 0x7c00 && pkv_f16_to_f32(0x3c00) == 1.0f && pkv_f16_to_f32(0x0001) == ldexpf(1, -24) &&
+              pkv_f16_to_f32(pkv_f32_to_f16(65504.0f)) == 65504.0f,
+          "fp16 conversion: exact values, ties to even, subnormals, overflow");
+}
+
+// The estimator on random anisotropic keys and queries: its error relative to ||k|| ||q||, with
+// the alpha correction and without it (w_b = ||k|| r_b).
+static void test_estimator(void) {
+    Rng r = {3};
+    for (int D = 64; D <= 128; D *= 2) {
+        int B = D / PKV_M;
+        float s[128], ks[128], ko[128], qs[128], qo[128], k[128], q[128], kt[128], qt[128], alpha[16], qn;
+        uint8_t ids[16], codes[64];
+        uint16_t w[16];
+        srht_signs(SRHT_SEED, D, s);
+        make_shape(&r, D, ks, ko), make_shape(&r, D, qs, qo);
+        double err = 0, err_plain = 0, et = 0, pt = 0, tt = 0; // slope of est on the truth: sum est t / sum t^2
+        int N = 4000;
+        for (int t = 0; t < N; t++) {
+            anisotropic(&r, D, ks, ko, k), anisotropic(&r, D, qs, qo, q);
+            pkv_encode_key(k, D, s, ids, codes, w, alpha);
+            pkv_prepare_query(q, D, s, qt, &qn);
+            double truth = dotd(k, q, D), norm = sqrt(dotd(k, k, D) * dotd(q, q, D));
+            double est = pkv_estimate(codes, w, B, qt, qn);
+            rotated(k, D, s, kt);
+            double kn = sqrt(dotd(k, k, D)), plain = 0;
+            for (int b = 0; b < B; b++) {
+                double rb = sqrt(dotd(kt + b * PKV_M, kt + b * PKV_M, PKV_M)), d = 0;
+                for (int j = 0; j < PKV_M; j++) d += pkv_decode((codes[b * 4 + j / 2] >> (j & 1 ? 4 : 0)) & 15) * qt[b * PKV_M + j];
+                plain += kn * rb * d;
+            }
+            plain *= qn;
+            err += fabs(est - truth) / norm, err_plain += fabs(plain - truth) / norm;
+            et += est * truth, pt += plain * truth, tt += truth * truth;
+        }
+        err /= N, err_plain /= N;
+        check(err < 0.012, "estimator D=%d: mean |est - <k,q>| / (||k|| ||q||) = %.4f < 0.012", D, err);
+        check(err < 0.9 * err_plain, "alpha correction D=%d cuts the error: %.4f vs %.4f without (> 10%% less)", D, err, err_plain);
+        // Both are close to unbiased here (slope of est on the truth near 1): what alpha buys on
+        // these keys is a smaller spread, not the removal of a shrinkage.
+        check(fabs(et / tt - 1) < 0.01, "estimator D=%d is unbiased: slope on the truth %.4f (%.4f without alpha)", D, et / tt, pt / tt);
+    }
+}
+
+// An independent bonus: for each pattern, the keys of all strictly better-ranked patterns.
+static void test_bonus(void) {
+    Rng r = {4};
+    int B = 4, n = 3000;
+    float qt[32];
+    int32_t count[4 * 256] = {0};
+    for (int j = 0; j < 32; j++) qt[j] = gauss(&r);
+    for (int i = 0; i < n; i++)
+        for (int b = 0; b < B; b++) count[b * 256 + (next_u64(&r) % 7 == 0 ? next_u64(&r) % 256 : next_u64(&r) % 40)]++;
+    uint8_t bonus[4 * 256];
+    float rho = 0.3f;
+    pkv_bonus(qt, B, count, n, rho, bonus);
+    int ok = 1, top = 0;
+    for (int b = 0; b < B; b++) {
+        float sc[256];
+        for (int c = 0; c < 256; c++) {
+            sc[c] = 0;
+            for (int j = 0; j < 8; j++) sc[c] += (c >> j) & 1 ? qt[b * 8 + j] : -qt[b * 8 + j];
+        }
+        for (int c = 0; c < 256; c++) {
+            long before = 0;
+            for (int d = 0; d < 256; d++)
+                if (sc[d] > sc[c] || (sc[d] == sc[c] && d < c)) before += count[b * 256 + d];
+            int want = 0;
+            for (int t = 0; t < 6; t++) want += before < (long)ceil(n * rho * pkv_tier_frac[t] - 1e-9);
+            ok &= bonus[b * 256 + c] == want;
+            top += want == 6;
+        }
+    }
+    check(ok && top >= B, "6-tier bonus equals a brute-force count of better-ranked keys (rho %.1f)", rho);
+    check(pkv_ceil(1000 * 0.5 * 0.3) == 150 && pkv_ceil(150.2) == 151 && pkv_ceil(100) == 100, "tier targets: ceil without float noise");
+}
+
+static int cmp_desc(const void *a, const void *b) {
+    const ScoredId *x = a, *y = b;
+    if (x->score != y->score) return x->score > y->score ? -1 : 1;
+    return (x->id > y->id) - (x->id < y->id);
+}
+static int cmp_int(const void *a, const void *b) { return (*(const int *)a > *(const int *)b) - (*(const int *)a < *(const int *)b); }
+
+// The first C of (score desc, slot asc), ascending: what both top-k routines must return.
+static int ref_top(const float *score, int n, int C, int *out) {
+    ScoredId *v = malloc((size_t)n * sizeof *v);
+    if (!v) return -1;
+    for (int i = 0; i < n; i++) v[i] = (ScoredId){score[i], i};
+    qsort(v, (size_t)n, sizeof *v, cmp_desc);
+    if (C > n) C = n;
+    for (int i = 0; i < C; i++) out[i] = v[i].id;
+    qsort(out, (size_t)C, sizeof(int), cmp_int);
+    free(v);
+    return C;
+}
+
+static void test_topk(void) {
+    Rng r = {5};
+    int n = 5000, max_score = 96;
+    uint16_t *s16 = malloc(n * sizeof *s16);
+    float *sf = malloc(n * sizeof *sf);
+    int *a = malloc(n * sizeof *a), *b = malloc(n * sizeof *b);
+    ScoredId *heap = malloc(n * sizeof *heap);
+    int32_t hist[97];
+    if (!s16 || !sf || !a || !b || !heap) exit(1);
+    int ok = 1, cases = 0;
+    for (int rep = 0; rep < 6; rep++) {
+        for (int i = 0; i < n; i++) { // heavily tied integer scores, skewed like vote scores
+            double u = uniform(&r);
+            s16[i] = (uint16_t)(u * u * max_score), sf[i] = s16[i];
+        }
+        int Cs[] = {1, 100, 777, 2500, 4999, 5000, 6000};
+        for (int c = 0; c < 7; c++, cases++) {
+            int na = pkv_bucket_topc(s16, n, max_score, Cs[c], hist, a), nb = ref_top(sf, n, Cs[c], b);
+            ok &= na == nb && memcmp(a, b, (size_t)na * sizeof(int)) == 0;
+        }
+    }
+    check(ok, "bucket top-C selects exactly the top C of a sort, ties to the smaller slot (%d cases)", cases);
+    ok = 1, cases = 0;
+    for (int rep = 0; rep < 6; rep++) {
+        for (int i = 0; i < n; i++) sf[i] = rep % 2 ? (float)(next_u64(&r) % 50) : gauss(&r); // tied and untied
+        int ks[] = {1, 100, 1000, 5000, 7000};
+        for (int c = 0; c < 5; c++, cases++) {
+            int na = topk_select(sf, NULL, n, ks[c], heap, a), nb = ref_top(sf, n, ks[c], b);
+            ok &= na == nb && memcmp(a, b, (size_t)na * sizeof(int)) == 0;
+        }
+    }
+    check(ok, "top-k equals a sort, ties to the smaller id (%d cases)", cases);
+    free(s16), free(sf), free(a), free(b), free(heap);
+}
+
+int main(void) {
+    test_srht();
+    test_encoding();
+    test_codes();
+    test_estimator();
+    test_bonus();
+    test_topk();
+    printf("%d passed, %d failed\n", passed, failed);
+    return failed != 0;
+}
