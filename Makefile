@@ -1,9 +1,11 @@
 # ParisKV runner. `make` builds ./run and ./export; `make test` builds and runs every test.
 CC      ?= cc
+CXX     ?= c++
 OPT     ?= -O3 -march=native
 CFLAGS  += -std=c11 -D_GNU_SOURCE $(OPT) -fopenmp -Wall -Wextra -g
+CXXFLAGS += -std=c++17 $(OPT) -Wall -Wextra -g
 LDLIBS  += -lm -fopenmp
-TOKLIBS  = -lutf8proc
+TOKLIBS  = -lutf8proc -lsentencepiece -lstdc++
 JSONLIBS = -lcjson
 
 BUILD = build
@@ -12,6 +14,9 @@ BUILD = build
 CUDA_HOME ?= /usr/local/cuda
 NVCC ?= $(shell command -v nvcc 2>/dev/null || ls $(CUDA_HOME)/bin/nvcc 2>/dev/null)
 NVCCFLAGS ?= -O3 -arch=sm_90 -std=c++17 -Xcompiler -Wall,-Wextra -lineinfo
+ifeq ($(NO_CUDA),1) # the CPU path alone (kernels/no_cuda.c), e.g. for the sanitizer build
+NVCC :=
+endif
 ifneq ($(NVCC),)
 CUDA_SRC  = $(filter-out kernels/test_%.cu,$(wildcard kernels/*.cu))
 CUDA_OBJ  = $(patsubst %.cu,$(BUILD)/%.o,$(CUDA_SRC))
@@ -22,29 +27,41 @@ CUDA_LIBS =
 endif
 
 MODEL_SRC = $(wildcard model/*.c)
-TOK_SRC   = $(wildcard tokenizer/*.c)
+TOK_SRC   = $(wildcard tokenizer/*.c) $(wildcard tokenizer/*.cc)
 ATTN_SRC  = $(wildcard attention/*.c)
 WEIGHTS_SRC = $(wildcard weights/*.c)
 
-RUN_OBJ    = $(patsubst %.c,$(BUILD)/%.o,run.c $(MODEL_SRC) $(TOK_SRC) $(ATTN_SRC)) $(CUDA_OBJ)
-EXPORT_OBJ = $(patsubst %.c,$(BUILD)/%.o,$(WEIGHTS_SRC) $(TOK_SRC) model/modelfile.c)
-LIB_OBJ    = $(patsubst %.c,$(BUILD)/%.o,$(MODEL_SRC) $(TOK_SRC) $(ATTN_SRC) $(filter-out weights/export.c,$(WEIGHTS_SRC))) $(CUDA_OBJ)
+obj = $(patsubst %.cc,$(BUILD)/%.o,$(patsubst %.c,$(BUILD)/%.o,$(1)))
+RUN_OBJ    = $(call obj,run.c $(MODEL_SRC) $(TOK_SRC) $(ATTN_SRC)) $(CUDA_OBJ)
+EXPORT_OBJ = $(call obj,$(WEIGHTS_SRC) $(TOK_SRC) model/modelfile.c model/guard.c)
+LIB_OBJ    = $(call obj,$(MODEL_SRC) $(TOK_SRC) $(ATTN_SRC) $(filter-out weights/export.c,$(WEIGHTS_SRC))) $(CUDA_OBJ)
 
 TEST_SRC  = $(wildcard tests/test_*.c)
 TEST_BIN  = $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
 
-.PHONY: all test check demo deps smollm2 clean gpu-tests test-gpu
+.PHONY: all test check demo deps smollm2 clean gpu-tests test-gpu test-asan asan-bins test-valgrind
 all: run export
 
 run: $(RUN_OBJ)
-	$(CC) -o $@ $^ $(LDLIBS) $(TOKLIBS) $(CUDA_LIBS)
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(TOKLIBS) $(JSONLIBS) $(CUDA_LIBS)
 
 export: $(EXPORT_OBJ)
-	$(CC) -o $@ $^ $(LDLIBS) $(TOKLIBS) $(JSONLIBS)
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(TOKLIBS) $(JSONLIBS)
+
+# The same two programs inside a build directory (the sanitizer build's; see test-asan).
+$(BUILD)/run: $(RUN_OBJ)
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(TOKLIBS) $(JSONLIBS) $(CUDA_LIBS)
+$(BUILD)/export: $(EXPORT_OBJ)
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(TOKLIBS) $(JSONLIBS)
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -MMD -MP -c -o $@ $<
+
+# The SentencePiece shim (tokenizer/spm.cc): the library is C++.
+$(BUILD)/%.o: %.cc
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) -MMD -MP -c -o $@ $<
 
 $(BUILD)/%.o: %.cu
 	@mkdir -p $(dir $@)
@@ -75,11 +92,31 @@ $(BUILD)/tests/tok_tool: tests/tok_tool.c $(LIB_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS) $(TOKLIBS) $(JSONLIBS) $(CUDA_LIBS)
 
-test: all $(TEST_BIN) $(BUILD)/tests/tok_tool
+test: all $(TEST_BIN) $(BUILD)/tests/tok_tool $(FUZZ_DRV_BIN)
 	bash tests/run_all.sh
 
+include tests/fuzz/fuzz.mk
+
+# The whole suite again on an ASan + UBSan build of the CPU path (build-asan/; tests find the
+# programs through PKV_BUILD). tests/sanitize.supp says what is suppressed and why.
+SAN_FLAGS = -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
+SAN_ENV = PKV_BUILD=build-asan PKV_SANITIZE=1 \
+	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:strict_string_checks=1:detect_stack_use_after_return=1 \
+	LSAN_OPTIONS=suppressions=$(CURDIR)/tests/sanitize.supp:print_suppressions=0 \
+	UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+test-asan:
+	$(MAKE) BUILD=build-asan NO_CUDA=1 OPT="-O1 -g $(SAN_FLAGS)" LDFLAGS="$(SAN_FLAGS)" asan-bins
+	$(SAN_ENV) bash tests/run_all.sh
+asan-bins: $(BUILD)/run $(BUILD)/export $(TEST_BIN) $(BUILD)/tests/tok_tool $(FUZZ_DRV_BIN)
+
+# valgrind over generate, score and chat (tests/valgrind.sh): a CPU-only x86-64-v3 build in
+# build-vg/, since valgrind cannot decode AVX-512 (-march=native here).
+test-valgrind:
+	$(MAKE) BUILD=build-vg NO_CUDA=1 OPT="-O2 -g -march=x86-64-v3" build-vg/run build-vg/export
+	bash tests/valgrind.sh
+
 # ---- set-up on a fresh machine (Debian; apt needs root) ----
-DEB_DEPS = gcc make libcjson-dev libutf8proc-dev libsentencepiece-dev sentencepiece python3 python3-pip
+DEB_DEPS = gcc g++ make clang valgrind libcjson-dev libutf8proc-dev libsentencepiece-dev sentencepiece python3 python3-pip
 PIP_DEPS = tokenizers
 SMOL_DIR = $(BUILD)/smollm2
 SMOL_GGUF = $(SMOL_DIR)/SmolLM2-135M-Instruct.Q4_1.gguf
@@ -112,8 +149,11 @@ demo: deps
 check: deps
 	$(MAKE) all $(SMOL_GGUF)
 	SMOLLM2_GGUF=$(SMOL_GGUF) $(MAKE) test
+	SMOLLM2_GGUF=$(SMOL_GGUF) $(MAKE) test-asan
+	$(MAKE) test-valgrind
+	$(MAKE) fuzz-ci
 
 clean:
-	rm -rf $(BUILD) run export
+	rm -rf $(BUILD) build-asan build-vg build-fuzz run export
 
 -include $(shell find $(BUILD) -name '*.d' 2>/dev/null)

@@ -1,8 +1,12 @@
-// ./run: the command line. Modes: generate (default), --score, --tokenize.
+// ./run: the command line. Modes: generate (default), --chat, --render-chat, --score, --tokenize.
+#include "model/errmsg.h"
+#include "model/guard.h"
 #include "model/model.h"
 #include "model/sampler.h"
+#include "tokenizer/chat.h"
 #include "tokenizer/tokenizer.h"
 
+#include <cjson/cJSON.h>
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
@@ -10,7 +14,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <time.h>
+#include <unistd.h>
 
 #define SCORE_CHUNK_GPU 256 // score keeps logits for a whole chunk: (chunk, vocab) floats
 
@@ -36,6 +42,12 @@ typedef struct {
     int bench_prefill;
     AttnConfig attn;          // --attn --topk --sink --local --update
     int attn_set;             // --attn given
+    int steps_set;            // -n given (a chat reply otherwise runs to its end)
+    int chat;                 // --chat
+    const char *system;       // --system
+    const char *date;         // --date: Llama 3.1's "Today Date"
+    int think;                // --think 1, --no-think 0, else -1 (the template's default)
+    const char *render_chat;  // --render-chat FILE
 } Options;
 
 static void usage(FILE *f) {
@@ -54,6 +66,17 @@ static void usage(FILE *f) {
             "  --top-p P        nucleus sampling (1: off)\n"
             "  --min-p P        drop tokens below P x the top probability (0: off)\n"
             "  --seed S         random seed (default: time)\n"
+            "chat:\n"
+            "  --chat           interactive chat (multi-turn, streaming); -p or -f gives the first user\n"
+            "                   message; one message per line when stdin is not a terminal; /reset\n"
+            "                   clears the conversation, /exit quits, Ctrl-C stops a reply; -n caps a\n"
+            "                   reply; the KV cache holds --ctx positions (default 4096)\n"
+            "  --system TEXT    the system message\n"
+            "  --think, --no-think   Qwen3: thinking on (the template's default) or off\n"
+            "  --date TEXT      Llama 3.1: the system header's 'Today Date' (default: the template's)\n"
+            "  --render-chat FILE.json   print the token ids of the conversation in FILE (a JSON list\n"
+            "                   of {\"role\", \"content\"}) rendered by the model's chat template, with\n"
+            "                   the generation prompt\n"
             "scoring and tokens:\n"
             "  --score FILE     teacher-forced scoring of FILE's text (no BOS), or of its ids with\n"
             "                   --ids: one line 'i next_id nll' per position, then 'mean_nll X ppl Y'\n"
@@ -78,14 +101,38 @@ static void usage(FILE *f) {
             "  -h, --help       this text\n");
 }
 
+// One line on stderr (messages quote file contents: control bytes are masked), exit status 1.
 static void die(const char *fmt, ...) {
+    char msg[1024];
     va_list ap;
     va_start(ap, fmt);
-    fprintf(stderr, "error: ");
-    vfprintf(stderr, fmt, ap);
-    fprintf(stderr, "\n");
+    vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    fflush(stdout); // what was generated so far comes first
+    fprintf(stderr, "error: %s\n", err_oneline(msg));
     exit(1);
+}
+
+// ---- signals and output ----
+
+// Ctrl-C sets `interrupted` (on_sigint, with chat below); generation and chat stop the reply.
+static volatile sig_atomic_t interrupted;
+static void on_sigint(int sig);
+
+static void catch_sigint(void) {
+    struct sigaction sa = {0};
+    sa.sa_handler = on_sigint; // no SA_RESTART: Ctrl-C at a prompt interrupts the read
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+}
+
+// A failed write to stdout (a full disk) is an error. A reader that went away (`./run | head`)
+// ends the program quietly by SIGPIPE's default action, which main restores in case it came
+// ignored or blocked; EPIPE here means it could not be restored: the same quiet end.
+static void flush_out(void) {
+    if (fflush(stdout) == 0 && !ferror(stdout)) return;
+    if (errno == EPIPE) _exit(128 + SIGPIPE);
+    die("cannot write the output: %s", strerror(errno));
 }
 
 static double now_s(void) {
@@ -133,6 +180,7 @@ static char *read_file(const char *path, size_t *len) {
 static int *parse_ids(const char *text, int vocab, int *n_out) {
     int cap = 256, n = 0;
     int *ids = malloc((size_t)cap * sizeof(int));
+    if (!ids) die("out of memory");
     const char *p = text;
     for (;;) {
         while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r') p++;
@@ -142,6 +190,7 @@ static int *parse_ids(const char *text, int vocab, int *n_out) {
         long v = strtol(p, &end, 10);
         if (end == p || errno || v < 0 || v >= vocab || (*end && !strchr(" \t\r\n", *end)))
             die("token id '%.20s' is not an integer in [0, %d)", p, vocab);
+        if (n == INT_MAX / 2) die("more than %d token ids", n);
         if (n == cap) ids = realloc(ids, (size_t)(cap *= 2) * sizeof(int));
         if (!ids) die("out of memory");
         ids[n++] = (int)v;
@@ -203,6 +252,7 @@ static float *prefill(const Model *m, RunState *s, const int *tokens, int n, int
     int chunk = s->chunk, show = n > 8 * chunk;
     char err[MODEL_ERR_LEN];
     for (int i = 0; i < n; i += chunk) {
+        if (interrupted) return NULL; // only when the caller catches SIGINT (generation)
         int T = n - i < chunk ? n - i : chunk;
         logits = model_forward(m, s, tokens + i, T, pos + i, all_logits, err);
         if (!logits) die("%s", err);
@@ -252,6 +302,7 @@ static void score_chunk(const float *logits, int first, int T, void *p) {
         sc->total += nll[t];
         printf("%d\t%d\t%.6f\n", first + t, sc->tokens[first + t + 1], nll[t]);
     }
+    flush_out();
     free(nll);
 }
 
@@ -319,6 +370,7 @@ static void run_generate(const Model *m, const Tokenizer *tok, const Options *o)
     int n_valid = tokenizer_n_tokens(tok) < (int)c->vocab_size ? tokenizer_n_tokens(tok) : (int)c->vocab_size;
     if (sampler_init(&sampler, n_valid, o->temperature, o->top_k, o->top_p, o->min_p, o->seed) != 0) die("out of memory");
 
+    catch_sigint();
     double t0 = now_s();
     float *logits = prefill(m, &s, prompt, n_prompt, 0, 0, NULL, NULL);
     double t_prefill = now_s() - t0;
@@ -330,6 +382,10 @@ static void run_generate(const Model *m, const Tokenizer *tok, const Options *o)
     const char *stop = NULL;
     double t1 = now_s();
     while (generated < o->steps) {
+        if (interrupted || !logits) {
+            stop = "interrupted";
+            break;
+        }
         int next = sampler_sample(&sampler, logits);
         generated++;
         if (o->ids) {
@@ -338,7 +394,7 @@ static void run_generate(const Model *m, const Tokenizer *tok, const Options *o)
             size_t k = tokenizer_decode_step(tok, &dec, next, piece, tokenizer_max_piece_len(tok) + 16);
             fwrite(piece, 1, k, stdout);
         }
-        fflush(stdout);
+        flush_out();
         if (tokenizer_is_eos(tok, next) && !o->ignore_eos) break;
         if (generated == o->steps) break;
         if (pos >= ctx) {
@@ -355,7 +411,9 @@ static void run_generate(const Model *m, const Tokenizer *tok, const Options *o)
     }
     printf("\n");
     double t_decode = now_s() - t1;
-    if (stop) fprintf(stderr, "[stopped: %s at %d tokens; raise --ctx]\n", stop, ctx);
+    flush_out();
+    if (stop && interrupted) fprintf(stderr, "[interrupted]\n");
+    else if (stop) fprintf(stderr, "[stopped: %s at %d tokens; raise --ctx]\n", stop, ctx);
     // generated tokens minus the first, which came from the prefill, were decode steps
     int steps = generated > 1 ? generated - 1 : 0;
     fprintf(stderr, "prompt %d tokens | prefill %.1f tok/s | decode %.2f ms/token (TPOT) | generated %d tokens\n",
@@ -377,6 +435,278 @@ static void run_tokenize(const Tokenizer *tok, const Options *o) {
     printf("\n");
     free(ids);
     free(text);
+}
+
+// ---- chat ----
+
+#define CHAT_CTX_DEFAULT 4096 // a chat's KV cache when --ctx is not given (the model's own may be 128K)
+
+static void on_sigint(int sig) {
+    (void)sig;
+    if (interrupted) _exit(130); // a second Ctrl-C before the first was handled: quit now
+    interrupted = 1;
+}
+
+// Consumes one chat option (its value is v); returns how many values it took, or -1 when a is not one.
+static int chat_option(Options *o, const char *a, const char *v) {
+    if (strcmp(a, "--chat") == 0) return o->chat = 1, 0;
+    if (strcmp(a, "--think") == 0) return o->think = 1, 0;
+    if (strcmp(a, "--no-think") == 0) return o->think = 0, 0;
+    const char **field = strcmp(a, "--system") == 0 ? &o->system : strcmp(a, "--date") == 0 ? &o->date
+                       : strcmp(a, "--render-chat") == 0 ? &o->render_chat : NULL;
+    if (!field) return -1;
+    if (!v) die("%s needs a value", a);
+    *field = v;
+    return 1;
+}
+
+// --render-chat FILE: a JSON list of {"role", "content"} messages, rendered with the generation
+// prompt and tokenized (special tokens parsed, as apply_chat_template does); prints the ids.
+static void run_render_chat(const Tokenizer *tok, const Options *o) {
+    const char *path = o->render_chat;
+    size_t len;
+    char *text = read_file(path, &len);
+    const char *end = text;
+    cJSON *j = cJSON_ParseWithLengthOpts(text, len, &end, 0);
+    while (j && end < text + len && strchr(" \t\r\n", *end) && *end) end++; // only white space may follow
+    int trailing = j && end != text + len;
+    free(text);
+    if (!j || trailing) die("'%s' is not valid JSON", path);
+    if (!cJSON_IsArray(j)) die("'%s' must hold a JSON list of {\"role\", \"content\"} messages", path);
+    int n = cJSON_GetArraySize(j), i = 0;
+    ChatMessage *msgs = calloc((size_t)n + 1, sizeof *msgs);
+    if (!msgs) die("out of memory");
+    const cJSON *e, *k;
+    cJSON_ArrayForEach(e, j) {
+        int roles = 0, contents = 0;
+        if (!cJSON_IsObject(e)) die("'%s': message %d is not an object", path, i + 1);
+        cJSON_ArrayForEach(k, e) {
+            int is_role = strcmp(k->string, "role") == 0, is_content = strcmp(k->string, "content") == 0;
+            if (!is_role && !is_content) die("'%s': message %d has key \"%.40s\" (only \"role\" and \"content\" are read)", path, i + 1, k->string);
+            if (!cJSON_IsString(k)) die("'%s': message %d: \"%s\" must be a string", path, i + 1, k->string);
+            roles += is_role, contents += is_content;
+            if (is_role) msgs[i].role = k->valuestring;
+            else msgs[i].content = k->valuestring;
+        }
+        if (roles != 1 || contents != 1) die("'%s': message %d needs one \"role\" and one \"content\"", path, i + 1);
+        i++;
+    }
+    ChatOptions co = {o->think, o->date};
+    char err[TOK_ERR_LEN];
+    char *conv = chat_render(tok, msgs, n, &co, err);
+    if (!conv) die("'%s': %s", path, err);
+    int n_ids;
+    int *ids = encode_text(tok, conv, strlen(conv), &n_ids);
+    for (i = 0; i < n_ids; i++) printf(i ? " %d" : "%d", ids[i]);
+    printf("\n");
+    free(ids);
+    free(conv);
+    free(msgs);
+    cJSON_Delete(j);
+}
+
+// A conversation and the model state that follows it. cache[0 .. n_cache) are the ids whose K/V
+// the KV cache holds: a new turn re-renders the whole conversation, keeps the cached prefix it
+// shares and prefills only the rest (the template may rewrite earlier turns: Qwen3 drops their
+// <think> blocks, Llama trims them; a reply's ids may differ from its text's tokenization).
+typedef struct {
+    const Model *m;
+    const Tokenizer *tok;
+    const Options *o;
+    RunState s;
+    Sampler sampler;
+    ChatMessage *msg; // (n_msg) role and content owned (malloc'd)
+    int n_msg, cap_msg;
+    int *cache;       // (s.ctx)
+    int n_cache;
+    char *piece;      // a decoded token: tokenizer_max_piece_len + 16 bytes
+} Chat;
+
+static void chat_push(Chat *c, const char *role, char *content) {
+    if (!content) die("out of memory");
+    if (c->n_msg == c->cap_msg) {
+        c->cap_msg = c->cap_msg ? 2 * c->cap_msg : 16;
+        if (!(c->msg = realloc(c->msg, (size_t)c->cap_msg * sizeof *c->msg))) die("out of memory");
+    }
+    c->msg[c->n_msg++] = (ChatMessage){role, content};
+}
+
+static void chat_pop(Chat *c) { free((char *)c->msg[--c->n_msg].content); }
+
+static void chat_note(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "[");
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "]\n");
+    va_end(ap);
+}
+
+// Runs ids[from .. n) into the cache; stops early on Ctrl-C. Returns the last logits, or NULL
+// when interrupted (c->n_cache then says how far it got).
+static float *chat_prefill(Chat *c, const int *ids, int from, int n) {
+    char err[MODEL_ERR_LEN];
+    float *logits = NULL;
+    c->n_cache = from;
+    for (int i = from; i < n; i += c->s.chunk) {
+        if (interrupted) return NULL;
+        int T = n - i < c->s.chunk ? n - i : c->s.chunk;
+        if (!(logits = model_forward(c->m, &c->s, ids + i, T, i, 0, err))) die("%s", err);
+        memcpy(c->cache + i, ids + i, (size_t)T * sizeof(int));
+        c->n_cache = i + T;
+    }
+    return logits;
+}
+
+// Streams a reply from logits; returns its ids (malloc'd, *n of them) and why it stopped early.
+static int *chat_generate(Chat *c, float *logits, int *n, const char **stop) {
+    const Options *o = c->o;
+    int budget = o->steps_set ? o->steps : INT_MAX, cap = 64, k = 0;
+    int *reply = malloc((size_t)cap * sizeof(int));
+    size_t piece_cap = tokenizer_max_piece_len(c->tok) + 16;
+    TokDecoder dec = {0};
+    char err[MODEL_ERR_LEN];
+    *stop = NULL;
+    while (reply && k < budget) {
+        if (interrupted) {
+            *stop = "interrupted";
+            break;
+        }
+        int next = sampler_sample(&c->sampler, logits);
+        int eos = tokenizer_is_eos(c->tok, next);
+        if (eos && !o->ignore_eos) break;
+        if (k == cap && !(reply = realloc(reply, (size_t)(cap *= 2) * sizeof(int)))) break;
+        reply[k++] = next;
+        if (!eos) fwrite(c->piece, 1, tokenizer_decode_step(c->tok, &dec, next, c->piece, piece_cap), stdout);
+        flush_out();
+        if (k == budget) break;
+        if (c->n_cache >= c->s.ctx) {
+            *stop = "context full";
+            break;
+        }
+        if (!(logits = model_forward(c->m, &c->s, &next, 1, c->n_cache, 0, err))) die("%s", err);
+        c->cache[c->n_cache++] = next;
+    }
+    if (!reply) die("out of memory");
+    fwrite(c->piece, 1, tokenizer_decode_flush(c->tok, &dec, c->piece, piece_cap), stdout);
+    printf("\n");
+    flush_out();
+    *n = k;
+    return reply;
+}
+
+// One user message: render, prefill what the cache lacks, stream the reply, record it.
+static void chat_turn(Chat *c, const char *text) {
+    char err[TOK_ERR_LEN];
+    chat_push(c, "user", strdup(text));
+    ChatOptions co = {c->o->think, c->o->date};
+    char *conv = chat_render(c->tok, c->msg, c->n_msg, &co, err);
+    int *ids = NULL;
+    long n = conv ? tokenizer_encode(c->tok, conv, strlen(conv), 1, &ids, err) : -1;
+    free(conv);
+    if (n < 0 || n >= c->s.ctx) {
+        if (n < 0) chat_note("%s: message ignored", err);
+        else chat_note("context full: the conversation needs %ld tokens, the context holds %d "
+                       "(/reset starts over, --ctx sets the size): message ignored", n, c->s.ctx);
+        chat_pop(c);
+        free(ids);
+        return;
+    }
+    int keep = 0;
+    while (keep < c->n_cache && keep < n - 1 && c->cache[keep] == ids[keep]) keep++;
+    double t0 = now_s();
+    float *logits = chat_prefill(c, ids, keep, (int)n);
+    double t1 = now_s();
+    free(ids);
+    if (!logits) {
+        chat_note("interrupted");
+        chat_pop(c);
+        return;
+    }
+    int n_reply;
+    const char *stop;
+    int *reply = chat_generate(c, logits, &n_reply, &stop);
+    double t2 = now_s();
+    chat_push(c, "assistant", tokenizer_decode(c->tok, reply, (size_t)n_reply));
+    free(reply);
+    fprintf(stderr, "[prefill %ld tokens (%d cached) %.1f tok/s | reply %d tokens %.2f ms/token | context %d/%d]\n",
+            n - keep, keep, (n - keep) / (t1 - t0 > 0 ? t1 - t0 : 1e-9), n_reply,
+            n_reply > 1 ? 1e3 * (t2 - t1) / (n_reply - 1) : 0.0, c->n_cache, c->s.ctx);
+    if (stop && strcmp(stop, "interrupted") == 0) chat_note("interrupted");
+    else if (stop) chat_note("context full: the reply stops here (/reset starts over, --ctx sets the size)");
+}
+
+// One user message from stdin, newline removed; on a terminal a line ending in '\' continues on
+// the next. NULL at end of input. Ctrl-C while waiting asks again.
+static char *read_message(int tty, size_t *len) {
+    char *line = NULL, *msg = NULL;
+    size_t cap = 0, n_msg = 0;
+    for (;;) {
+        interrupted = 0; // a Ctrl-C pressed between turns stopped nothing: forget it
+        if (tty) fputs(msg ? "... " : "> ", stdout), fflush(stdout);
+        errno = 0;
+        ssize_t n = getline(&line, &cap, stdin);
+        if (n < 0 && errno == EINTR && !feof(stdin)) {
+            clearerr(stdin);
+            if (tty) fputs("\n(/exit or Ctrl-D quits)\n", stdout);
+            continue;
+        }
+        if (n < 0) break;
+        if (n > 0 && line[n - 1] == '\n') line[--n] = '\0';
+        if (n > 0 && line[n - 1] == '\r') line[--n] = '\0';
+        int more = tty && n > 0 && line[n - 1] == '\\';
+        if (more) line[n - 1] = '\n';
+        if (!(msg = realloc(msg, n_msg + (size_t)n + 1))) die("out of memory");
+        memcpy(msg + n_msg, line, (size_t)n + 1);
+        n_msg += (size_t)n;
+        if (!more) break;
+    }
+    free(line);
+    *len = n_msg;
+    return msg;
+}
+
+static void run_chat(const Model *m, const Tokenizer *tok, const Options *o) {
+    if (o->score_file || o->tokenize || o->ids) die("--chat cannot be combined with --score, --tokenize or --ids");
+    if (tokenizer_chat(tok) == TOK_CHAT_NONE) die("the model has no chat template this runner renders (Llama 3, Qwen3, ChatML)");
+    Chat c = {.m = m, .tok = tok, .o = o};
+    char err[MODEL_ERR_LEN];
+    if (run_state_init(&c.s, m, pick_ctx(o, &m->c, CHAT_CTX_DEFAULT), m->be->max_chunk, 0, err) != 0) die("%s", err);
+    c.s.attn = make_attn(o, m, &c.s, 0); // turns come and go: every position past the dense zone is a decode step
+    int n_valid = tokenizer_n_tokens(tok) < (int)m->c.vocab_size ? tokenizer_n_tokens(tok) : (int)m->c.vocab_size;
+    if (sampler_init(&c.sampler, n_valid, o->temperature, o->top_k, o->top_p, o->min_p, o->seed) != 0) die("out of memory");
+    c.cache = malloc((size_t)c.s.ctx * sizeof(int));
+    c.piece = malloc(tokenizer_max_piece_len(tok) + 16);
+    if (!c.cache || !c.piece) die("out of memory");
+    if (o->system) chat_push(&c, "system", strdup(o->system));
+    catch_sigint();
+    int tty = isatty(STDIN_FILENO);
+    if (tty) fprintf(stderr, "chat: /reset clears the conversation, /exit quits, Ctrl-C stops a reply\n");
+    size_t len = 0;
+    char *first = o->prompt_file ? read_file(o->prompt_file, &len) : o->prompt ? strdup(o->prompt) : NULL;
+    if (first && !o->prompt_file) len = strlen(first);
+    for (char *line = first; line || (line = read_message(tty, &len)); line = NULL) {
+        interrupted = 0; // a Ctrl-C while the line was read belongs to no reply
+        if (strcmp(line, "/exit") == 0) {
+            free(line);
+            break;
+        } else if (strcmp(line, "/reset") == 0) {
+            while (c.n_msg > (o->system ? 1 : 0)) chat_pop(&c); // the cache stays: a new turn reuses what still matches
+            chat_note("conversation cleared");
+        } else if (strlen(line) != len) {
+            chat_note("the message contains a NUL byte: message ignored");
+        } else if (len > 0) {
+            chat_turn(&c, line);
+        }
+        free(line);
+    }
+    while (c.n_msg > 0) chat_pop(&c);
+    free(c.msg);
+    free(c.cache);
+    free(c.piece);
+    sampler_free(&c.sampler);
+    if (c.s.attn) c.s.attn->destroy(c.s.attn);
+    run_state_free(&c.s);
 }
 
 // The GPU when there is one (or when asked), else the CPU.
@@ -424,7 +754,8 @@ int main(int argc, char **argv) {
     o.top_p = 0.95f;
     o.seed = (unsigned long long)time(NULL);
     attn_config_default(&o.attn);
-    for (int i = 1; i < argc; i++) {
+    o.think = -1;
+    for (int i = 1, chat_consumed; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
 #define NEEDS_VALUE() if (!v) die("%s needs a value", a); i++
@@ -436,7 +767,7 @@ int main(int argc, char **argv) {
         } else if (strcmp(a, "-f") == 0) {
             NEEDS_VALUE(); o.prompt_file = v;
         } else if (strcmp(a, "-n") == 0) {
-            NEEDS_VALUE(); o.steps = (int)parse_long(v, a, 0, INT_MAX / 2);
+            NEEDS_VALUE(); o.steps = (int)parse_long(v, a, 0, INT_MAX / 2); o.steps_set = 1;
         } else if (strcmp(a, "--ctx") == 0) {
             NEEDS_VALUE(); o.ctx = (int)parse_long(v, a, 2, INT_MAX / 2);
         } else if (strcmp(a, "--temp") == 0) {
@@ -472,6 +803,8 @@ int main(int argc, char **argv) {
             o.bench_prefill = 1;
         } else if (attn_option(&o, a, v)) {
             i++;
+        } else if ((chat_consumed = chat_option(&o, a, v)) >= 0) {
+            i += chat_consumed;
         } else if (a[0] == '-') {
             die("unknown option '%s' (see ./run -h)", a);
         } else if (!o.model_path) {
@@ -481,12 +814,20 @@ int main(int argc, char **argv) {
         }
 #undef NEEDS_VALUE
     }
+    signal(SIGPIPE, SIG_DFL); // see flush_out
+    sigset_t pipe_set;
+    sigemptyset(&pipe_set);
+    sigaddset(&pipe_set, SIGPIPE);
+    sigprocmask(SIG_UNBLOCK, &pipe_set, NULL);
+    guard_install(0); // SIGBUS from a model file truncated while mapped: a one-line error
     if (o.bench) return run_bench(&o);
     if (!o.model_path) {
         usage(stderr);
         return 1;
     }
     if (o.prompt && o.prompt_file) die("give either -p or -f, not both");
+    if (!o.chat && !o.render_chat && (o.system || o.date || o.think >= 0))
+        die("--system, --date, --think and --no-think apply to --chat and --render-chat");
 
     Model m;
     char err[MODEL_ERR_LEN];
@@ -506,11 +847,14 @@ int main(int argc, char **argv) {
         o.min_p = c->gen_min_p;
     }
 
-    if (o.tokenize) run_tokenize(tok, &o);
+    if (o.render_chat) run_render_chat(tok, &o);
+    else if (o.chat) run_chat(&m, tok, &o);
+    else if (o.tokenize) run_tokenize(tok, &o);
     else if (o.score_file) run_score(&m, tok, &o);
     else run_generate(&m, tok, &o);
 
     tokenizer_free(tok);
     model_free(&m);
-    return 0;
+    flush_out();
+    return interrupted && !o.chat ? 130 : 0; // a generation stopped by Ctrl-C
 }

@@ -8,6 +8,6 @@ make -j2 BUILD=build-dev OPT="-O3 -march=x86-64-v3" run export build-dev/kernels
 rm -rf .dev && mkdir -p .dev/lib
 cp run export build-dev/kernels/test_* .dev/ 2>/dev/null || true
 rm -f .dev/*.d .dev/*.o
-for l in libutf8proc.so.2 libcjson.so.1 libgomp.so.1; do cp -L /lib/x86_64-linux-gnu/$l .dev/lib/; done
+for l in libutf8proc.so.2 libcjson.so.1 libgomp.so.1 libsentencepiece.so.0 libstdc++.so.6; do cp -L /lib/x86_64-linux-gnu/$l .dev/lib/; done
 touch -d '2000-01-01' run export   # the next plain `make` relinks the native build
 ls -la .dev .dev/lib

@@ -401,6 +401,10 @@ int main(void) {
     for (auto &d : dec) test_attn_decode(d[0], d[1], d[2], d[3], d[4]);
     test_attn_prefill(9, 3, 64, 0, 40);
     test_attn_prefill(32, 8, 128, 300, 17);
+    if (getenv("PKV_SKIP_BENCH")) { // correctness only: under compute-sanitizer the timings are meaningless and slow
+        printf("\n%d passed, %d failed\n", passed, failed);
+        return failed != 0;
+    }
     // speed
     double bw = 0;
     {

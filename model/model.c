@@ -184,7 +184,7 @@ void run_state_free(RunState *s) {
     memset(s, 0, sizeof *s);
 }
 
-float *model_forward(const Model *m, RunState *s, const int *tokens, int T, int pos, int all_logits, char *err) {
+static float *forward(const Model *m, RunState *s, const int *tokens, int T, int pos, int all_logits, char *err) {
     if (s->dev) return s->be->forward(s->dev, tokens, T, pos, all_logits, err);
     const Config *c = &m->c;
     const Backend *be = m->be;
@@ -232,4 +232,20 @@ float *model_forward(const Model *m, RunState *s, const int *tokens, int T, int 
     be->rmsnorm(s->xb, s->x + (size_t)first * dim, m->output_norm, n, dim, c->norm_eps);
     be->matmul(s->logits, s->xb, m->output, dt, n, dim, (int)c->vocab_size);
     return s->logits;
+}
+
+// The pass, then a check of what it produced: a NaN or infinity in the logits (damaged weights,
+// an overflow) would otherwise be sampled as if it were a distribution.
+float *model_forward(const Model *m, RunState *s, const int *tokens, int T, int pos, int all_logits, char *err) {
+    float *logits = forward(m, s, tokens, T, pos, all_logits, err);
+    if (!logits) return NULL;
+    size_t n = (size_t)(all_logits ? T : 1) * m->c.vocab_size;
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(logits[i])) {
+            int at = pos + (all_logits ? (int)(i / m->c.vocab_size) : T - 1);
+            fail(err, "the model produced a non-finite logit (%g, token id %zu) at position %d: its weights are damaged or the computation overflowed",
+                 (double)logits[i], i % m->c.vocab_size, at);
+            return NULL;
+        }
+    return logits;
 }

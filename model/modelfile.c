@@ -1,5 +1,7 @@
 // model.bin: the tensor list, validation, mapping and writing.
 #include "modelfile.h"
+#include "errmsg.h"
+#include "guard.h"
 #include "bf16.h"
 
 #include <errno.h>
@@ -10,6 +12,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 static int fail(char *err, const char *fmt, ...) {
@@ -17,6 +20,7 @@ static int fail(char *err, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(err, MODEL_ERR_LEN, fmt, ap);
     va_end(ap);
+    err_oneline(err);
     return -1;
 }
 
@@ -53,6 +57,14 @@ int model_tensor_list(const Config *c, TensorVisitor fn, void *ctx) {
     return n;
 }
 
+// The sampler takes these as they are (a NaN temperature would wreck it): the ranges ./run's own
+// --temp --top-p --min-p --top-k accept.
+int config_sampling_valid(const Config *c) {
+    if (!c->has_gen_defaults) return 1;
+    return c->has_gen_defaults == 1 && c->gen_do_sample <= 1 && c->gen_temperature >= 0 && c->gen_temperature <= 100 &&
+           c->gen_top_p >= 0 && c->gen_top_p <= 1 && c->gen_min_p >= 0 && c->gen_min_p <= 1 && c->gen_top_k >= 0;
+}
+
 int config_validate(const Config *c, char *err) {
 #define CHECK(cond, ...) if (!(cond)) return fail(err, __VA_ARGS__)
     CHECK(c->arch == ARCH_LLAMA || c->arch == ARCH_QWEN3, "unknown architecture id %u", c->arch);
@@ -64,7 +76,7 @@ int config_validate(const Config *c, char *err) {
     CHECK(c->head_dim >= 2 && c->head_dim <= 1024 && c->head_dim % 2 == 0, "bad head_dim %u", c->head_dim);
     CHECK(c->hidden_dim >= 1 && c->hidden_dim <= 1u << 20, "bad FFN size %u", c->hidden_dim);
     CHECK(c->vocab_size >= 1 && c->vocab_size <= 1u << 22, "bad vocabulary size %u", c->vocab_size);
-    CHECK(c->max_seq_len >= 1, "bad maximum context %u", c->max_seq_len);
+    CHECK(c->max_seq_len >= 1 && c->max_seq_len <= 1u << 30, "bad maximum context %u", c->max_seq_len);
     CHECK(c->norm_eps > 0 && c->norm_eps < 1, "bad RMSNorm epsilon %g", c->norm_eps);
     CHECK(c->rope_theta > 1, "bad RoPE theta %g", c->rope_theta);
     CHECK(c->rope_scaling <= ROPE_SCALING_FREQ_FACTORS, "unknown RoPE scaling %u", c->rope_scaling);
@@ -74,6 +86,8 @@ int config_validate(const Config *c, char *err) {
               c->rope_factor, c->rope_low_freq, c->rope_high_freq, c->rope_orig_ctx);
     CHECK(c->weight_dtype == DTYPE_F32 || c->weight_dtype == DTYPE_BF16, "unknown weight dtype %u", c->weight_dtype);
     CHECK(c->qk_norm <= 1 && c->tied_embeddings <= 1, "bad flags");
+    CHECK(config_sampling_valid(c), "bad sampling defaults (temperature %g, top-p %g, min-p %g, top-k %d)",
+          c->gen_temperature, c->gen_top_p, c->gen_min_p, c->gen_top_k);
 #undef CHECK
     return 0;
 }
@@ -112,7 +126,7 @@ static void check_tensor(const char *name, uint32_t dtype, uint32_t ndim, uint64
 int modelfile_open(ModelFile *mf, const char *path, char *err) {
     memset(mf, 0, sizeof *mf);
     mf->fd = -1;
-    int fd = open(path, O_RDONLY);
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC); // O_NONBLOCK: a FIFO cannot hang us
     if (fd < 0) return fail(err, "cannot open model file '%s': %s", path, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
@@ -132,6 +146,7 @@ int modelfile_open(ModelFile *mf, const char *path, char *err) {
     mf->data = p;
     mf->size = size;
     mf->fd = fd;
+    guard_map(p, size, path);
     const FileHeader *h = p;
     mf->header = h;
     int rc = -1;
@@ -164,7 +179,7 @@ int modelfile_open(ModelFile *mf, const char *path, char *err) {
 }
 
 void modelfile_close(ModelFile *mf) {
-    if (mf->data) munmap((void *)mf->data, mf->size);
+    if (mf->data) guard_unmap(mf->data), munmap((void *)mf->data, mf->size);
     if (mf->fd >= 0) close(mf->fd);
     memset(mf, 0, sizeof *mf);
     mf->fd = -1;
@@ -185,6 +200,7 @@ struct ModelWriter {
     TensorEntry *entries;
     int n, next;
     uint64_t pos;
+    uint64_t total; // the finished file's size
 };
 
 typedef struct {
@@ -215,6 +231,23 @@ static int write_zeros(FILE *f, uint64_t n) {
 
 static uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 
+// Bytes free to us in the directory that will hold path (UINT64_MAX when unknown).
+static uint64_t free_space(const char *path) {
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (slash) slash[slash == dir] = 0; // "/x" -> "/", "a/b" -> "a"
+    struct statvfs vfs;
+    if (statvfs(slash ? dir : ".", &vfs) != 0) return UINT64_MAX;
+    return (uint64_t)vfs.f_bavail * vfs.f_frsize;
+}
+
+static int write_failed(ModelWriter *w, char *err) {
+    int e = errno;
+    return fail(err, "cannot write '%s' at about byte %llu of %llu: %s", w->tmp_path, (unsigned long long)w->pos,
+                (unsigned long long)w->total, strerror(e ? e : EIO));
+}
+
 ModelWriter *modelwriter_create(const char *path, const Config *c, const void *tok, size_t tok_size, char *err) {
     if (config_validate(c, err) != 0) return NULL;
     ModelWriter *w = calloc(1, sizeof *w);
@@ -241,8 +274,19 @@ ModelWriter *modelwriter_create(const char *path, const Config *c, const void *t
     w->h.tensors_offset = align_up(w->h.tokenizer_offset + tok_size, 64);
     w->h.n_tensors = (uint32_t)w->n;
     w->pos = align_up(w->h.tensors_offset + (uint64_t)w->n * sizeof(TensorEntry), MODEL_ALIGN);
+    w->total = w->pos;
+    for (int i = 0; i < w->n; i++) w->total = align_up(w->total + w->entries[i].nbytes, MODEL_ALIGN);
+    // Refuse at once what cannot fit, rather than fail after writing most of it.
+    uint64_t avail = free_space(w->tmp_path);
+    if (avail < w->total) {
+        fail(err, "not enough disk space for '%s': it needs %llu bytes, %llu are free", path,
+             (unsigned long long)w->total, (unsigned long long)avail);
+        modelwriter_abort(w);
+        return NULL;
+    }
 
     w->f = fopen(w->tmp_path, "wb");
+    if (w->f) guard_output(w->tmp_path); // removed if the program is stopped before the rename
     if (!w->f) {
         fail(err, "cannot create '%s': %s", w->tmp_path, strerror(errno));
         modelwriter_abort(w);
@@ -251,7 +295,7 @@ ModelWriter *modelwriter_create(const char *path, const Config *c, const void *t
     // Header and table are rewritten at the end, once offsets are known.
     if (write_zeros(w->f, w->h.tokenizer_offset) != 0 || fwrite(tok, 1, tok_size, w->f) != tok_size ||
         write_zeros(w->f, w->pos - (w->h.tokenizer_offset + tok_size)) != 0) {
-        fail(err, "cannot write '%s': %s", w->tmp_path, strerror(errno));
+        write_failed(w, err);
         modelwriter_abort(w);
         return NULL;
     }
@@ -280,7 +324,7 @@ int modelwriter_add(ModelWriter *w, const char *name, const float *data, char *e
     w->next++;
     return 0;
 io:
-    return fail(err, "cannot write '%s' (disk full?): %s", w->tmp_path, strerror(errno));
+    return write_failed(w, err);
 }
 
 int modelwriter_finish(ModelWriter *w, char *err) {
@@ -294,16 +338,17 @@ int modelwriter_finish(ModelWriter *w, char *err) {
         fseek(w->f, (long)w->h.tensors_offset, SEEK_SET) != 0 ||
         fwrite(w->entries, sizeof(TensorEntry), (size_t)w->n, w->f) != (size_t)w->n || fflush(w->f) != 0 ||
         fsync(fileno(w->f)) != 0) {
-        fail(err, "cannot write '%s' (disk full?): %s", w->tmp_path, strerror(errno));
+        write_failed(w, err);
         goto out;
     }
     if (fclose(w->f) != 0) {
         w->f = NULL;
-        fail(err, "cannot write '%s': %s", w->tmp_path, strerror(errno));
+        write_failed(w, err);
         goto out;
     }
     w->f = NULL;
-    if (rename(w->tmp_path, w->path) != 0) {
+    if (rename(w->tmp_path, w->path) == 0) guard_output(NULL);
+    else {
         fail(err, "cannot rename '%s' to '%s': %s", w->tmp_path, w->path, strerror(errno));
         goto out;
     }
@@ -324,6 +369,7 @@ void modelwriter_abort(ModelWriter *w) {
     if (!w) return;
     if (w->f) fclose(w->f);
     if (w->tmp_path) unlink(w->tmp_path);
+    guard_output(NULL);
     free(w->entries);
     free(w->path);
     free(w->tmp_path);

@@ -49,6 +49,8 @@ int model_tensor_list(const Config *c, TensorVisitor fn, void *ctx);
 
 // Checks a configuration for sane, self-consistent values. Returns 0, or -1 with err filled.
 int config_validate(const Config *c, char *err);
+// Are the sampling defaults (generation_config.json's) absent or within the ranges ./run accepts?
+int config_sampling_valid(const Config *c);
 
 size_t dtype_size(uint32_t dtype);
 

@@ -3,6 +3,12 @@
 # end-to-end tests (tests/test_*.py, tests/test_*.sh). Each test is a program that exits 0 on
 # success. Prints a closing 'N passed, N failed' line; exits non-zero if any test failed.
 cd "$(dirname "$0")/.." || exit 1
+# PKV_BUILD=build-asan (make test-asan): the C tests of that build, and the programs the Python
+# tests run (PKV_BIN, TOK_TOOL) from it too.
+B=${PKV_BUILD:-build}
+if [ -n "${PKV_BUILD:-}" ]; then
+    export PKV_BIN=$PWD/$B TOK_TOOL=$PWD/$B/tests/tok_tool
+fi
 passed=0 failed=0 failed_names=()
 run() {
     local name=$1; shift
@@ -14,7 +20,7 @@ run() {
         failed=$((failed + 1)); failed_names+=("$name"); echo "--- FAIL $name ($((SECONDS - t0)) s)"
     fi
 }
-for t in build/tests/test_*; do
+for t in "$B"/tests/test_*; do
     [ -x "$t" ] && run "$(basename "$t")" "$t"
 done
 for t in tests/test_*.py; do

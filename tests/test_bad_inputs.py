@@ -10,8 +10,8 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = os.path.join(ROOT, "tests", "data", "tiny-qwen3")
-RUN = os.path.join(ROOT, "run")
-EXPORT = os.path.join(ROOT, "export")
+RUN = os.path.join(os.environ.get("PKV_BIN", ROOT), "run")  # PKV_BIN: the sanitizer build
+EXPORT = os.path.join(os.environ.get("PKV_BIN", ROOT), "export")
 
 passed = failed = 0
 

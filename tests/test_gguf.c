@@ -69,8 +69,9 @@ int main(void) {
     uint8_t hdr[24] = {'G', 'G', 'U', 'F', 3, 0, 0, 0};
     uint64_t n_tensors = 0, n_kv = 1;
     memcpy(hdr + 8, &n_tensors, 8), memcpy(hdr + 16, &n_kv, 8);
-    uint8_t kv[12] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0, 0, 'a', 'b', 'c', 'd'}; // key length 2^48
-    if (write(fd, hdr, 24) != 24 || write(fd, kv, 12) != 12) return 1;
+    // key length 2^48; 16 bytes, so the file is large enough for its one entry and the key is what is wrong
+    uint8_t kv[16] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0, 0, 'a', 'b', 'c', 'd'};
+    if (write(fd, hdr, 24) != 24 || write(fd, kv, 16) != 16) return 1;
     close(fd);
     GgufFile g;
     char err[GGUF_ERR_LEN];

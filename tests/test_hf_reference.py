@@ -40,8 +40,8 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.join(ROOT, "tests", "data")
-RUN = os.path.join(ROOT, "run")
-EXPORT = os.path.join(ROOT, "export")
+RUN = os.path.join(os.environ.get("PKV_BIN", ROOT), "run")  # PKV_BIN: the sanitizer build
+EXPORT = os.path.join(os.environ.get("PKV_BIN", ROOT), "export")
 
 TINY_TOL = 1e-3   # absolute tolerance on per-position nll (nats), tiny models
 SMOL_TOL = 2e-3   # absolute tolerance on per-position nll (nats), SmolLM2 Q4_1 -> f32

@@ -26,14 +26,12 @@ static int encode_plain(const Tokenizer *t, const uint8_t *s, size_t len, Encode
 
 long tokenizer_encode(const Tokenizer *t, const char *text, size_t len, int parse_special, int **ids, char *err) {
     *ids = NULL;
-    if (t->kind != TOK_KIND_BPE) {
-        snprintf(err, TOK_ERR_LEN, "tokenizer: encoding is implemented for byte-level BPE only");
-        return -1;
-    }
     if (len >= UINT32_MAX) {
         snprintf(err, TOK_ERR_LEN, "tokenizer: text of %zu bytes is too long (limit 4 GiB)", len);
         return -1;
     }
+    // SentencePiece encodes as spm_encode does: control tokens in the text stay plain text.
+    if (t->kind == TOK_KIND_SENTENCEPIECE) return spm_encode(t->spm, text, len, ids, err);
     const uint8_t *s = (const uint8_t *)text;
     Encoder e = {0};
     int rc = 0;

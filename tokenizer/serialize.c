@@ -136,6 +136,21 @@ static Tokenizer *fail(Tokenizer *t, char *err, const char *msg) {
     return NULL;
 }
 
+// SentencePiece: the library encodes from the model proto; its pieces must be the section's tokens.
+static int load_spm(Tokenizer *t, char *err) {
+    if (!t->sp_model) {
+        snprintf(err, TOK_ERR_LEN, "tokenizer: SentencePiece section without its model proto");
+        return -1;
+    }
+    if (!(t->spm = spm_load(t->sp_model, t->sp_model_len, err))) return -1;
+    if (spm_n_pieces(t->spm) != t->n_tokens) {
+        snprintf(err, TOK_ERR_LEN, "tokenizer: SentencePiece model has %d pieces, the section %d tokens",
+                 spm_n_pieces(t->spm), t->n_tokens);
+        return -1;
+    }
+    return 0;
+}
+
 Tokenizer *tokenizer_load(const void *data, size_t size, char *err) {
     const uint8_t *d = data;
     if (!d || size < HEADER_SIZE) return fail(NULL, err, "section too short for its header");
@@ -215,12 +230,14 @@ Tokenizer *tokenizer_load(const void *data, size_t size, char *err) {
     }
     int rc = tok_build_tables(t, pairs, err);
     free(pairs);
+    if (rc == 0 && t->kind == TOK_KIND_SENTENCEPIECE) rc = load_spm(t, err);
     return rc < 0 ? fail(t, err, NULL) : t;
 }
 
 void tokenizer_free(Tokenizer *t) {
     if (!t) return;
     tok_free_tables(t);
+    spm_free(t->spm);
     free(t->offset);
     free(t->chat_template);
     free(t);

@@ -5,6 +5,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "spm.h"
 #include "tokenizer.h"
 
 // ---- growable int array (the encoder's output and scratch) ----
@@ -72,6 +73,7 @@ struct Tokenizer {
     char *chat_template;    // NUL-terminated copy, or NULL
     const void *sp_model;
     size_t sp_model_len;
+    SpmModel *spm;          // kind == SENTENCEPIECE: the library's model, which does the encoding
 };
 
 // ---- tables (vocab.c) ----

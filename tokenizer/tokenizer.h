@@ -26,7 +26,7 @@ enum TokPretok {
 // added tokens; both are matched in input text before pre-tokenization (when allowed).
 enum TokType { TOK_TYPE_NORMAL = 0, TOK_TYPE_SPECIAL = 1, TOK_TYPE_ADDED = 2, TOK_TYPE_BYTE = 3, TOK_TYPE_UNUSED = 4 };
 
-// Which chat template the model uses (rendering lives in tokenizer/, see issue 3).
+// Which chat template the model uses (tokenizer/chat.h renders them).
 enum TokChat { TOK_CHAT_NONE = 0, TOK_CHAT_CHATML = 1, TOK_CHAT_LLAMA3 = 2, TOK_CHAT_QWEN3 = 3 };
 
 // Everything needed to serialize a tokenizer. Token strings are RAW bytes (the byte-level
@@ -73,7 +73,8 @@ const char *tokenizer_chat_template(const Tokenizer *t); // NULL if none
 int tokenizer_token_id(const Tokenizer *t, const char *bytes, size_t len); // exact vocabulary lookup, -1 if absent
 
 // Encode text (no BOS added). parse_special: 1 to recognize special/added token strings in the
-// text as Hugging Face does by default. *ids is malloc'd; returns the count, or -1 with err.
+// text as Hugging Face does by default (byte-level BPE; SentencePiece encodes as spm_encode does,
+// control tokens such as <s> staying text). *ids is malloc'd; returns the count, or -1 with err.
 long tokenizer_encode(const Tokenizer *t, const char *text, size_t len, int parse_special, int **ids, char *err);
 
 // Raw bytes of one token (may be a partial UTF-8 sequence).

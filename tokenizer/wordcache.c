@@ -69,7 +69,8 @@ int bpe_word_cached(const struct Tokenizer *t, const uint8_t *w, size_t n, BpeSc
     *s = (WordSlot){.hash = h, .off = (uint32_t)c->n_bytes, .len = (uint32_t)n, .ids = (uint32_t)c->n_ids,
                     .n_ids = (uint32_t)n_ids};
     memcpy(c->bytes + c->n_bytes, w, n);
-    memcpy(c->ids + c->n_ids, out->v + before, n_ids * sizeof *c->ids);
+    if (n_ids) // a word of bytes the vocabulary lacks has no ids, and c->ids may still be NULL
+        memcpy(c->ids + c->n_ids, out->v + before, n_ids * sizeof *c->ids);
     c->n_bytes += n;
     c->n_ids += n_ids;
     c->n++;

@@ -1,5 +1,7 @@
 // ./export SRC out.bin [--dtype bf16|f32]
 // SRC is a Hugging Face checkpoint directory or a GGUF file. Writes model.bin (model/modelfile.h).
+#include "../model/errmsg.h"
+#include "../model/guard.h"
 #include "../model/modelfile.h"
 #include "../tokenizer/tokenizer.h"
 #include "gguf.h"
@@ -7,13 +9,25 @@
 #include "safetensors.h"
 #include "tokenizer_import.h"
 
+#include <limits.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
 #define ERR_LEN 512
+
+// Fills err with a one-line message (names from the source file may hold any byte); returns -1.
+__attribute__((format(printf, 2, 3))) static int efail(char *err, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, ERR_LEN, fmt, ap);
+    va_end(ap);
+    err_oneline(err);
+    return -1;
+}
 
 // Where tensors come from: fills out (rows*cols floats) with the tensor named in model.bin terms.
 typedef struct {
@@ -64,10 +78,10 @@ static int fetch(Source *src, const char *name, uint64_t rows, uint64_t cols, fl
         char hn[128];
         hf_name(name, hn, sizeof hn);
         const StTensor *t = st_find(&src->st, hn);
-        if (!t) return snprintf(err, ERR_LEN, "checkpoint has no tensor '%s'", hn), -1;
+        if (!t) return efail(err, "checkpoint has no tensor '%s'", hn), -1;
         uint64_t r = t->ndim >= 1 ? t->shape[0] : 1, cl = t->ndim == 2 ? t->shape[1] : 1;
         if (t->n_elems != want || t->ndim > 2 || r != rows || cl != cols)
-            return snprintf(err, ERR_LEN, "tensor '%s' has shape [%llu, %llu], the configuration needs [%llu, %llu]", hn,
+            return efail(err, "tensor '%s' has shape [%llu, %llu], the configuration needs [%llu, %llu]", hn,
                             (unsigned long long)r, (unsigned long long)cl, (unsigned long long)rows,
                             (unsigned long long)cols), -1;
         st_to_f32(t, out);
@@ -76,17 +90,17 @@ static int fetch(Source *src, const char *name, uint64_t rows, uint64_t cols, fl
     char gn[128];
     snprintf(gn, sizeof gn, "%s.weight", name);
     const GgufTensor *t = gguf_tensor(&src->gg, gn);
-    if (!t) return snprintf(err, ERR_LEN, "GGUF file has no tensor '%s'", gn), -1;
+    if (!t) return efail(err, "GGUF file has no tensor '%s'", gn), -1;
     int shape_ok = t->ndim == 1 ? (t->ne[0] == rows && cols == 1) : (t->ndim == 2 && t->ne[0] == cols && t->ne[1] == rows);
     if (t->n_elems != want || !shape_ok)
-        return snprintf(err, ERR_LEN, "tensor '%s' has shape [%llu, %llu], the configuration needs [%llu, %llu]", gn,
+        return efail(err, "tensor '%s' has shape [%llu, %llu], the configuration needs [%llu, %llu]", gn,
                         (unsigned long long)t->ne[1], (unsigned long long)t->ne[0], (unsigned long long)rows,
                         (unsigned long long)cols), -1;
     if (gguf_dequantize(t, out, err) != 0) return -1;
     int is_q = strstr(name, "attn_q") && !strstr(name, "norm"), is_k = strstr(name, "attn_k") && !strstr(name, "norm");
     if (src->c->arch == ARCH_LLAMA && (is_q || is_k)) {
         float *tmp = malloc(src->c->head_dim * cols * sizeof(float));
-        if (!tmp) return snprintf(err, ERR_LEN, "out of memory"), -1;
+        if (!tmp) return efail(err, "out of memory"), -1;
         unpermute_rows(out, rows, cols, src->c->head_dim, tmp);
         free(tmp);
     }
@@ -95,23 +109,34 @@ static int fetch(Source *src, const char *name, uint64_t rows, uint64_t cols, fl
 
 // ---- GGUF configuration ----
 
+// An optional GGUF integer: 0 with *out when present and a whole number in [0, max], 1 when
+// absent, -1 (err filled) when present but not that: a bad value is refused, never truncated.
+static int gguf_uint(const GgufFile *g, const char *key, uint64_t max, uint64_t *out, char *err) {
+    double d;
+    if (!gguf_find(g, key)) return 1;
+    if (gguf_get_f64(g, key, &d) != 0 || !(d >= 0 && d <= (double)max) || d != floor(d))
+        return efail(err, "GGUF metadata '%s' is not a whole number in [0, %llu]", key, (unsigned long long)max);
+    *out = (uint64_t)d;
+    return 0;
+}
+
 static int gguf_config(const GgufFile *g, Config *c, char *err) {
     memset(c, 0, sizeof *c);
     char *arch = gguf_get_str(g, "general.architecture");
-    if (!arch) return snprintf(err, ERR_LEN, "GGUF file has no general.architecture"), -1;
+    if (!arch) return efail(err, "GGUF file has no general.architecture"), -1;
     if (strcmp(arch, "llama") != 0 && strcmp(arch, "qwen3") != 0) {
-        snprintf(err, ERR_LEN, "GGUF architecture '%s' is not supported (supported: llama, qwen3)", arch);
+        efail(err, "GGUF architecture '%s' is not supported (supported: llama, qwen3)", arch);
         free(arch);
         return -1;
     }
     c->arch = strcmp(arch, "qwen3") == 0 ? ARCH_QWEN3 : ARCH_LLAMA;
     char key[128];
-    uint64_t v;
+    uint64_t v = 0;
     double f;
 #define GET_U(field, suffix)                                                                        \
     snprintf(key, sizeof key, "%s.%s", arch, suffix);                                               \
-    if (gguf_get_u64(g, key, &v) != 0 || v > 0xffffffffu) {                                          \
-        snprintf(err, ERR_LEN, "GGUF file lacks a valid '%s'", key);                                \
+    if (gguf_uint(g, key, UINT32_MAX, &v, err) != 0) {                                              \
+        if (!gguf_find(g, key)) efail(err, "GGUF file lacks '%s'", key);                            \
         free(arch);                                                                                 \
         return -1;                                                                                  \
     }                                                                                               \
@@ -123,9 +148,15 @@ static int gguf_config(const GgufFile *g, Config *c, char *err) {
     GET_U(max_seq_len, "context_length");
 #undef GET_U
     snprintf(key, sizeof key, "%s.attention.head_count_kv", arch);
-    c->n_kv_heads = gguf_get_u64(g, key, &v) == 0 ? (uint32_t)v : c->n_heads;
+    int r = gguf_uint(g, key, UINT32_MAX, &v, err);
+    c->n_kv_heads = r == 0 ? (uint32_t)v : c->n_heads;
     snprintf(key, sizeof key, "%s.attention.key_length", arch);
-    c->head_dim = gguf_get_u64(g, key, &v) == 0 ? (uint32_t)v : (c->n_heads ? c->dim / c->n_heads : 0);
+    int r2 = r < 0 ? r : gguf_uint(g, key, UINT32_MAX, &v, err);
+    c->head_dim = r2 == 0 ? (uint32_t)v : (c->n_heads ? c->dim / c->n_heads : 0);
+    if (r2 < 0) {
+        free(arch);
+        return -1;
+    }
     snprintf(key, sizeof key, "%s.attention.layer_norm_rms_epsilon", arch);
     c->norm_eps = gguf_get_f64(g, key, &f) == 0 ? (float)f : 1e-5f;
     snprintf(key, sizeof key, "%s.rope.freq_base", arch);
@@ -133,7 +164,7 @@ static int gguf_config(const GgufFile *g, Config *c, char *err) {
     const GgufTensor *emb = gguf_tensor(g, "token_embd.weight");
     if (!emb || emb->ndim != 2) {
         free(arch);
-        return snprintf(err, ERR_LEN, "GGUF file has no 2-D token_embd.weight"), -1;
+        return efail(err, "GGUF file has no 2-D token_embd.weight"), -1;
     }
     c->vocab_size = (uint32_t)emb->ne[1];
     c->qk_norm = c->arch == ARCH_QWEN3;
@@ -144,7 +175,7 @@ static int gguf_config(const GgufFile *g, Config *c, char *err) {
     int bad_scaling = st && strcmp(st, "none") != 0;
     free(st);
     free(arch);
-    if (bad_scaling) return snprintf(err, ERR_LEN, "GGUF RoPE scaling type is not supported"), -1;
+    if (bad_scaling) return efail(err, "GGUF RoPE scaling type is not supported"), -1;
     c->weight_dtype = DTYPE_BF16;
     return 0;
 }
@@ -160,13 +191,17 @@ static int gguf_tokenizer(const GgufFile *g, TokenizerSpec *s, char *err) {
     m.model = gguf_get_str(g, "tokenizer.ggml.model");
     m.pre = gguf_get_str(g, "tokenizer.ggml.pre");
     m.chat_template = gguf_get_str(g, "tokenizer.chat_template");
-    uint64_t v;
+    uint64_t v = 0;
     if (nt <= 0 || !m.model) {
-        snprintf(err, ERR_LEN, "GGUF file has no tokenizer (tokenizer.ggml.model / tokens missing)");
+        efail(err, "GGUF file has no tokenizer (tokenizer.ggml.model / tokens missing)");
         goto out;
     }
     if (ny >= 0 && ny != nt) {
-        snprintf(err, ERR_LEN, "GGUF tokenizer: %ld token types for %ld tokens", ny, nt);
+        efail(err, "GGUF tokenizer: %ld token types for %ld tokens", ny, nt);
+        goto out;
+    }
+    if (nt > (1 << 24) || nm > INT_MAX) { // the counts become ints below
+        efail(err, "GGUF tokenizer: %ld tokens and %ld merges are too many", nt, nm);
         goto out;
     }
     m.n_tokens = (int)nt;
@@ -174,19 +209,22 @@ static int gguf_tokenizer(const GgufFile *g, TokenizerSpec *s, char *err) {
     m.token_types = ny >= 0 ? types : NULL;
     m.n_merges = nm > 0 ? (int)nm : 0;
     m.merges = (const char *const *)merges;
-    m.bos_id = gguf_get_u64(g, "tokenizer.ggml.bos_token_id", &v) == 0 ? (int)v : -1;
+    int r = gguf_uint(g, "tokenizer.ggml.bos_token_id", INT_MAX, &v, err);
+    if (r < 0) goto out;
+    m.bos_id = r == 0 ? (int)v : -1;
     // Extra end-of-turn ids some converters add (e.g. <|eot_id|>, <|im_end|>).
     static const char *eos_keys[] = {"tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"};
     int ids[3], n_ids = 0;
-    for (int i = 0; i < 3; i++)
-        if (gguf_get_u64(g, eos_keys[i], &v) == 0) {
-            int dup = 0;
-            for (int k = 0; k < n_ids; k++) dup |= ids[k] == (int)v;
-            if (!dup) ids[n_ids++] = (int)v;
-        }
+    for (int i = 0; i < 3; i++) {
+        if ((r = gguf_uint(g, eos_keys[i], INT_MAX, &v, err)) < 0) goto out;
+        int dup = r != 0;
+        for (int k = 0; k < n_ids; k++) dup |= ids[k] == (int)v;
+        if (!dup) ids[n_ids++] = (int)v;
+    }
     m.n_eos = n_ids;
     m.eos_ids = ids;
-    m.add_bos = gguf_get_u64(g, "tokenizer.ggml.add_bos_token", &v) == 0 ? (int)v : -1;
+    if ((r = gguf_uint(g, "tokenizer.ggml.add_bos_token", 1, &v, err)) < 0) goto out;
+    m.add_bos = r == 0 ? (int)v : -1;
     rc = tokspec_from_gguf(s, &m, err);
 out:
     for (long i = 0; i < nt; i++) free(tokens[i]);
@@ -227,7 +265,7 @@ static void write_one(const char *name, uint32_t dtype, uint32_t ndim, uint64_t 
         wc->buf = malloc(n * sizeof(float));
         wc->buf_cap = wc->buf ? n : 0;
         if (!wc->buf) {
-            snprintf(wc->err, ERR_LEN, "out of memory for tensor '%s' (%llu floats)", name, (unsigned long long)n);
+            efail(wc->err, "out of memory for tensor '%s' (%llu floats)", name, (unsigned long long)n);
             wc->failed = 1;
             return;
         }
@@ -239,7 +277,7 @@ static void write_one(const char *name, uint32_t dtype, uint32_t ndim, uint64_t 
     }
     for (uint64_t i = 0; i < n; i++)
         if (!isfinite(wc->buf[i])) {
-            snprintf(wc->err, ERR_LEN, "tensor '%s' holds a non-finite value at element %llu", name, (unsigned long long)i);
+            efail(wc->err, "tensor '%s' holds a non-finite value at element %llu", name, (unsigned long long)i);
             wc->failed = 1;
             return;
         }
@@ -289,6 +327,8 @@ int main(int argc, char **argv) {
         usage();
         return 1;
     }
+    // A source truncated while mapped, or Ctrl-C: a one-line error and no partial output left.
+    guard_install(1);
     char err[ERR_LEN] = "";
     struct stat st;
     if (stat(src_path, &st) != 0) {
@@ -314,7 +354,7 @@ int main(int argc, char **argv) {
             c.tied_embeddings = 1; // checkpoints that tie the head often omit lm_head.weight
         ok = config_validate(&c, err) == 0;
         if (ok && (uint32_t)spec.n_tokens > c.vocab_size) {
-            snprintf(err, ERR_LEN, "tokenizer has %d tokens but the model's vocabulary is %u", spec.n_tokens, c.vocab_size);
+            efail(err, "tokenizer has %d tokens but the model's vocabulary is %u", spec.n_tokens, c.vocab_size);
             ok = 0;
         }
     }

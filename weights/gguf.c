@@ -1,8 +1,11 @@
 // GGUF v3 reader. The file is mapped; a cursor walks the header with bounds checks on every read.
 #include "gguf.h"
+#include "../model/errmsg.h"
+#include "../model/guard.h"
 #include "../model/bf16.h"
 
 #include <errno.h>
+#include <stdint.h>
 #include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -17,6 +20,7 @@ static int fail(char *err, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(err, GGUF_ERR_LEN, fmt, ap);
     va_end(ap);
+    err_oneline(err);
     return -1;
 }
 
@@ -101,7 +105,7 @@ const char *ggml_type_name(uint32_t type) {
 
 int gguf_open(GgufFile *g, const char *path, char *err) {
     memset(g, 0, sizeof *g);
-    int fd = open(path, O_RDONLY);
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC); // O_NONBLOCK: a FIFO cannot hang us
     if (fd < 0) return fail(err, "cannot open '%s': %s", path, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size < 24) {
@@ -113,6 +117,7 @@ int gguf_open(GgufFile *g, const char *path, char *err) {
     if (m == MAP_FAILED) return fail(err, "cannot map '%s': %s", path, strerror(errno));
     g->map = m;
     g->size = (size_t)st.st_size;
+    guard_map(m, g->size, path);
     Cursor c = {g->map, 0, g->size, 0};
     if (memcmp(take(&c, 4), "GGUF", 4) != 0) {
         gguf_close(g);
@@ -126,10 +131,15 @@ int gguf_open(GgufFile *g, const char *path, char *err) {
     }
     g->n_tensors = rd_u64(&c);
     g->n_kv = rd_u64(&c);
-    // Each entry takes at least 8 bytes of file, which bounds the counts before allocating.
-    if (g->n_tensors > g->size / 8 || g->n_kv > g->size / 8) {
+    // A metadata entry takes at least 13 bytes of file (key length, type, a byte of value), a
+    // tensor entry 32 (name length, ndim, one dimension, type, offset): this bounds the counts
+    // (and so what is allocated for them) by the file before anything is allocated.
+    if (g->n_kv > (g->size - 24) / 13 || g->n_tensors > (g->size - 24) / 32 ||
+        g->n_kv * 13 + g->n_tensors * 32 > g->size - 24) {
+        uint64_t nt = g->n_tensors, nk = g->n_kv;
         gguf_close(g);
-        return fail(err, "'%s': implausible tensor or metadata count", path);
+        return fail(err, "'%s': implausible counts: %llu tensors and %llu metadata entries cannot fit in %zu bytes", path,
+                    (unsigned long long)nt, (unsigned long long)nk, (size_t)st.st_size);
     }
     g->kv = calloc(g->n_kv ? g->n_kv : 1, sizeof(GgufKV));
     g->tensors = calloc(g->n_tensors ? g->n_tensors : 1, sizeof(GgufTensor));
@@ -203,17 +213,20 @@ int gguf_open(GgufFile *g, const char *path, char *err) {
         uint64_t off = t->nbytes, bb, be;
         if (type_block(t->type, &bb, &be) == 0) {
             if (t->ne[0] % be != 0) {
-                gguf_close(g);
-                return fail(err, "'%s': tensor '%s' row of %llu is not a whole number of blocks", path, t->name,
-                            (unsigned long long)t->ne[0]);
+                fail(err, "'%s': tensor '%s' row of %llu is not a whole number of blocks", path, t->name,
+                     (unsigned long long)t->ne[0]);
+                gguf_close(g); // after the message: it frees the name
+                return -1;
             }
             t->nbytes = t->n_elems / be * bb;
         } else {
             t->nbytes = 0; // unsupported type: reported when the tensor is used
         }
         if (data_start > g->size || off > g->size - data_start || t->nbytes > g->size - data_start - off) {
+            fail(err, "'%s' is truncated: tensor '%s' (offset %llu, %llu bytes) lies outside the %zu-byte file", path,
+                 t->name, (unsigned long long)off, (unsigned long long)t->nbytes, g->size);
             gguf_close(g);
-            return fail(err, "'%s' is truncated: tensor '%s' lies outside the file", path, t->name);
+            return -1;
         }
         t->data = g->map + data_start + off;
     }
@@ -227,7 +240,7 @@ void gguf_close(GgufFile *g) {
         for (uint64_t i = 0; i < g->n_tensors; i++) free(g->tensors[i].name);
     free(g->kv);
     free(g->tensors);
-    if (g->map) munmap((void *)g->map, g->size);
+    if (g->map) guard_unmap(g->map), munmap((void *)g->map, g->size);
     memset(g, 0, sizeof *g);
 }
 
@@ -313,7 +326,8 @@ long gguf_get_i32_array(const GgufFile *g, const char *key, int32_t **out) {
     for (uint64_t i = 0; i < kv->arr_len; i++) {
         double d = 0.0;
         scalar_f64(kv->arr_type, kv->data + i * s, &d);
-        a[i] = (int32_t)d;
+        // Outside int32 (or NaN): INT32_MIN, which no caller accepts as an id or a type.
+        a[i] = d >= -2147483648.0 && d <= 2147483647.0 ? (int32_t)d : INT32_MIN;
     }
     *out = a;
     return (long)kv->arr_len;

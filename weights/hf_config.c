@@ -1,12 +1,17 @@
 // Hugging Face configuration files.
 #include "hf_config.h"
+#include "../model/modelfile.h"
+#include "../model/errmsg.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <stdint.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define ERR_LEN 512
@@ -16,23 +21,38 @@ static int fail(char *err, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(err, ERR_LEN, fmt, ap);
     va_end(ap);
+    err_oneline(err);
     return -1;
 }
 
-char *read_text_file(const char *path, char *err) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return fail(err, "cannot open '%s': %s", path, strerror(errno)), NULL;
-    char *s = NULL;
-    long n = -1;
-    if (fseek(f, 0, SEEK_END) == 0) n = ftell(f);
-    if (n >= 0 && n < (1L << 30) && fseek(f, 0, SEEK_SET) == 0) s = malloc((size_t)n + 1);
-    if (!s || fread(s, 1, (size_t)n, f) != (size_t)n) {
-        free(s);
-        fclose(f);
-        return fail(err, "cannot read '%s'", path), NULL;
+// Reads exactly n bytes (a file that shrinks meanwhile is an error). 0, or -1.
+static int read_all(int fd, char *buf, size_t n) {
+    while (n > 0) {
+        ssize_t k = read(fd, buf, n);
+        if (k < 0 && errno == EINTR) continue;
+        if (k <= 0) return -1;
+        buf += k, n -= (size_t)k;
     }
+    return 0;
+}
+
+char *read_text_file(const char *path, char *err) {
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC); // O_NONBLOCK: a FIFO cannot hang us
+    if (fd < 0) return fail(err, "cannot open '%s': %s", path, strerror(errno)), NULL;
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size >= (1L << 30)) {
+        close(fd);
+        return fail(err, "'%s' is not a regular file under 1 GiB", path), NULL;
+    }
+    size_t n = (size_t)st.st_size;
+    char *s = malloc(n + 1);
+    if (!s || read_all(fd, s, n) != 0) {
+        free(s);
+        close(fd);
+        return fail(err, "cannot read '%s' (%zu bytes)", path, n), NULL;
+    }
+    close(fd);
     s[n] = 0;
-    fclose(f);
     return s;
 }
 
@@ -52,6 +72,13 @@ static int need_u32(const cJSON *o, const char *key, uint32_t *out, const char *
         return fail(err, "'%s': \"%s\" is %s", path, key, r == 1 ? "missing" : "not a valid count");
     *out = (uint32_t)d;
     return 0;
+}
+
+// An optional count: *out unchanged when absent. 0, or -1 with err when present but not a count
+// (a double outside uint32 must never reach the conversion: that is undefined behaviour).
+static int opt_u32(const cJSON *o, const char *key, uint32_t *out, const char *path, char *err) {
+    double d;
+    return num(o, key, &d) == 1 ? 0 : need_u32(o, key, out, path, err);
 }
 
 static int flag(const cJSON *o, const char *key, int def) {
@@ -75,15 +102,14 @@ static int read_rope(const cJSON *j, Config *c, const char *path, char *err) {
     if (strcmp(t, "default") == 0) return 0;
     if (strcmp(t, "llama3") != 0)
         return fail(err, "'%s': RoPE scaling type '%s' is not supported (supported: default, llama3)", path, t);
-    double f, lo, hi, orig;
-    if (num(sc, "factor", &f) || num(sc, "low_freq_factor", &lo) || num(sc, "high_freq_factor", &hi) ||
-        num(sc, "original_max_position_embeddings", &orig))
-        return fail(err, "'%s': llama3 RoPE scaling lacks factor, low/high_freq_factor or original_max_position_embeddings", path);
+    double f, lo, hi;
+    if (num(sc, "factor", &f) || num(sc, "low_freq_factor", &lo) || num(sc, "high_freq_factor", &hi))
+        return fail(err, "'%s': llama3 RoPE scaling lacks factor or low/high_freq_factor", path);
+    if (need_u32(sc, "original_max_position_embeddings", &c->rope_orig_ctx, path, err)) return -1;
     c->rope_scaling = ROPE_SCALING_LLAMA3;
     c->rope_factor = (float)f;
     c->rope_low_freq = (float)lo;
     c->rope_high_freq = (float)hi;
-    c->rope_orig_ctx = (uint32_t)orig;
     return 0;
 }
 
@@ -105,9 +131,13 @@ static void read_generation(const char *dir, Config *c) {
     c->gen_do_sample = (uint32_t)flag(j, "do_sample", 0);
     c->gen_temperature = num(j, "temperature", &d) == 0 ? (float)d : 1.0f;
     c->gen_top_p = num(j, "top_p", &d) == 0 ? (float)d : 1.0f;
-    c->gen_top_k = num(j, "top_k", &d) == 0 ? (int32_t)d : 50;
+    c->gen_top_k = num(j, "top_k", &d) != 0 ? 50 : d >= 0 && d <= INT32_MAX ? (int32_t)d : -1; // -1: refused below
     c->gen_min_p = num(j, "min_p", &d) == 0 ? (float)d : 0.0f;
     cJSON_Delete(j);
+    if (!config_sampling_valid(c)) {
+        fprintf(stderr, "warning: ignoring %s: its sampling settings are out of range\n", path);
+        c->has_gen_defaults = 0;
+    }
 }
 
 int hf_read_config(const char *dir, Config *c, char *err) {
@@ -150,10 +180,8 @@ int hf_read_config(const char *dir, Config *c, char *err) {
         c->arch = strcmp(arch, "Qwen3ForCausalLM") == 0 ? ARCH_QWEN3 : ARCH_LLAMA;
         c->norm_eps = (float)d;
         c->n_kv_heads = c->n_heads;
-        rc = 0;
-        if (num(j, "num_key_value_heads", &d) == 0) c->n_kv_heads = (uint32_t)d;
         c->head_dim = c->n_heads ? c->dim / c->n_heads : 0;
-        if (num(j, "head_dim", &d) == 0) c->head_dim = (uint32_t)d;
+        rc = opt_u32(j, "num_key_value_heads", &c->n_kv_heads, path, err) || opt_u32(j, "head_dim", &c->head_dim, path, err) ? -1 : 0;
         c->qk_norm = c->arch == ARCH_QWEN3;
         c->tied_embeddings = (uint32_t)flag(j, "tie_word_embeddings", 0);
         c->weight_dtype = DTYPE_BF16;

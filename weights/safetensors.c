@@ -1,5 +1,7 @@
 // safetensors: an 8-byte header length, a JSON header {name: {dtype, shape, data_offsets}}, then data.
 #include "safetensors.h"
+#include "../model/errmsg.h"
+#include "../model/guard.h"
 #include "../model/bf16.h"
 #include "hf_config.h"
 
@@ -19,17 +21,25 @@ static int fail(char *err, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(err, ST_ERR_LEN, fmt, ap);
     va_end(ap);
+    err_oneline(err);
     return -1;
+}
+
+// A JSON number that is a whole count below 2^53 (doubles are exact there). 0, or -1.
+static int json_u64(const cJSON *v, uint64_t *out) {
+    if (!cJSON_IsNumber(v) || !(v->valuedouble >= 0 && v->valuedouble < 9007199254740992.0)) return -1;
+    *out = (uint64_t)v->valuedouble;
+    return (double)*out == v->valuedouble ? 0 : -1;
 }
 
 // Adds the tensors of one file to m.
 static int add_file(StModel *m, const char *path, char *err) {
-    int fd = open(path, O_RDONLY);
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC); // O_NONBLOCK: a FIFO cannot hang us
     if (fd < 0) return fail(err, "cannot open '%s': %s", path, strerror(errno));
     struct stat st;
-    if (fstat(fd, &st) != 0 || st.st_size < 8) {
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size < 8) {
         close(fd);
-        return fail(err, "'%s' is not a safetensors file (too small)", path);
+        return fail(err, "'%s' is not a safetensors file (not a regular file of at least 8 bytes)", path);
     }
     size_t size = (size_t)st.st_size;
     void *map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
@@ -46,6 +56,7 @@ static int add_file(StModel *m, const char *path, char *err) {
     m->maps[m->n_files] = map;
     m->sizes[m->n_files] = size;
     m->n_files++;
+    guard_map(map, size, path);
 
     uint64_t hlen;
     memcpy(&hlen, map, 8);
@@ -82,19 +93,20 @@ static int add_file(StModel *m, const char *path, char *err) {
             break;
         }
         t.n_elems = 1;
-        for (int d = 0; d < t.ndim; d++) {
-            double v = cJSON_GetArrayItem(sh, d)->valuedouble;
-            if (v < 0 || v > 1e12) rc = fail(err, "'%s': tensor '%s' has a bad shape", path, e->string);
-            t.shape[d] = (uint64_t)v;
-            if (t.shape[d] && t.n_elems > (1ull << 42) / t.shape[d]) rc = fail(err, "'%s': tensor '%s' too large", path, e->string);
-            t.n_elems *= t.shape[d];
+        for (int d = 0; d < t.ndim && rc == 0; d++) {
+            uint64_t v = 0;
+            if (json_u64(cJSON_GetArrayItem(sh, d), &v) != 0 || (v && t.n_elems > (1ull << 42) / v))
+                rc = fail(err, "'%s': tensor '%s' has a bad shape", path, e->string);
+            t.shape[d] = v;
+            t.n_elems *= v;
         }
-        double b = cJSON_GetArrayItem(off, 0)->valuedouble, en = cJSON_GetArrayItem(off, 1)->valuedouble;
-        if (rc == 0 && (b < 0 || en < b || en > (double)data_size || (uint64_t)(en - b) != t.n_elems * esize))
-            rc = fail(err, "'%s' is truncated or damaged: tensor '%s' data [%.0f, %.0f) does not fit %llu bytes", path,
-                      e->string, b, en, (unsigned long long)data_size);
+        uint64_t b = 0, en = 0;
+        if (rc == 0 && (json_u64(cJSON_GetArrayItem(off, 0), &b) != 0 || json_u64(cJSON_GetArrayItem(off, 1), &en) != 0 ||
+                        en < b || en > data_size || en - b != t.n_elems * esize))
+            rc = fail(err, "'%s' is truncated or damaged: tensor '%s' data_offsets do not hold its %llu bytes within the %llu bytes of data",
+                      path, e->string, (unsigned long long)(t.n_elems * esize), (unsigned long long)data_size);
         if (rc != 0) break;
-        t.data = base + (uint64_t)b;
+        t.data = base + b;
         t.name = strdup(e->string);
         StTensor *nt = realloc(m->tensors, sizeof(StTensor) * (size_t)(m->n_tensors + 1));
         if (!t.name || !nt) {
@@ -156,7 +168,7 @@ int st_open_dir(StModel *m, const char *dir, char *err) {
 }
 
 void st_close(StModel *m) {
-    for (int i = 0; i < m->n_files; i++) munmap((void *)m->maps[i], m->sizes[i]);
+    for (int i = 0; i < m->n_files; i++) guard_unmap(m->maps[i]), munmap((void *)m->maps[i], m->sizes[i]);
     for (int i = 0; i < m->n_tensors; i++) free(m->tensors[i].name);
     free(m->maps);
     free(m->sizes);

@@ -1,13 +1,16 @@
 // TokenizerSpec from a Hugging Face tokenizer directory or from GGUF tokenizer metadata.
-// Only byte-level BPE tokenizers whose pipeline tokenizer/ reproduces exactly are accepted
-// (Llama 3, Qwen 2/3, SmolLM2); anything else is refused with a one-line reason, not approximated.
+// Only tokenizers reproduced exactly are accepted: byte-level BPE whose pipeline tokenizer/
+// implements (Llama 3, Qwen 2/3, SmolLM2) and SentencePiece models (the library itself encodes);
+// anything else is refused with a one-line reason, not approximated.
 #include <cjson/cJSON.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "../tokenizer/tok_internal.h"
+#include "hf_config.h"
 #include "tokenizer_import.h"
 
 #define MAX_VOCAB (1 << 24) // far above any real vocabulary; bounds what malformed ids can allocate
@@ -25,8 +28,8 @@ __attribute__((format(printf, 2, 3))) static int fail(char *err, const char *fmt
     va_start(ap, fmt);
     vsnprintf(err, TOK_ERR_LEN, fmt, ap);
     va_end(ap);
-    for (char *c = err; *c; c++) // token texts quoted in the message may hold line breaks
-        if (*c == '\n' || *c == '\r') *c = ' ';
+    for (char *c = err; *c; c++) // token texts quoted in the message may hold line breaks, escapes
+        if ((unsigned char)*c < 0x20 || *c == 0x7f) *c = ' ';
     return -1;
 }
 
@@ -109,24 +112,8 @@ static int set_merges(TokenizerSpec *s, int n, const StrMap *by_text, const char
 static char *read_file(const char *dir, const char *name, int required, char *err) {
     char path[4096];
     snprintf(path, sizeof path, "%s/%s", dir, name);
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        if (required) snprintf(err, TOK_ERR_LEN, "tokenizer import: cannot open %.200s", path);
-        return NULL;
-    }
-    char *buf = NULL;
-    long n = fseek(f, 0, SEEK_END) == 0 ? ftell(f) : -1;
-    if (n >= 0 && fseek(f, 0, SEEK_SET) == 0 && (buf = malloc((size_t)n + 1))) {
-        if (fread(buf, 1, (size_t)n, f) == (size_t)n) {
-            buf[n] = '\0';
-        } else {
-            free(buf);
-            buf = NULL;
-        }
-    }
-    fclose(f);
-    if (!buf) snprintf(err, TOK_ERR_LEN, "tokenizer import: cannot read %.200s", path);
-    return buf;
+    if (!required && access(path, F_OK) != 0) return NULL;
+    return read_text_file(path, err); // regular files only, bounded: a FIFO cannot hang us
 }
 
 static cJSON *read_json(const char *dir, const char *name, int required, char *err) {
@@ -315,16 +302,20 @@ static int hf_vocab(TokenizerSpec *s, const cJSON *tj, char *err) {
     return 0;
 }
 
+// tokenizer_config.json: BOS, EOS, add_bos_token, the chat template. Optional for SentencePiece
+// (the model proto names BOS and EOS itself), required for byte-level BPE (tj: its tokenizer.json).
 static int hf_config(TokenizerSpec *s, const cJSON *tj, const char *dir, char *err) {
-    cJSON *cfg = read_json(dir, "tokenizer_config.json", 1, err);
-    if (!cfg) return -1;
+    int required = s->kind == TOK_KIND_BPE;
+    err[0] = '\0';
+    cJSON *cfg = read_json(dir, "tokenizer_config.json", required, err);
+    if (!cfg) return required || err[0] ? -1 : 0;
     int rc = 0;
     const char *bos = token_text(get(cfg, "bos_token")), *eos = token_text(get(cfg, "eos_token"));
-    s->bos_id = bos ? find_token(s, bos) : -1;
+    if (bos) s->bos_id = find_token(s, bos);
     if (bos && s->bos_id < 0) rc = fail(err, "tokenizer import: bos_token %.80s is not a token", bos);
     const cJSON *ab = get(cfg, "add_bos_token");
     if (cJSON_IsBool(ab)) s->add_bos = cJSON_IsTrue(ab);
-    else if (bos) // Meta's Llama 3 prepends <|begin_of_text|> even where the JSON has no template for it
+    else if (bos && s->kind == TOK_KIND_BPE) // Meta's Llama 3 prepends <|begin_of_text|> even where the JSON has no template for it
         s->add_bos = template_adds(tj, bos) || strcmp(bos, "<|begin_of_text|>") == 0;
     s->add_bos &= s->bos_id >= 0;
     if (rc == 0 && eos) {
@@ -366,12 +357,18 @@ static int hf_generation_config(TokenizerSpec *s, const char *dir, char *err) {
     return rc;
 }
 
-int tokspec_from_hf_dir(TokenizerSpec *s, const char *dir, char *err) {
-    memset(s, 0, sizeof *s);
-    s->kind = TOK_KIND_BPE;
-    s->bos_id = -1;
-    cJSON *tj = read_json(dir, "tokenizer.json", 1, err);
-    if (!tj) return -1;
+// SentencePiece when dir has a tokenizer.model and its tokenizer.json is absent or not byte-level
+// (Llama 2's is a byte-fallback BPE converted from the .model): the library then encodes exactly.
+static int hf_spm(TokenizerSpec *s, const char *dir, char *err) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/tokenizer.model", dir);
+    int rc = tokspec_spm_vocab(s, path, err);
+    if (rc == 0) rc = hf_config(s, NULL, dir, err);
+    return rc;
+}
+
+// Byte-level BPE from tokenizer.json (and tokenizer_config.json).
+static int hf_bpe(TokenizerSpec *s, const cJSON *tj, const char *dir, char *err) {
     const cJSON *model = get(tj, "model");
     int rc = hf_model_checks(model, err);
     if (rc == 0) rc = hf_pretok(s, tj, err);
@@ -383,6 +380,19 @@ int tokspec_from_hf_dir(TokenizerSpec *s, const char *dir, char *err) {
         rc = hf_vocab(s, tj, err);
     }
     if (rc == 0) rc = hf_config(s, tj, dir, err);
+    return rc;
+}
+
+int tokspec_from_hf_dir(TokenizerSpec *s, const char *dir, char *err) {
+    memset(s, 0, sizeof *s);
+    s->kind = TOK_KIND_BPE;
+    s->bos_id = -1;
+    char path[4096];
+    snprintf(path, sizeof path, "%s/tokenizer.model", dir);
+    int have_model = access(path, F_OK) == 0; // not opened here: a FIFO would block
+    cJSON *tj = read_json(dir, "tokenizer.json", !have_model, err);
+    if (!tj && !have_model) return -1;
+    int rc = have_model && (!tj || !is_type(get(tj, "decoder"), "ByteLevel")) ? hf_spm(s, dir, err) : hf_bpe(s, tj, dir, err);
     cJSON_Delete(tj);
     if (rc == 0) rc = hf_generation_config(s, dir, err);
     if (rc == 0 && s->n_eos == 0) rc = fail(err, "tokenizer import: no EOS token in %.200s", dir);
@@ -457,6 +467,9 @@ static int gguf_merges(TokenizerSpec *s, const GgufTokenizerMeta *m, const StrMa
 int tokspec_from_gguf(TokenizerSpec *s, const GgufTokenizerMeta *m, char *err) {
     memset(s, 0, sizeof *s);
     s->kind = TOK_KIND_BPE;
+    if (m->model && strcmp(m->model, "llama") == 0) // its tokens and scores are not a model proto
+        return fail(err, "tokenizer import: GGUF SentencePiece tokenizers (model \"llama\") are not supported; "
+                         "export the Hugging Face directory with its tokenizer.model instead");
     if (!m->model || strcmp(m->model, "gpt2") != 0)
         return fail(err, "tokenizer import: GGUF tokenizer model %.100s is not supported (byte-level BPE \"gpt2\" only)",
                     m->model ? m->model : "(missing)");

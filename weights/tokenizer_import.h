@@ -7,7 +7,13 @@
 // Hugging Face: dir holds tokenizer.json and tokenizer_config.json (generation_config.json's
 // eos_token_id, an int or a list, is merged into the EOS ids when present).
 // Returns 0, or -1 with err filled (missing file, unsupported model type or pre-tokenizer...).
+// A directory whose tokenizer is a SentencePiece tokenizer.model (Llama 2, Mistral, TinyLlama:
+// no tokenizer.json, or one that is not byte-level) gives a TOK_KIND_SENTENCEPIECE spec.
 int tokspec_from_hf_dir(TokenizerSpec *s, const char *dir, char *err);
+
+// The vocabulary, BOS / EOS and model proto of a SentencePiece tokenizer.model (tokenizer_spm.c).
+// 0, or -1 with err filled; s is then partly filled and must be freed with tokspec_free.
+int tokspec_spm_vocab(TokenizerSpec *s, const char *path, char *err);
 
 // GGUF metadata (tokenizer.ggml.*): tokens as stored (GPT-2 byte-level mapped strings for
 // model "gpt2"), GGUF token types (1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused,

@@ -1,0 +1,300 @@
+#!/usr/bin/env python3
+"""`./run --chat` driven through piped stdin, on tiny random-weight models (greedy decoding):
+
+  - multi-turn: one reply per line, each turn prefills only what the KV cache lacks, and a
+    turn's reply equals what a fresh prefill of the whole rendered conversation gives
+    (./run --render-chat, then ./run --ids) -- the persistent cache changes nothing;
+  - /reset (the same first message gives the same reply again), /exit, EOF without a final newline;
+  - -p as the first message, --system;
+  - the first turn prefills exactly what --render-chat renders, for Llama 3.1 (--date), Qwen3
+    (--no-think) and SmolLM2 (its default system prompt) with the real tokenizers; Qwen3 drops
+    the previous turn's <think> block, so the cache is kept only up to it;
+  - the context filling up: during a reply (it stops, the chat goes on) and before one (the
+    message is refused, the cache untouched); /reset then works again;
+  - Ctrl-C (SIGINT) during a reply stops the reply, not the program, twice in a row;
+  - on a terminal (a pty): prompts, a line ending in '\\' continues the message, Ctrl-C at the
+    prompt asks again, Ctrl-D quits;
+  - invalid UTF-8, a NUL byte, empty lines and a 10 MB message: a clear note, never a crash.
+Every run must exit 0 with no 'error:' line. Stdlib only.
+"""
+import json
+import os
+import pty
+import re
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from tiny_checkpoint import ROOT, EXPORT, build_model  # noqa: E402
+
+RUN = os.path.join(os.environ.get("PKV_BIN", ROOT), "run")  # PKV_BIN: the sanitizer build
+TOK_TOOL = os.environ.get("TOK_TOOL") or os.path.join(ROOT, "build", "tests", "tok_tool")
+TINY = os.path.join(ROOT, "tests", "data", "tiny-qwen3")  # ChatML template, no default system prompt
+SHARED = os.path.join(ROOT, "..", "shared", "tokenizers")
+STATS = re.compile(r"^\[prefill (\d+) tokens \((\d+) cached\).*context (\d+)/(\d+)\]$")
+
+passed = failed = 0
+
+
+def check(name, ok, detail=""):
+    global passed, failed
+    passed += ok
+    failed += not ok
+    print(("ok   " if ok else "FAIL ") + name + ("" if ok else ": " + str(detail)[-600:]))
+
+
+class Result:
+    def __init__(self, p):
+        self.rc, self.out, self.err = p.returncode, p.stdout, p.stderr.decode("utf-8", "replace")
+        self.stats = [tuple(map(int, m.groups())) for m in map(STATS.match, self.err.splitlines()) if m]
+        self.clean = self.rc == 0 and "error:" not in self.err
+
+    def __str__(self):
+        return f"rc {self.rc}, stderr {self.err[-400:]!r}"
+
+
+def chat(model, stdin, *args, timeout=120):
+    p = subprocess.run([RUN, model, "--chat", "--temp", "0"] + list(args), input=stdin, capture_output=True,
+                       timeout=timeout)
+    return Result(p)
+
+
+def render(model, messages, *args):
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False, encoding="utf-8") as f:
+        json.dump(messages, f, ensure_ascii=False)
+    p = subprocess.run([RUN, model, "--render-chat", f.name] + list(args), capture_output=True, text=True, timeout=60)
+    os.unlink(f.name)
+    if p.returncode != 0:
+        raise RuntimeError(p.stderr)
+    return [int(x) for x in p.stdout.split()]
+
+
+def fresh_reply(model, messages, n, hf_dir):
+    """The greedy reply to the rendered conversation, prefilled at once, as text."""
+    ids = render(model, messages)
+    p = subprocess.run([RUN, model, "--ids", "-p", " ".join(map(str, ids)), "-n", str(n), "--temp", "0"],
+                       capture_output=True, text=True, timeout=60)
+    out = [int(x) for x in p.stdout.split()]
+    if out and out[-1] == 402:  # <|im_end|>: the chat stops there without printing it
+        out.pop()
+    d = subprocess.run([TOK_TOOL, hf_dir, "--decode"] + [str(x) for x in out], capture_output=True, timeout=60)
+    return d.stdout
+
+
+def common_prefix(a, b):
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def test_turns(tiny):
+    one = chat(tiny, b"hello there\n", "-n", "6")
+    two = chat(tiny, b"hello there\nwhat next?\n", "-n", "6")
+    three = chat(tiny, b"hello there\nwhat next?\nand then\n", "-n", "6")
+    check("three piped lines: three turns, exit 0 at EOF", three.clean and len(three.stats) == 3, three)
+    if not (one.clean and two.clean and len(two.stats) == 2 and len(one.stats) == 1):
+        check("one and two turns run", False, f"{one} / {two}")
+        return
+    reply1 = one.out[:-1].decode("utf-8")
+    first = render(tiny, [{"role": "user", "content": "hello there"}])
+    check(f"turn 1 prefills the rendered conversation ({one.stats[0][0]} = {len(first)} tokens)",
+          one.stats[0][:2] == (len(first), 0))
+    conv = [{"role": "user", "content": "hello there"}, {"role": "assistant", "content": reply1},
+            {"role": "user", "content": "what next?"}]
+    second = render(tiny, conv)
+    pre, cached = two.stats[1][:2]
+    check(f"turn 2 reuses the cache: {cached} cached + {pre} prefilled = {len(second)} rendered, cached >= turn 1's prompt",
+          cached + pre == len(second) and cached >= len(first) - 1 and pre < len(second), two.stats)
+    reply2 = two.out[len(one.out):-1]
+    want = fresh_reply(tiny, conv, 6, TINY)
+    check("turn 2's reply equals a fresh prefill of the whole conversation", reply2 == want, f"{reply2!r} vs {want!r}")
+    r = chat(tiny, b"hello there\n/reset\nhello there\n", "-n", "6")
+    check("/reset: the same first message gives the same reply", r.clean and r.out == one.out * 2 and
+          "[conversation cleared]" in r.err, f"{r} out {r.out!r}")
+    r = chat(tiny, b"hello there\n/exit\nnot read\n", "-n", "6")
+    check("/exit quits before the next line", r.clean and len(r.stats) == 1 and r.out == one.out, r)
+    r = chat(tiny, b"hello there", "-n", "6")
+    check("EOF without a final newline: the line is a message", r.clean and r.out == one.out, r)
+    r = chat(tiny, b"what next?\n", "-n", "6", "-p", "hello there")
+    check("-p is the first message, stdin the next", r.clean and r.out == two.out, r)
+    r = chat(tiny, b"hello there\n", "-n", "2", "--system", "Be brief.")
+    sys_ids = render(tiny, [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hello there"}])
+    check(f"--system is the first message ({len(sys_ids)} tokens prefilled)", r.clean and r.stats and
+          r.stats[0][0] == len(sys_ids), r)
+
+
+def test_real_templates(tmp):
+    models = {}
+    for name, tok_dir, tpl, args in [
+            ("llama31", os.path.join(SHARED, "llama3"), "meta-llama-Llama-3.1-8B-Instruct.jinja", ["--date", "01 Jan 2025"]),
+            ("qwen3", os.path.join(SHARED, "qwen3"), "Qwen-Qwen3-0.6B.jinja", ["--no-think"]),
+            ("smollm2", os.path.join(ROOT, "tests", "data", "smollm2-tokenizer"), None, [])]:
+        files = [os.path.join(tok_dir, "tokenizer.json"), os.path.join(tok_dir, "tokenizer_config.json")]
+        with open(files[0]) as f:
+            tj = json.load(f)
+        vocab = max(list(tj["model"]["vocab"].values()) + [t["id"] for t in tj["added_tokens"]]) + 1
+        template = open(os.path.join(SHARED, "templates", tpl)).read() if tpl else None
+        try:
+            models[name] = build_model(tmp, name, "qwen3" if name == "qwen3" else "llama", vocab, files, template)
+        except RuntimeError as e:
+            check(f"{name}: export", False, e)
+            continue
+        r = chat(models[name], "Hi there!\nTell me more.\n".encode(), "-n", "4", *args)
+        want = render(models[name], [{"role": "user", "content": "Hi there!"}], *args)
+        check(f"{name}: turn 1 prefills what --render-chat {' '.join(args) or '(no option)'} renders ({len(want)} tokens), 2 turns",
+              r.clean and len(r.stats) == 2 and r.stats[0][0] == len(want), r)
+        if name == "qwen3" and r.clean and len(r.stats) == 2:
+            reply1 = r.out.decode("utf-8").split("\n")[0]
+            conv = [{"role": "user", "content": "Hi there!"}, {"role": "assistant", "content": reply1},
+                    {"role": "user", "content": "Tell me more."}]
+            keep = common_prefix(want, render(models[name], conv, "--no-think"))
+            check(f"qwen3: turn 2 keeps the cache up to the dropped <think> block ({keep} of {len(want)} tokens)",
+                  keep < len(want) and r.stats[1][1] == keep, r.stats)
+
+
+def test_context_full(tiny):
+    r = chat(tiny, b"hello there\nmore words here please\n/reset\nhi\n", "-n", "100", "--ctx", "40", "--ignore-eos")
+    notes = [l for l in r.err.splitlines() if l.startswith("[context full")]
+    check("context fills during a reply: it stops there, the chat goes on", r.clean and len(notes) >= 1 and
+          "reply stops here" in notes[0] and r.stats and r.stats[0][2] == 40, r)
+    check("the next message does not fit: refused with a note; after /reset a turn runs (and fills the context)",
+          len(notes) == 3 and "message ignored" in notes[1] and "reply stops here" in notes[2] and
+          len(r.stats) == 2 and r.stats[1][2] == 40, r)
+
+
+class Reader(threading.Thread):
+    def __init__(self, f):
+        super().__init__(daemon=True)
+        self.f, self.data = f, b""
+
+    def run(self):
+        for chunk in iter(lambda: self.f.read1(4096), b""):
+            self.data += chunk
+
+
+def wait_for(cond, timeout=60):
+    end = time.time() + timeout
+    while time.time() < end:
+        if cond():
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def test_sigint(tiny):
+    p = subprocess.Popen([RUN, tiny, "--chat", "--temp", "0", "--ignore-eos", "--ctx", "60000"],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out, err = Reader(p.stdout), Reader(p.stderr)
+    out.start(), err.start()
+    ok = True
+    for i, msg in enumerate([b"tell me a long story\n", b"another one\n"]):
+        p.stdin.write(msg)
+        p.stdin.flush()
+        before = len(out.data)
+        ok &= wait_for(lambda: len(out.data) > before + 20)  # the reply is streaming
+        time.sleep(0.2)
+        p.send_signal(signal.SIGINT)
+        ok &= wait_for(lambda: err.data.count(b"[interrupted]") == i + 1 and err.data.count(b"[prefill") == i + 1)
+        ok &= p.poll() is None
+    p.stdin.close()
+    try:
+        rc = p.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        rc = "hung"
+    out.join(5), err.join(5)
+    check("Ctrl-C stops the reply and the chat takes the next message (twice), then exits 0 at EOF",
+          ok and rc == 0 and err.data.count(b"[interrupted]") == 2, f"rc {rc}, stderr {err.data[-300:]!r}")
+
+
+def test_terminal(tiny):
+    """On a terminal: prompts, a line ending in '\\' continued, Ctrl-C at the prompt, Ctrl-D."""
+    pid, fd = pty.fork()
+    if pid == 0:
+        try:
+            os.execv(RUN, [RUN, tiny, "--chat", "--temp", "0", "-n", "4"])
+        finally:
+            os._exit(127)
+    seen = b""
+
+    def expect(what, timeout=60):
+        nonlocal seen
+        end = time.time() + timeout
+        while what not in seen and time.time() < end:
+            if select.select([fd], [], [], 0.2)[0]:
+                try:
+                    seen += os.read(fd, 4096)
+                except OSError:  # the other end closed
+                    break
+        return what in seen
+
+    ok = expect(b"> ")
+    os.write(fd, b"line one\\\n")
+    ok &= expect(b"... ")
+    os.write(fd, b"line two\n")
+    ok &= expect(b"[prefill ")
+    stats = seen[seen.index(b"[prefill "):]
+    ok &= expect(b"]\r\n> ", 30)  # the prompt after the turn's stats line
+    time.sleep(0.3)  # as a person would: the program is reading by now
+    os.write(fd, b"\x03")  # Ctrl-C at the prompt: the terminal sends SIGINT
+    ok &= expect(b"Ctrl-D quits")
+    os.write(fd, b"\x04")  # Ctrl-D: end of input
+    for _ in range(300):  # a hang is a failure, not a stuck test
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(pid, signal.SIGKILL)
+        _, status = os.waitpid(pid, 0)
+    os.close(fd)
+    want = render(tiny, [{"role": "user", "content": "line one\nline two"}])
+    m = re.match(rb"\[prefill (\d+) tokens", stats)
+    check("on a terminal: prompts, '\\' continues a message, Ctrl-C at the prompt asks again, Ctrl-D exits 0",
+          ok and os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0 and m and int(m.group(1)) == len(want),
+          f"status {status}, output {seen[-400:]!r}")
+
+
+def test_bad_input(tiny):
+    r = chat(tiny, b"\xff\xfe bad bytes\n\n\nok then\n", "-n", "3")
+    check("invalid UTF-8 is refused with a note, empty lines are skipped, the chat goes on",
+          r.clean and "not valid UTF-8" in r.err and len(r.stats) == 1, r)
+    r = chat(tiny, b"nul\x00byte\nok then\n", "-n", "3")
+    check("a NUL byte is refused with a note", r.clean and "NUL byte" in r.err and len(r.stats) == 1, r)
+    big = (("word " * 2_000_000)[:10 * 1024 * 1024]).encode() + b"\nhi\n"
+    t0 = time.time()
+    r = chat(tiny, big, "-n", "3", timeout=300)
+    check(f"a 10 MB message: 'context full' note, then the next message runs ({time.time() - t0:.1f} s)",
+          r.clean and "context full: the conversation needs" in r.err and len(r.stats) == 1, r)
+    r = chat(tiny, b"", "-n", "3")
+    check("empty input: exits 0 at once", r.clean and not r.stats and r.out == b"", r)
+
+
+def main():
+    with tempfile.TemporaryDirectory(prefix="pkv-chattest-") as tmp:
+        tiny = os.path.join(tmp, "tiny-qwen3.bin")
+        p = subprocess.run([EXPORT, TINY, tiny], capture_output=True, text=True, timeout=120)
+        if p.returncode != 0:
+            check("export of the tiny model", False, p.stderr)
+        else:
+            for test in (test_turns, test_context_full, test_sigint, test_terminal, test_bad_input):
+                try:
+                    test(tiny)
+                except (OSError, RuntimeError, subprocess.TimeoutExpired, UnicodeDecodeError) as e:
+                    check(test.__name__ + " ran to the end", False, e)
+            try:
+                test_real_templates(tmp)
+            except (OSError, RuntimeError, subprocess.TimeoutExpired, UnicodeDecodeError) as e:
+                check("test_real_templates ran to the end", False, e)
+    print(f"{passed} passed, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
