@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Every committed fuzz input -- the seed corpora and the inputs that once crashed a parser
+# (tests/fuzz/{corpus,regressions}/NAME/) -- through each harness, built with the plain driver
+# ($B/fuzz/fuzz_NAME; under make test-asan, with ASan + UBSan). Fails if any input fails.
+cd "$(dirname "$0")/.." || exit 1
+B=${PKV_BUILD:-build}
+export OMP_NUM_THREADS=1
+passed=0 failed=0
+for d in tests/fuzz/corpus/*/; do
+    name=$(basename "$d")
+    bin=$B/fuzz/fuzz_$name
+    inputs=("$d")
+    [ -d "tests/fuzz/regressions/$name" ] && inputs+=("tests/fuzz/regressions/$name")
+    if [ ! -x "$bin" ]; then
+        echo "FAIL $name: $bin not built"; failed=$((failed + 1)); continue
+    fi
+    if out=$("$bin" "${inputs[@]}" 2>&1); then
+        echo "ok   $name: $(echo "$out" | tail -1) ($(ls "tests/fuzz/regressions/$name" 2>/dev/null | wc -l) regressions)"
+        passed=$((passed + 1))
+    else
+        echo "FAIL $name:"; echo "$out" | tail -30; failed=$((failed + 1))
+    fi
+done
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
