@@ -83,6 +83,10 @@ def main():
         # Config starts at byte 16: arch, n_layers, dim, ... ; n_kv_heads that does not divide n_heads.
         check_error("inconsistent config", [RUN, patched(good, os.path.join(tmp, "c.bin"), 16 + 16, struct.pack("<I", 3)), "-p", "hi"], "divide")
         check_error("unknown architecture id", [RUN, patched(good, os.path.join(tmp, "a.bin"), 16, struct.pack("<I", 7)), "-p", "hi"], "architecture")
+        # Config field 8 (max_seq_len) past 2^30 would overflow the int context; field 21, the
+        # sampling temperature, NaN would send the sampler past its candidates.
+        check_error("context past 2^30", [RUN, patched(good, os.path.join(tmp, "ctx.bin"), 16 + 32, struct.pack("<I", 3 << 30)), "-p", "hi"], "maximum context")
+        check_error("NaN sampling temperature", [RUN, patched(good, os.path.join(tmp, "t.bin"), 16 + 84, struct.pack("<f", float("nan"))), "-p", "hi"], "sampling defaults")
         # Tensor table: find the first entry (name 'token_embd') and corrupt its shape.
         blob = open(good, "rb").read()
         at = blob.find(b"token_embd\0")
@@ -144,6 +148,14 @@ def main():
             f.write(b"GGUF" + struct.pack("<IQQ", 3, 1, 1) + kv + t)
             f.write(b"\0" * (4096))
         check_error("gguf: incomplete metadata", [EXPORT, gg, out], "lacks", left)
+        # A negative BOS id (int32 -1) in a real tiny GGUF: refused, not read as "no BOS".
+        seed = open(os.path.join(ROOT, "tests", "fuzz", "corpus", "gguf", "tiny-llama-q.gguf"), "rb").read()
+        key = b"tokenizer.ggml.bos_token_id"
+        at = seed.find(key) + len(key)
+        bad = seed[:at] + struct.pack("<Ii", 5, -1) + seed[at + 8:]  # type INT32, value -1
+        with open(gg, "wb") as f:
+            f.write(bad)
+        check_error("gguf: negative BOS id", [EXPORT, gg, out], "bos_token_id", left)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"{passed} passed, {failed} failed")

@@ -38,7 +38,7 @@ FUZZ_TIME ?= 30
 .PHONY: fuzz-build fuzz-ci fuzz
 fuzz-build: $(FUZZ_BIN)
 # CI: each harness for FUZZ_CI_TIME seconds from the committed corpus (a few minutes in all).
-FUZZ_CI_TIME ?= 30
+FUZZ_CI_TIME ?= 25
 fuzz-ci: fuzz-build
 	bash tests/fuzz/run_fuzz.sh $(FUZZ_CI_TIME) $(FUZZ_NAMES)
 # By hand: make fuzz FUZZ_TIME=3600 [FUZZ_NAMES=gguf]; new corpus entries stay in build-fuzz/corpus/.
