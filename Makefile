@@ -92,10 +92,11 @@ $(BUILD)/tests/tok_tool: tests/tok_tool.c $(LIB_OBJ)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS) $(TOKLIBS) $(JSONLIBS) $(CUDA_LIBS)
 
+# Before the test rule: it names the fuzz drivers (FUZZ_DRV_BIN) as prerequisites.
+include tests/fuzz/fuzz.mk
+
 test: all $(TEST_BIN) $(BUILD)/tests/tok_tool $(FUZZ_DRV_BIN)
 	bash tests/run_all.sh
-
-include tests/fuzz/fuzz.mk
 
 # The whole suite again on an ASan + UBSan build of the CPU path (build-asan/; tests find the
 # programs through PKV_BUILD). tests/sanitize.supp says what is suppressed and why.
