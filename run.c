@@ -312,13 +312,17 @@ static void run_score(const Model *m, const Tokenizer *tok, const Options *o) {
     int n;
     int *tokens = o->ids ? parse_ids(text, (int)m->c.vocab_size, &n) : encode_text(tok, text, len, &n);
     free(text);
-    if (n < 2) die("--score needs at least 2 tokens, '%s' has %d", o->score_file, n);
     int ctx = pick_ctx(o, &m->c, n);
-    if (n > ctx) die("'%s' has %d tokens, more than the context of %d", o->score_file, n, ctx);
     RunState s;
     char err[MODEL_ERR_LEN];
     int chunk = m->be->create ? SCORE_CHUNK_GPU : m->be->max_chunk;
-    if (run_state_init(&s, m, ctx, chunk, 1, err) != 0) die("%s", err);
+    // Checked with the tokens freed first, so a sanitizer build sees no leak on these exits.
+    if (n < 2 || n > ctx || run_state_init(&s, m, ctx, chunk, 1, err) != 0) {
+        free(tokens);
+        if (n < 2) die("--score needs at least 2 tokens, '%s' has %d", o->score_file, n);
+        if (n > ctx) die("'%s' has %d tokens, more than the context of %d", o->score_file, n, ctx);
+        die("%s", err);
+    }
     s.attn = make_attn(o, m, &s, 0);
     ScoreCtx sc = {tokens, n, (int)m->c.vocab_size, 0.0};
     double t0 = now_s();
