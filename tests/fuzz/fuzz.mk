@@ -46,4 +46,4 @@ fuzz: fuzz-build
 	FUZZ_KEEP=1 bash tests/fuzz/run_fuzz.sh $(FUZZ_TIME) $(FUZZ_NAMES)
 
 -include $(shell find build-fuzz -name '*.d' 2>/dev/null)
-.SECONDARY: $(patsubst %,build-fuzz/obj/tests/fuzz/fuzz_%.o,$(FUZZ_NAMES))
+.SECONDARY: $(FUZZ_OBJ) $(patsubst %,build-fuzz/obj/tests/fuzz/fuzz_%.o,$(FUZZ_NAMES))
