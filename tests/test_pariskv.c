@@ -4,51 +4,12 @@
 #include "../attention/pariskv.h"
 #include "../attention/selector.h"
 #include "../attention/srht.h"
+#include "test_pariskv_util.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static int passed, failed;
-
-static void check(int ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-#include <stdarg.h>
-static void check(int ok, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    printf("%s ", ok ? "ok  " : "FAIL");
-    vprintf(fmt, ap);
-    printf("\n");
-    va_end(ap);
-    ok ? passed++ : failed++;
-}
-
-typedef struct {
-    unsigned long long s;
-} Rng;
-static unsigned long long next_u64(Rng *r) {
-    unsigned long long z = (r->s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-static double uniform(Rng *r) { return (double)(next_u64(r) >> 11) * (1.0 / 9007199254740992.0); }
-static float gauss(Rng *r) {
-    double u = uniform(r), v = uniform(r);
-    return (float)(sqrt(-2.0 * log(u + 1e-300)) * cos(6.283185307179586 * v));
-}
-
-// Anisotropic vectors like real keys: per-channel scales spanning 25x and a few large offsets.
-static void anisotropic(Rng *r, int D, const float *scale, const float *offset, float *x) {
-    for (int j = 0; j < D; j++) x[j] = scale[j] * gauss(r) + offset[j];
-}
-static void make_shape(Rng *r, int D, float *scale, float *offset) {
-    for (int j = 0; j < D; j++) {
-        scale[j] = expf(logf(0.2f) + (logf(5.0f) - logf(0.2f)) * (float)uniform(r));
-        offset[j] = j % 16 == 3 ? 6.0f * gauss(r) : 0.0f;
-    }
-}
 
 static double dotd(const float *a, const float *b, int n) {
     double s = 0;
@@ -103,14 +64,14 @@ static void rotated(const float *k, int D, const float *s, float *kt) {
 static void test_encoding(void) {
     Rng r = {2};
     int D = 64, B = D / PKV_M;
-    float s[64], scale[64], off[64], k[64], kt[64], alpha[8];
+    float s[64], k[64], kt[64], alpha[8];
     uint8_t ids[8], codes[32];
     uint16_t w[8];
     srht_signs(SRHT_SEED, D, s);
-    make_shape(&r, D, scale, off);
+    Shape ks = make_shape(&r, D, 6.0f);
     int ids_ok = 1, nearest_ok = 1, codes_ok = 1, alpha_ok = 1, w_ok = 1;
     for (int t = 0; t < 300; t++) {
-        anisotropic(&r, D, scale, off, k);
+        draw(&r, &ks, D, k);
         pkv_encode_key(k, D, s, ids, codes, w, alpha);
         rotated(k, D, s, kt);
         double kn = sqrt(dotd(k, k, D));
@@ -175,15 +136,15 @@ static void test_estimator(void) {
     Rng r = {3};
     for (int D = 64; D <= 128; D *= 2) {
         int B = D / PKV_M;
-        float s[128], ks[128], ko[128], qs[128], qo[128], k[128], q[128], kt[128], qt[128], alpha[16], qn;
+        float s[128], k[128], q[128], kt[128], qt[128], alpha[16], qn;
         uint8_t ids[16], codes[64];
         uint16_t w[16];
         srht_signs(SRHT_SEED, D, s);
-        make_shape(&r, D, ks, ko), make_shape(&r, D, qs, qo);
+        Shape ks = make_shape(&r, D, 6.0f), qs = make_shape(&r, D, 6.0f);
         double err = 0, err_plain = 0, et = 0, pt = 0, tt = 0; // slope of est on the truth: sum est t / sum t^2
         int N = 4000;
         for (int t = 0; t < N; t++) {
-            anisotropic(&r, D, ks, ko, k), anisotropic(&r, D, qs, qo, q);
+            draw(&r, &ks, D, k), draw(&r, &qs, D, q);
             pkv_encode_key(k, D, s, ids, codes, w, alpha);
             pkv_prepare_query(q, D, s, qt, &qn);
             double truth = dotd(k, q, D), norm = sqrt(dotd(k, k, D) * dotd(q, q, D));

@@ -3,26 +3,13 @@
 // steps, independence from the thread count, recall with planted relevant keys, and drift (the
 // key distribution shifts halfway: ParisKV's recall holds while learned centroids fall).
 #include "../attention/attention.h"
+#include "test_pariskv_util.h"
 
 #include <math.h>
 #include <omp.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static int passed, failed;
-
-static void check(int ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void check(int ok, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    printf("%s ", ok ? "ok  " : "FAIL");
-    vprintf(fmt, ap);
-    printf("\n");
-    va_end(ap);
-    ok ? passed++ : failed++;
-}
 
 static void *xcalloc(size_t n, size_t size) {
     void *p = calloc(n, size);
@@ -31,37 +18,6 @@ static void *xcalloc(size_t n, size_t size) {
         exit(1);
     }
     return p;
-}
-
-typedef struct {
-    unsigned long long s;
-} Rng;
-static unsigned long long next_u64(Rng *r) {
-    unsigned long long z = (r->s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-static double uniform(Rng *r) { return (double)(next_u64(r) >> 11) * (1.0 / 9007199254740992.0); }
-static float gauss(Rng *r) {
-    double u = uniform(r), v = uniform(r);
-    return (float)(sqrt(-2.0 * log(u + 1e-300)) * cos(6.283185307179586 * v));
-}
-
-// A shape of anisotropic vectors: per-channel scales spanning 25x, a few large offsets.
-typedef struct {
-    float scale[128], offset[128];
-} Shape;
-static Shape make_shape(Rng *r, int D, float offset) {
-    Shape s;
-    for (int j = 0; j < D; j++) {
-        s.scale[j] = expf(logf(0.2f) + (logf(5.0f) - logf(0.2f)) * (float)uniform(r));
-        s.offset[j] = j % 16 == 3 ? offset * gauss(r) : 0.0f;
-    }
-    return s;
-}
-static void draw(Rng *r, const Shape *s, int D, float *x) {
-    for (int j = 0; j < D; j++) x[j] = s->scale[j] * gauss(r) + s->offset[j];
 }
 
 // One model's worth of synthetic attention inputs: a cache of ctx positions and a query per position.
