@@ -1,31 +1,56 @@
-// Flash decoding: the keys 0..pos of each KV head are cut into fixed splits; one block per
-// (KV head, split) scores its keys for all G query heads of the group (each K/V row is read
-// once for the whole group), then a second kernel merges the splits' softmax pieces.
+// Decode attention, fused with what comes between the QKV projection and it: per-head
+// RMSNorm (Qwen3) and RoPE of q and of the new key, the new K/V row written to the cache, and
+// flash decoding over positions 0..pos with the merge done by the last block to finish.
+//
+// Grid (n_kv, n_splits): block (h, s) handles keys [s*S, (s+1)*S) of KV head h for all G query
+// heads of its group, so each K/V row is read once per step. S is chosen from the position at
+// run time (the grid is fixed by the device, so a captured graph serves every position), which
+// keeps every SM busy at 4K keys as at 1M. Inside a block, a "stream" of HD/8 lanes owns one
+// key row at a time (16 bytes a lane); each stream keeps its own online-softmax state (max m,
+// sum l, unnormalized output) in the log2 domain, and loads U rows of K and V before using any,
+// so each warp keeps 2·U·512 bytes in flight (HD 128). Streams are combined in shared memory,
+// each block writes (o, m, l) for its split, and the last block of each KV head merges them.
 #include "cuda_common.h"
 #include "kernels.h"
 #include "pdl.h"
 
 #define DEC_THREADS 128
-#define DEC_MAX_SPLIT 1024
+#define DEC_WARPS (DEC_THREADS / 32)
+#define DEC_MAX_BLOCKS_PER_SM 8
+#define DEC_MIN_SPLIT 128
+#define DEC_STAGES 4 // tiles of K/V in each block's ring: 3 in flight while one is used
+#define DEC_MAX_SPLITS 1024 // G * DEC_MAX_SPLITS floats fit in st_o (NS * HD = 1024 for every HD)
+#define LOG2E 1.4426950408889634f
 
-#define DEC_UNROLL 4 // keys per lane loaded before any arithmetic: bytes in flight
-
-// Split length: about four waves of blocks at this cache capacity (132 SMs), 128..1024 keys.
-static int split_len(int ctx, int n_kv) {
-    int s = (int)(((long long)ctx * n_kv / (4 * 132) + 127) / 128 * 128);
-    if (s < 128) s = 128;
-    if (s > DEC_MAX_SPLIT) s = DEC_MAX_SPLIT;
-    return s;
+static int sm_count(void) {
+    int dev = 0, sms = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+        return 132;
+    return sms;
 }
 
-extern "C" size_t attn_decode_scratch_floats(int n_heads, int hd, int ctx) {
-    (void)ctx;
-    int n_splits = (ctx + 127) / 128; // upper bound over any n_kv
-    return (size_t)n_heads * n_splits * (hd + 2);
+// Blocks per KV head: one wave of as many blocks as fit on every SM (blocks_per_sm, from the
+// occupancy of the kernel used), at most ceil(ctx / 32).
+static int n_splits_for(int n_kv, int ctx, int blocks_per_sm) {
+    int s = (blocks_per_sm * sm_count() + n_kv - 1) / n_kv, most = (ctx + 31) / 32;
+    if (s > most) s = most;
+    return s < DEC_MAX_SPLITS ? s : DEC_MAX_SPLITS;
 }
 
-__device__ __forceinline__ void load8(const bf16 *p, float *f) {
-    uint4 u = __ldg((const uint4 *)p);
+extern "C" size_t attn_decode_scratch_floats(int n_heads, int n_kv, int hd, int ctx) {
+    return (size_t)n_heads * n_splits_for(n_kv, ctx, DEC_MAX_BLOCKS_PER_SM) * (hd + 2);
+}
+
+// Keys per split for n keys: a multiple of 32, so the splits in use are all full but the last,
+// and at least DEC_MIN_SPLIT, so that a split's fixed costs (its query, its share of the merge)
+// stay small against its reads at short contexts.
+__device__ __forceinline__ int split_keys(int n, int n_splits) {
+    int s = (n + n_splits - 1) / n_splits;
+    s = (s + 31) & ~31;
+    return s > DEC_MIN_SPLIT ? s : DEC_MIN_SPLIT;
+}
+
+__device__ __forceinline__ void bf16x8_to_f32(uint4 u, float *f) {
     const __nv_bfloat162 *h = (const __nv_bfloat162 *)&u;
 #pragma unroll
     for (int i = 0; i < 4; i++) {
@@ -34,186 +59,331 @@ __device__ __forceinline__ void load8(const bf16 *p, float *f) {
     }
 }
 
-template <int G, int HD>
-__global__ void __launch_bounds__(DEC_THREADS) attn_split_kernel(float *partial, const bf16 *q, const bf16 *k_cache,
-                                                                 const bf16 *v_cache, const int *d_pos, int ctx,
-                                                                 int S, int n_splits, float scale) {
-    constexpr int LPK = HD / 8;            // lanes per key row (16-byte chunks)
-    constexpr int KPW = 32 / LPK;          // keys a warp handles at once
-    constexpr int NW = DEC_THREADS / 32;
-    __shared__ float sc[G][DEC_MAX_SPLIT]; // scores, then probabilities, then the warps' sums of V
-    __shared__ float red[NW][G];
-    __shared__ float mx_s[G], sum_s[G];
-    float(*acc_s)[G][HD] = (float(*)[G][HD])sc; // NW * G * HD <= G * DEC_MAX_SPLIT
-    int kvh = blockIdx.x, split = blockIdx.y;
-    pdl_wait();
-    pdl_release();
-    int n_keys = *d_pos + 1;
-    int k0 = split * S, k1 = min(k0 + S, n_keys);
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, sub = lane / LPK, part = lane % LPK;
-    float *out_base = partial; // layout: [head][split][HD + 2] (o unnormalized, then m, l)
-    if (k0 >= k1) {
-        for (int g = threadIdx.x; g < G; g += DEC_THREADS) {
-            float *o = out_base + ((size_t)(kvh * G + g) * n_splits + split) * (HD + 2);
-            o[HD] = -INFINITY;
-            o[HD + 1] = 0.0f;
-        }
-        return;
-    }
-    // This lane's 8 query elements for each head of the group.
-    float qf[G][8];
+__device__ __forceinline__ uint4 f32x8_to_bf16(const float *f) {
+    uint4 u;
+    __nv_bfloat162 *h = (__nv_bfloat162 *)&u;
 #pragma unroll
-    for (int g = 0; g < G; g++) load8(q + (size_t)(kvh * G + g) * HD + part * 8, qf[g]);
-    const bf16 *kb = k_cache + (size_t)kvh * ctx * HD, *vb = v_cache + (size_t)kvh * ctx * HD;
+    for (int i = 0; i < 4; i++) h[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
+    return u;
+}
 
-    // Scores: each lane loads its chunk of DEC_UNROLL keys before using any of them.
-    for (int base = k0 + warp * KPW * DEC_UNROLL; base < k1; base += NW * KPW * DEC_UNROLL) {
-        float kf[DEC_UNROLL][8];
+__device__ __forceinline__ void cp_async16(void *dst, const void *src, bool valid) {
+    unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(valid ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit(void) { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void cp_async_wait(void) {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// Sum over the LPK lanes of one stream (a butterfly: every lane gets the sum).
+template <int LPK> __device__ __forceinline__ float stream_sum(float v) {
 #pragma unroll
-        for (int u = 0; u < DEC_UNROLL; u++) {
-            int k = base + u * KPW + sub;
-            if (k < k1) load8(kb + (size_t)k * HD + part * 8, kf[u]);
-            else
+    for (int o = LPK / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// One head vector (8 elements per lane, part = lane's slot in its stream) from the fp32 QKV
+// output: optional RMSNorm over the head (nw: this lane's 8 weights), then rotate-half RoPE
+// with this lane's cos/sin (c, s from rope_table()). The partner of element j < HD/2 is
+// j + HD/2, held by the lane LPK/2 away.
+template <int HD>
+__device__ __forceinline__ void head_norm_rope(float *x, const float *src, bool norm, const float *nw, const float *c,
+                                               const float *s, int part, float eps) {
+    constexpr int LPK = HD / 8;
+    float4 a = *(const float4 *)(src + part * 8), b = *(const float4 *)(src + part * 8 + 4);
+    x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
+    if (norm) {
+        float ss = 0.0f;
 #pragma unroll
-                for (int i = 0; i < 8; i++) kf[u][i] = 0.0f;
-        }
+        for (int i = 0; i < 8; i++) ss += x[i] * x[i];
+        float scale = rsqrtf(stream_sum<LPK>(ss) / (float)HD + eps);
 #pragma unroll
-        for (int u = 0; u < DEC_UNROLL; u++) {
-            int k = base + u * KPW + sub;
-#pragma unroll
-            for (int g = 0; g < G; g++) {
-                float sdot = 0.0f;
-#pragma unroll
-                for (int i = 0; i < 8; i++) sdot = fmaf(qf[g][i], kf[u][i], sdot);
-#pragma unroll
-                for (int o = LPK / 2; o > 0; o >>= 1) sdot += __shfl_xor_sync(0xffffffffu, sdot, o);
-                if (part == 0 && k < k1) sc[g][k - k0] = sdot * scale;
-            }
-        }
+        for (int i = 0; i < 8; i++) x[i] = nw[i] * (x[i] * scale);
     }
-    __syncthreads();
-    // Max and sum per head.
-    int n = k1 - k0;
-    float m[G];
+    bool lo = part < LPK / 2;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        float other = __shfl_xor_sync(0xffffffffu, x[i], LPK / 2);
+        x[i] = lo ? x[i] * c[i] - other * s[i] : x[i] * c[i] + other * s[i];
+    }
+}
+
+// 8 consecutive floats from global memory.
+__device__ __forceinline__ void load8f(float *f, const float *p) {
+    float4 a = *(const float4 *)p, b = *(const float4 *)(p + 4);
+    f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
+}
+
+// Online-softmax state of one stream for the G heads of the group.
+template <int G> struct StreamState {
+    float m[G], l[G], acc[G][8];
+};
+
+// Adds U keys to the state: scores s (log2 domain, -inf = no key) and values vr (8 bf16 a lane;
+// zero where there is no key, so 0 * v stays 0).
+template <int G, int U>
+__device__ __forceinline__ void stream_update(StreamState<G> &st, float (&s)[G][U], const uint4 (&vr)[U]) {
 #pragma unroll
     for (int g = 0; g < G; g++) {
-        m[g] = -INFINITY;
-        for (int i = threadIdx.x; i < n; i += DEC_THREADS) m[g] = fmaxf(m[g], sc[g][i]);
+        float mt = s[g][0];
 #pragma unroll
-        for (int o = 16; o > 0; o >>= 1) m[g] = fmaxf(m[g], __shfl_xor_sync(0xffffffffu, m[g], o));
-        if (lane == 0) red[warp][g] = m[g];
-    }
-    __syncthreads();
-    if (threadIdx.x < G) {
-        float v = red[0][threadIdx.x];
-        for (int w = 1; w < NW; w++) v = fmaxf(v, red[w][threadIdx.x]);
-        mx_s[threadIdx.x] = v;
-    }
-    __syncthreads();
+        for (int u = 1; u < U; u++) mt = fmaxf(mt, s[g][u]);
+        float m_new = fmaxf(st.m[g], mt);
+        if (m_new == -INFINITY) { // nothing seen yet: no weight for these (zero) values
 #pragma unroll
-    for (int g = 0; g < G; g++) {
-        float s = 0.0f;
-        for (int i = threadIdx.x; i < n; i += DEC_THREADS) {
-            float p = __expf(sc[g][i] - mx_s[g]);
-            sc[g][i] = p;
-            s += p;
+            for (int u = 0; u < U; u++) s[g][u] = 0.0f;
+            continue;
         }
+        float corr = exp2f(st.m[g] - m_new); // 0 when m was -inf
+        st.m[g] = m_new;
+        st.l[g] *= corr;
 #pragma unroll
-        for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-        if (lane == 0) red[warp][g] = s;
+        for (int i = 0; i < 8; i++) st.acc[g][i] *= corr;
+#pragma unroll
+        for (int u = 0; u < U; u++) s[g][u] = exp2f(s[g][u] - m_new), st.l[g] += s[g][u];
     }
-    __syncthreads();
-    if (threadIdx.x < G) {
-        float v = 0.0f;
-        for (int w = 0; w < NW; w++) v += red[w][threadIdx.x];
-        sum_s[threadIdx.x] = v;
-    }
-    // Weighted sum of V: each lane owns 8 output dims of every head.
-    float acc[G][8];
 #pragma unroll
-    for (int g = 0; g < G; g++)
-#pragma unroll
-        for (int i = 0; i < 8; i++) acc[g][i] = 0.0f;
-    for (int base = k0 + warp * KPW * DEC_UNROLL; base < k1; base += NW * KPW * DEC_UNROLL) {
-        float vf[DEC_UNROLL][8];
-#pragma unroll
-        for (int u = 0; u < DEC_UNROLL; u++) {
-            int k = base + u * KPW + sub;
-            if (k < k1) load8(vb + (size_t)k * HD + part * 8, vf[u]);
-        }
-#pragma unroll
-        for (int u = 0; u < DEC_UNROLL; u++) {
-            int k = base + u * KPW + sub;
-            if (k >= k1) continue;
-#pragma unroll
-            for (int g = 0; g < G; g++) {
-                float p = sc[g][k - k0];
-#pragma unroll
-                for (int i = 0; i < 8; i++) acc[g][i] = fmaf(p, vf[u][i], acc[g][i]);
-            }
-        }
-    }
-    // Lanes holding the same dims (different keys) are LPK apart: fold them, then the warps.
-#pragma unroll
-    for (int g = 0; g < G; g++)
-#pragma unroll
-        for (int i = 0; i < 8; i++)
-#pragma unroll
-            for (int o = LPK; o < 32; o <<= 1) acc[g][i] += __shfl_xor_sync(0xffffffffu, acc[g][i], o);
-    __syncthreads(); // every warp is done reading probabilities before sc is reused
-    if (sub == 0)
+    for (int u = 0; u < U; u++) {
+        float v[8];
+        bf16x8_to_f32(vr[u], v);
 #pragma unroll
         for (int g = 0; g < G; g++)
 #pragma unroll
-            for (int i = 0; i < 8; i++) acc_s[warp][g][part * 8 + i] = acc[g][i];
-    __syncthreads();
-    for (int e = threadIdx.x; e < G * HD; e += DEC_THREADS) {
-        int g = e / HD, d = e % HD;
-        float v = 0.0f;
-        for (int w = 0; w < NW; w++) v += acc_s[w][g][d];
-        float *o = out_base + ((size_t)(kvh * G + g) * n_splits + split) * (HD + 2);
-        o[d] = v;
-        if (d == 0) {
-            o[HD] = mx_s[g];
-            o[HD + 1] = sum_s[g];
+            for (int i = 0; i < 8; i++) st.acc[g][i] = fmaf(s[g][u], v[i], st.acc[g][i]);
+    }
+}
+
+// Scores of U keys (8 bf16 a lane) for the G heads, reduced over the stream; -inf where k >= k1.
+template <int G, int U, int LPK>
+__device__ __forceinline__ void stream_scores(float (&s)[G][U], const float (&q)[G][8], const uint4 (&kr)[U],
+                                              const bool (&ok)[U]) {
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        float k[8];
+        bf16x8_to_f32(kr[u], k);
+#pragma unroll
+        for (int g = 0; g < G; g++) {
+            float d = 0.0f;
+#pragma unroll
+            for (int i = 0; i < 8; i++) d = fmaf(q[g][i], k[i], d);
+            d = stream_sum<LPK>(d);
+            s[g][u] = ok[u] ? d : -INFINITY;
         }
     }
 }
 
-// One block per query head: merge the splits (each a max m, a sum l and an unnormalized o).
-__global__ void attn_merge_kernel(bf16 *out, const float *partial, int n_splits, int hd) {
-    int h = blockIdx.x, d = threadIdx.x;
+// Registers are capped so that 4 blocks fit on an SM (2 for groups of more than 4 heads, whose
+// state is twice as large): the K/V bytes in flight per SM are what the speed depends on.
+template <int G, int HD>
+__global__ void __launch_bounds__(DEC_THREADS, G <= 4 ? 4 : 2) attn_decode_kernel(bf16 *out, float *partial, unsigned *counters,
+                                                                  const float *qkv, const float *q_norm,
+                                                                  const float *k_norm, const float *rope_cs,
+                                                                  bf16 *k_cache, bf16 *v_cache, const int *d_pos,
+                                                                  int n_kv, int ctx, float eps) {
+    constexpr int LPK = HD / 8;             // lanes per key row
+    constexpr int SPW = 32 / LPK;           // streams per warp
+    constexpr int NS = DEC_WARPS * SPW;     // streams per block
+    constexpr int U = 2;                    // rows per stream per tile
+    constexpr int TILE = NS * U;            // keys per block iteration (8 KB of K and V)
+    // Each thread's K/V chunks land in its own slots of a DEC_STAGES-deep ring (cp.async), so a
+    // thread needs no barrier to read them and DEC_STAGES - 1 tiles are always in flight. The
+    // ring and the streams' outputs are never live together: they share the memory.
+    constexpr int RING = DEC_STAGES * 2 * U * DEC_THREADS * 16, OUTS = NS * G * HD * 4;
+    __shared__ __align__(16) unsigned char smem[RING > OUTS ? RING : OUTS];
+    __shared__ float st_m[NS][G], st_l[NS][G];
+    __shared__ int is_last;
+    uint4(*ring)[2 * U][DEC_THREADS] = (uint4(*)[2 * U][DEC_THREADS])smem; // [stage][K rows, V rows][thread]
+    float(*st_o)[G][HD] = (float(*)[G][HD])smem;
+    float(*w_s)[DEC_MAX_SPLITS] = (float(*)[DEC_MAX_SPLITS])smem; // the merge's split weights
+    int kvh = blockIdx.x, split = blockIdx.y, n_splits = gridDim.y;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, sub = lane / LPK, part = lane % LPK;
+    int stream = warp * SPW + sub;
+    // The position was copied in before the first kernel of the step, and rows < pos of this
+    // layer's cache were written by earlier steps: both may be read before pdl_wait().
+    int pos = *d_pos, n = pos + 1;
+    int S = split_keys(n, n_splits);
+    int k0 = split * S, k1 = min(k0 + S, pos); // cached keys of this split; key pos is new
+    int n_tiles = k0 < k1 ? (k1 - k0 + TILE - 1) / TILE : 0;
+    const bf16 *kb = k_cache + (size_t)kvh * ctx * HD, *vb = v_cache + (size_t)kvh * ctx * HD;
+    // Key of row u of tile t: each warp covers SPW*U consecutive rows.
+    auto key_of = [&](int t, int u) { return k0 + t * TILE + warp * SPW * U + u * SPW + sub; };
+    auto issue = [&](int t) { // tile t into its ring stage; rows past k1 are zero-filled
+        if (t < n_tiles) {
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                int k = key_of(t, u), kc = k < k1 ? k : k0;
+                cp_async16(&ring[t % DEC_STAGES][u][threadIdx.x], (const uint4 *)(kb + (size_t)kc * HD) + part, k < k1);
+                cp_async16(&ring[t % DEC_STAGES][U + u][threadIdx.x], (const uint4 *)(vb + (size_t)kc * HD) + part, k < k1);
+            }
+        }
+        cp_async_commit(); // an empty group past the end keeps the group count uniform
+    };
+    pdl_release(); // the next kernel may start filling SMs as this one's blocks finish
+#pragma unroll
+    for (int t = 0; t < DEC_STAGES - 1; t++) issue(t);
+    float qn[8], kn[8], c[8], sn[8]; // this lane's QK-norm weights (read-only: before the wait)
+    if (q_norm) load8f(qn, q_norm + part * 8), load8f(kn, k_norm + part * 8);
     pdl_wait();
-    pdl_release();
-    const float *base = partial + (size_t)h * n_splits * (hd + 2);
-    float M = -INFINITY;
-    for (int s = 0; s < n_splits; s++) M = fmaxf(M, base[(size_t)s * (hd + 2) + hd]);
-    float L = 0.0f, o = 0.0f;
-    for (int s = 0; s < n_splits; s++) {
-        const float *p = base + (size_t)s * (hd + 2);
-        if (p[hd + 1] == 0.0f) continue; // empty split
-        float w = __expf(p[hd] - M);
-        L += p[hd + 1] * w;
-        o += p[d] * w;
+    int j0 = (part * 8) % (HD / 2); // this lane's 8 RoPE frequencies
+    load8f(c, rope_cs + j0), load8f(sn, rope_cs + HD / 2 + j0);
+
+    const float scale = rsqrtf((float)HD) * LOG2E; // scores in the log2 domain
+    float q[G][8];
+#pragma unroll
+    for (int g = 0; g < G; g++) {
+        int h = kvh * G + g;
+        head_norm_rope<HD>(q[g], qkv + (size_t)h * HD, q_norm != NULL, qn, c, sn, part, eps);
+#pragma unroll
+        for (int i = 0; i < 8; i++) q[g][i] *= scale;
     }
-    out[(size_t)h * hd + d] = __float2bfloat16(o / L);
+    StreamState<G> st;
+#pragma unroll
+    for (int g = 0; g < G; g++) {
+        st.m[g] = -INFINITY, st.l[g] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 8; i++) st.acc[g][i] = 0.0f;
+    }
+    for (int t = 0; t < n_tiles; t++) {
+        issue(t + DEC_STAGES - 1);
+        cp_async_wait<DEC_STAGES - 1>(); // this thread's copies of tile t have landed
+        uint4 kr[U], vr[U];
+        float s[G][U];
+        bool ok[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            kr[u] = ring[t % DEC_STAGES][u][threadIdx.x], vr[u] = ring[t % DEC_STAGES][U + u][threadIdx.x];
+            ok[u] = key_of(t, u) < k1;
+        }
+        stream_scores<G, U, LPK>(s, q, kr, ok);
+        stream_update<G, U>(st, s, vr);
+    }
+    cp_async_wait<0>();
+    __syncthreads(); // the ring's memory becomes the streams' outputs
+    // The new token: the block whose split holds pos normalizes and rotates its key, stores it
+    // and its value in the caches (bf16, as every later step will read them), and scores it.
+    if (k0 <= pos && pos < k0 + S && warp == 0) {
+        float kf[8];
+        head_norm_rope<HD>(kf, qkv + (size_t)(n_kv * G + kvh) * HD, q_norm != NULL, kn, c, sn, part, eps);
+        const float *vsrc = qkv + (size_t)(n_kv * G + n_kv + kvh) * HD + part * 8;
+        float4 a = *(const float4 *)vsrc, b = *(const float4 *)(vsrc + 4);
+        float vv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+        uint4 kq[1] = {f32x8_to_bf16(kf)}, vq[1] = {f32x8_to_bf16(vv)};
+        if (sub == 0) {
+            ((uint4 *)(k_cache + ((size_t)kvh * ctx + pos) * HD))[part] = kq[0];
+            ((uint4 *)(v_cache + ((size_t)kvh * ctx + pos) * HD))[part] = vq[0];
+        }
+        float s[G][1];
+        bool ok[1] = {sub == 0};
+        stream_scores<G, 1, LPK>(s, q, kq, ok);
+        stream_update<G, 1>(st, s, vq);
+    }
+    // Combine the block's streams.
+#pragma unroll
+    for (int g = 0; g < G; g++) {
+        if (part == 0) st_m[stream][g] = st.m[g], st_l[stream][g] = st.l[g];
+#pragma unroll
+        for (int i = 0; i < 8; i++) st_o[stream][g][part * 8 + i] = st.acc[g][i];
+    }
+    __syncthreads();
+    float *pbase = partial + (size_t)kvh * G * n_splits * (HD + 2);
+    for (int e = threadIdx.x; e < G * HD; e += DEC_THREADS) {
+        int g = e / HD, d = e % HD;
+        float M = -INFINITY;
+        for (int s = 0; s < NS; s++) M = fmaxf(M, st_m[s][g]);
+        float L = 0.0f, o = 0.0f;
+        if (M != -INFINITY)
+            for (int s = 0; s < NS; s++) {
+                float w = exp2f(st_m[s][g] - M);
+                L += st_l[s][g] * w;
+                o += st_o[s][g][d] * w;
+            }
+        float *p = pbase + ((size_t)g * n_splits + split) * (HD + 2);
+        p[d] = o;
+        if (d == 0) p[HD] = M, p[HD + 1] = L;
+    }
+    // The last block of this KV head to get here merges every split (threadfence reduction).
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) is_last = atomicAdd(&counters[kvh], 1u) == (unsigned)n_splits - 1;
+    __syncthreads();
+    if (!is_last) return;
+    __threadfence();
+    int used = (n + S - 1) / S;
+    for (int g = warp; g < G; g += DEC_WARPS) { // a warp per head: max, then weights and their sum
+        const float *pg = pbase + (size_t)g * n_splits * (HD + 2);
+        float M = -INFINITY, L = 0.0f;
+        for (int s = lane; s < used; s += 32) M = fmaxf(M, __ldcg(pg + (size_t)s * (HD + 2) + HD));
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+        for (int s = lane; s < used; s += 32) {
+            float m = __ldcg(pg + (size_t)s * (HD + 2) + HD);
+            float w = m == -INFINITY ? 0.0f : exp2f(m - M);
+            w_s[g][s] = w;
+            L += w * __ldcg(pg + (size_t)s * (HD + 2) + HD + 1);
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) L += __shfl_xor_sync(0xffffffffu, L, o);
+        if (lane == 0) st_l[0][g] = 1.0f / L; // the key at pos is always seen, so L > 0
+    }
+    __syncthreads();
+    // Each thread owns OPT outputs and loads MB splits of all of them at once: the merge is on
+    // the critical path, so its L2 round trips are batched.
+    constexpr int OPT = (G * HD + DEC_THREADS - 1) / DEC_THREADS;
+    float o[OPT];
+#pragma unroll
+    for (int k = 0; k < OPT; k++) o[k] = 0.0f;
+    constexpr int MB = 4;
+    for (int s0 = 0; s0 < used; s0 += MB) {
+        float v[OPT][MB];
+#pragma unroll
+        for (int k = 0; k < OPT; k++) {
+            int e = threadIdx.x + k * DEC_THREADS, g = e / HD, d = e % HD;
+            const float *pg = pbase + (size_t)g * n_splits * (HD + 2) + d;
+#pragma unroll
+            for (int j = 0; j < MB; j++) v[k][j] = e < G * HD && s0 + j < used ? __ldcg(pg + (size_t)(s0 + j) * (HD + 2)) : 0.0f;
+        }
+#pragma unroll
+        for (int k = 0; k < OPT; k++) {
+            int e = threadIdx.x + k * DEC_THREADS, g = e < G * HD ? e / HD : 0;
+#pragma unroll
+            for (int j = 0; j < MB; j++) o[k] = fmaf(s0 + j < used ? w_s[g][s0 + j] : 0.0f, v[k][j], o[k]);
+        }
+    }
+#pragma unroll
+    for (int k = 0; k < OPT; k++) {
+        int e = threadIdx.x + k * DEC_THREADS, g = e / HD, d = e % HD;
+        if (e < G * HD) out[(size_t)(kvh * G + g) * HD + d] = __float2bfloat16(o[k] * st_l[0][g]);
+    }
+    if (threadIdx.x == 0) counters[kvh] = 0; // ready for the next step
 }
 
-extern "C" cudaError_t attn_decode(bf16 *out, const bf16 *q, const bf16 *k_cache, const bf16 *v_cache, const int *d_pos,
-                                   int n_heads, int n_kv, int hd, int ctx, float *partial, cudaStream_t st) {
-    int G = n_heads / n_kv, S = split_len(ctx, n_kv), n_splits = (ctx + S - 1) / S;
-    float scale = rsqrtf((float)hd);
-    dim3 grid(n_kv, n_splits);
-#define CASE(g, d)                                                                                               \
-    if (G == g && hd == d) {                                                                                     \
-        CU_TRY(launch_pdl(attn_split_kernel<g, d>, grid, DEC_THREADS, 0, st, partial, q, k_cache, v_cache, d_pos, ctx, S,   \
-                          n_splits, scale));                                                                      \
-    } else
+template <int G, int HD>
+static cudaError_t launch_decode(bf16 *out, const float *qkv, const float *q_norm, const float *k_norm,
+                                 const float *rope_cs, bf16 *k_cache, bf16 *v_cache, const int *d_pos, int n_kv, int ctx,
+                                 float eps, float *partial, unsigned *counters, cudaStream_t st) {
+    int per_sm = 0;
+    CU_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, attn_decode_kernel<G, HD>, DEC_THREADS, 0));
+    per_sm = per_sm < 1 ? 1 : per_sm > DEC_MAX_BLOCKS_PER_SM ? DEC_MAX_BLOCKS_PER_SM : per_sm;
+    dim3 grid(n_kv, n_splits_for(n_kv, ctx, per_sm));
+    return launch_pdl(attn_decode_kernel<G, HD>, grid, DEC_THREADS, 0, st, out, partial, counters, qkv, q_norm, k_norm,
+                      rope_cs, k_cache, v_cache, d_pos, n_kv, ctx, eps);
+}
+
+extern "C" cudaError_t attn_decode(bf16 *out, const float *qkv, const float *q_norm, const float *k_norm,
+                                   const float *rope_cs, bf16 *k_cache, bf16 *v_cache, const int *d_pos, int n_heads,
+                                   int n_kv, int hd, int ctx, float eps, float *partial, unsigned *counters,
+                                   cudaStream_t st) {
+    int G = n_heads / n_kv;
+#define CASE(g, d)                                                                                              \
+    if (G == g && hd == d)                                                                                      \
+        return launch_decode<g, d>(out, qkv, q_norm, k_norm, rope_cs, k_cache, v_cache, d_pos, n_kv, ctx, eps, partial, \
+                                   counters, st);
 #define CASES(g) CASE(g, 16) CASE(g, 32) CASE(g, 64) CASE(g, 128) CASE(g, 256)
-    CASES(1) CASES(2) CASES(3) CASES(4) CASES(5) CASES(6) CASES(7) CASES(8) return cudaErrorInvalidValue;
+    CASES(1) CASES(2) CASES(3) CASES(4) CASES(5) CASES(6) CASES(7) CASES(8)
 #undef CASES
 #undef CASE
-    return launch_pdl(attn_merge_kernel, n_heads, hd, 0, st, out, partial, n_splits, hd);
+    return cudaErrorInvalidValue;
 }
 
 // ---- simple exact causal attention (reference and fallback for prefill) ----

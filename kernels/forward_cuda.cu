@@ -46,6 +46,7 @@ struct GpuState {
     bf16 *head;         // (vocab, dim); == embd when tied
     float *out_norm;    // (dim)
     float *inv_freq;    // (hd / 2)
+    float *rope_cs;     // (hd): cos, sin at the decode step's position
     GpuLayer *layers;   // host array of device pointers
     size_t weight_bytes;
     // KV cache: (n_layers, n_kv, ctx, hd) bf16
@@ -59,11 +60,13 @@ struct GpuState {
     bf16 *hb;           // (chunk, hidden) SwiGLU output
     float *logits;      // (logit_rows, vocab)
     float *partial;     // flash-decoding scratch
+    unsigned *counters; // (n_kv) decode attention's split counters, zero between steps
     int *d_tokens;      // (chunk)
     int *d_pos;         // (1)
     int *h_tokens;      // pinned (chunk)
     int *h_pos;         // pinned (1)
     float *h_logits;    // pinned (chunk, vocab)
+    int skip;           // PKV_DECODE_SKIP: decode stages left out, for timing breakdowns only
     cudaGraphExec_t decode_graph;
     int graph_ready;
 };
@@ -82,11 +85,11 @@ static void gpu_free(GpuState *g) {
         free(g->layers);
     }
     if (g->head != g->embd) cudaFree(g->head);
-    cudaFree(g->embd), cudaFree(g->out_norm), cudaFree(g->inv_freq);
+    cudaFree(g->embd), cudaFree(g->out_norm), cudaFree(g->inv_freq), cudaFree(g->rope_cs);
     cudaFree(g->kcache), cudaFree(g->vcache);
     cudaFree(g->x), cudaFree(g->xb), cudaFree(g->proj), cudaFree(g->q), cudaFree(g->att), cudaFree(g->hb);
     cudaFree(g->logits);
-    cudaFree(g->partial), cudaFree(g->d_tokens), cudaFree(g->d_pos);
+    cudaFree(g->partial), cudaFree(g->counters), cudaFree(g->d_tokens), cudaFree(g->d_pos);
     cudaFreeHost(g->h_tokens), cudaFreeHost(g->h_pos), cudaFreeHost(g->h_logits);
     if (g->blas) cublasDestroy(g->blas);
     if (g->st) cudaStreamDestroy(g->st);
@@ -112,7 +115,7 @@ static size_t activation_bytes(const Config *c, int ctx, int chunk, int logit_ro
     size_t proj = q + 2 * kv > 2 * h ? q + 2 * kv : 2 * h;
     size_t T = chunk;
     return T * (dim * 4 + wide * 2 + proj * 4 + 2 * q * 2 + h * 2 + 4) + (size_t)logit_rows * c->vocab_size * 4 +
-           attn_decode_scratch_floats(c->n_heads, hd, ctx) * 4 + (1 << 20);
+           attn_decode_scratch_floats(c->n_heads, c->n_kv_heads, hd, ctx) * 4 + (1 << 20);
 }
 
 // ---- weight upload ----
@@ -249,6 +252,8 @@ extern "C" void *gpu_create(const Model *m, int ctx, int chunk, int all_logits, 
     g->chunk = chunk;
     g->logit_rows = logit_rows;
     g->weight_bytes = need_w;
+    const char *skip = getenv("PKV_DECODE_SKIP");
+    g->skip = skip ? atoi(skip) : 0;
     size_t hd = c->head_dim, dim = c->dim, q = c->n_heads * hd, kv = c->n_kv_heads * hd, h = c->hidden_dim;
     size_t wide = dim > q ? dim : q;
     wide = wide > h ? wide : h;
@@ -271,9 +276,12 @@ extern "C" void *gpu_create(const Model *m, int ctx, int chunk, int all_logits, 
     ALLOC(g->att, T * q * 2);
     ALLOC(g->hb, T * h * 2);
     ALLOC(g->logits, (size_t)logit_rows * c->vocab_size * 4);
-    ALLOC(g->partial, attn_decode_scratch_floats(c->n_heads, hd, ctx) * 4);
+    ALLOC(g->partial, attn_decode_scratch_floats(c->n_heads, c->n_kv_heads, hd, ctx) * 4);
+    ALLOC(g->counters, c->n_kv_heads * sizeof(unsigned));
+    if (e == cudaSuccess) e = cudaMemset(g->counters, 0, c->n_kv_heads * sizeof(unsigned));
     ALLOC(g->d_tokens, T * 4);
     ALLOC(g->d_pos, 4);
+    ALLOC(g->rope_cs, hd * 4);
 #undef ALLOC
     if (e == cudaSuccess) e = cudaMallocHost((void **)&g->h_tokens, T * 4);
     if (e == cudaSuccess) e = cudaMallocHost((void **)&g->h_pos, 4);
@@ -299,37 +307,60 @@ static cudaError_t gemm(GpuState *g, float *y, const bf16 *x, const bf16 *W, int
     return s == CUBLAS_STATUS_SUCCESS ? cudaSuccess : cudaErrorUnknown;
 }
 
-// Enqueues one forward pass for T tokens (already in d_tokens, position in d_pos / pos).
+// One decode step (T = 1): seven kernels a layer. The first RMSNorm rides on the embedding,
+// each later one follows its residual GEMV (a single block whose loads are all in flight at
+// once: measured faster than folding it into the GEMV's last block), and the QKV
+// post-processing rides on the attention kernel. PKV_DECODE_SKIP=1 leaves the attention out
+// (timing breakdowns only).
+static cudaError_t enqueue_decode(GpuState *g) {
+    const Config *c = &g->c;
+    int hd = c->head_dim, dim = c->dim, hidden = c->hidden_dim, nh = c->n_heads, nkv = c->n_kv_heads;
+    int q_dim = nh * hd, kv_dim = nkv * hd;
+    size_t layer_kv = (size_t)nkv * g->ctx * hd;
+    cudaStream_t st = g->st;
+    CU_TRY(embed_norm(g->x, g->xb, g->embd, g->d_tokens, g->layers[0].attn_norm, dim, c->norm_eps, st));
+    CU_TRY(rope_table(g->rope_cs, g->inv_freq, g->d_pos, hd / 2, st));
+    for (uint32_t l = 0; l < c->n_layers; l++) {
+        GpuLayer *w = &g->layers[l];
+        bf16 *kc = g->kcache + l * layer_kv, *vc = g->vcache + l * layer_kv;
+        const float *next_norm = l + 1 < c->n_layers ? g->layers[l + 1].attn_norm : g->out_norm;
+        CU_TRY(gemv_bf16(g->proj, w->wqkv, g->xb, dim, q_dim + 2 * kv_dim, GEMV_STORE, st));
+        if (!(g->skip & 1))
+            CU_TRY(attn_decode(g->att, g->proj, w->q_norm, w->k_norm, g->rope_cs, kc, vc, g->d_pos, nh, nkv, hd, g->ctx,
+                               c->norm_eps, g->partial, g->counters, st));
+        CU_TRY(gemv_bf16(g->x, w->wo, g->att, q_dim, dim, GEMV_ADD, st));
+        CU_TRY(rmsnorm_bf16(g->xb, g->x, w->ffn_norm, 1, dim, c->norm_eps, st));
+        CU_TRY(gemv_bf16(g->hb, w->wgu, g->xb, dim, 2 * hidden, GEMV_SWIGLU, st));
+        CU_TRY(gemv_bf16(g->x, w->wdown, g->hb, hidden, dim, GEMV_ADD, st));
+        CU_TRY(rmsnorm_bf16(g->xb, g->x, next_norm, 1, dim, c->norm_eps, st));
+    }
+    CU_TRY(gemv_bf16(g->logits, g->head, g->xb, dim, c->vocab_size, GEMV_STORE, st));
+    return cudaMemcpyAsync(g->h_logits, g->logits, (size_t)c->vocab_size * 4, cudaMemcpyDeviceToHost, st);
+}
+
+// Enqueues one forward pass for T tokens (already in d_tokens, position in d_pos / pos): a
+// prefill chunk (cuBLAS GEMMs, tiled causal attention).
 static cudaError_t enqueue_forward(GpuState *g, int T, int pos, int all_logits) {
     const Config *c = &g->c;
     int hd = c->head_dim, dim = c->dim, hidden = c->hidden_dim, nh = c->n_heads, nkv = c->n_kv_heads;
     int q_dim = nh * hd, kv_dim = nkv * hd;
     size_t layer_kv = (size_t)nkv * g->ctx * hd;
     cudaStream_t st = g->st;
-    int decode = T == 1;
     CU_TRY(embed_rows(g->x, g->embd, g->d_tokens, T, dim, st));
     for (uint32_t l = 0; l < c->n_layers; l++) {
         GpuLayer *w = &g->layers[l];
         bf16 *kc = g->kcache + l * layer_kv, *vc = g->vcache + l * layer_kv;
         CU_TRY(rmsnorm_bf16(g->xb, g->x, w->attn_norm, T, dim, c->norm_eps, st));
-        if (decode) CU_TRY(gemv_bf16(g->proj, w->wqkv, g->xb, dim, q_dim + 2 * kv_dim, GEMV_STORE, st));
-        else CU_TRY(gemm(g, g->proj, g->xb, w->wqkv, T, dim, q_dim + 2 * kv_dim, 0));
+        CU_TRY(gemm(g, g->proj, g->xb, w->wqkv, T, dim, q_dim + 2 * kv_dim, 0));
         CU_TRY(qkv_rope_store(g->q, kc, vc, g->proj, w->q_norm, w->k_norm, g->inv_freq, g->d_pos, T, nh, nkv, hd, g->ctx,
                               c->norm_eps, st));
-        if (decode) CU_TRY(attn_decode(g->att, g->q, kc, vc, g->d_pos, nh, nkv, hd, g->ctx, g->partial, st));
-        else if (hd == 64 || hd == 128) CU_TRY(flash_prefill(g->att, g->q, kc, vc, pos, T, nh, nkv, hd, g->ctx, st));
+        if (hd == 64 || hd == 128) CU_TRY(flash_prefill(g->att, g->q, kc, vc, pos, T, nh, nkv, hd, g->ctx, st));
         else CU_TRY(attn_prefill_simple(g->att, g->q, kc, vc, pos, T, nh, nkv, hd, g->ctx, st)); // other head sizes
-        if (decode) CU_TRY(gemv_bf16(g->x, w->wo, g->att, q_dim, dim, GEMV_ADD, st));
-        else CU_TRY(gemm(g, g->x, g->att, w->wo, T, q_dim, dim, 1));
+        CU_TRY(gemm(g, g->x, g->att, w->wo, T, q_dim, dim, 1));
         CU_TRY(rmsnorm_bf16(g->xb, g->x, w->ffn_norm, T, dim, c->norm_eps, st));
-        if (decode) {
-            CU_TRY(gemv_bf16(g->hb, w->wgu, g->xb, dim, 2 * hidden, GEMV_SWIGLU, st));
-            CU_TRY(gemv_bf16(g->x, w->wdown, g->hb, hidden, dim, GEMV_ADD, st));
-        } else {
-            CU_TRY(gemm(g, g->proj, g->xb, w->wgu, T, dim, 2 * hidden, 0));
-            CU_TRY(swiglu_pairs(g->hb, g->proj, T, hidden, st));
-            CU_TRY(gemm(g, g->x, g->hb, w->wdown, T, hidden, dim, 1));
-        }
+        CU_TRY(gemm(g, g->proj, g->xb, w->wgu, T, dim, 2 * hidden, 0));
+        CU_TRY(swiglu_pairs(g->hb, g->proj, T, hidden, st));
+        CU_TRY(gemm(g, g->x, g->hb, w->wdown, T, hidden, dim, 1));
     }
     int first = all_logits ? 0 : T - 1, n = T - first;
     CU_TRY(rmsnorm_bf16(g->xb, g->x + (size_t)first * dim, g->out_norm, n, dim, c->norm_eps, st));
@@ -346,7 +377,7 @@ static cudaError_t decode_step(GpuState *g) {
         CU_TRY(cudaStreamBeginCapture(g->st, cudaStreamCaptureModeThreadLocal));
         cudaError_t e = cudaMemcpyAsync(g->d_tokens, g->h_tokens, 4, cudaMemcpyHostToDevice, g->st);
         if (e == cudaSuccess) e = cudaMemcpyAsync(g->d_pos, g->h_pos, 4, cudaMemcpyHostToDevice, g->st);
-        if (e == cudaSuccess) e = enqueue_forward(g, 1, 0, 0);
+        if (e == cudaSuccess) e = enqueue_decode(g);
         cudaError_t e2 = cudaStreamEndCapture(g->st, &graph);
         CU_TRY(e);
         CU_TRY(e2);

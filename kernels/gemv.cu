@@ -78,8 +78,11 @@ __global__ void __launch_bounds__(ROW_WARPS * 32) gemv_row_kernel(void *y, const
     const uint4 *w[R];
 #pragma unroll
     for (int r = 0; r < R; r++) w[r] = (const uint4 *)(W + (size_t)(active ? unit * R + r : 0) * n);
-    // The first batch of weights is requested before waiting on the previous kernel: weights
-    // are read-only, and their loads then overlap that kernel's tail.
+    // The next kernel may launch as soon as every block of this one has started (it waits for
+    // this one to finish before reading its output). The first batch of weights is requested
+    // before waiting on the previous kernel: weights are read-only, and their loads then
+    // overlap that kernel's tail.
+    pdl_release();
     uint4 wv[R][ROW_UNROLL];
 #pragma unroll
     for (int u = 0; u < ROW_UNROLL; u++) {
@@ -88,37 +91,37 @@ __global__ void __launch_bounds__(ROW_WARPS * 32) gemv_row_kernel(void *y, const
         for (int r = 0; r < R; r++) wv[r][u] = active && c < chunks ? __ldcs(w[r] + c) : make_uint4(0, 0, 0, 0);
     }
     pdl_wait();
-    pdl_release();
-    if (!active) return;
-    float s[R];
+    if (active) {
+        float s[R];
 #pragma unroll
-    for (int r = 0; r < R; r++) s[r] = 0.0f;
-    for (int c0 = 0;;) {
-        uint4 xx[ROW_UNROLL];
+        for (int r = 0; r < R; r++) s[r] = 0.0f;
+        for (int c0 = 0;;) {
+            uint4 xx[ROW_UNROLL];
 #pragma unroll
-        for (int u = 0; u < ROW_UNROLL; u++) {
-            int c = c0 + u * 32 + lane;
-            xx[u] = c < chunks ? __ldg(xv + c) : make_uint4(0, 0, 0, 0);
+            for (int u = 0; u < ROW_UNROLL; u++) {
+                int c = c0 + u * 32 + lane;
+                xx[u] = c < chunks ? __ldg(xv + c) : make_uint4(0, 0, 0, 0);
+            }
+#pragma unroll
+            for (int u = 0; u < ROW_UNROLL; u++)
+#pragma unroll
+                for (int r = 0; r < R; r++) s[r] += dot8(wv[r][u], xx[u]);
+            c0 += 32 * ROW_UNROLL;
+            if (c0 >= chunks) break;
+#pragma unroll
+            for (int u = 0; u < ROW_UNROLL; u++) {
+                int c = c0 + u * 32 + lane;
+#pragma unroll
+                for (int r = 0; r < R; r++) wv[r][u] = c < chunks ? __ldcs(w[r] + c) : make_uint4(0, 0, 0, 0);
+            }
         }
 #pragma unroll
-        for (int u = 0; u < ROW_UNROLL; u++)
-#pragma unroll
-            for (int r = 0; r < R; r++) s[r] += dot8(wv[r][u], xx[u]);
-        c0 += 32 * ROW_UNROLL;
-        if (c0 >= chunks) break;
-#pragma unroll
-        for (int u = 0; u < ROW_UNROLL; u++) {
-            int c = c0 + u * 32 + lane;
-#pragma unroll
-            for (int r = 0; r < R; r++) wv[r][u] = c < chunks ? __ldcs(w[r] + c) : make_uint4(0, 0, 0, 0);
+        for (int r = 0; r < R; r++) s[r] = warp_sum(s[r]);
+        if (lane == 0) {
+            if (EPI == GEMV_SWIGLU) ((bf16 *)y)[unit] = __float2bfloat16(s[0] / (1.0f + __expf(-s[0])) * s[R - 1]);
+            else if (EPI == GEMV_STORE) ((float *)y)[unit] = s[0];
+            else ((float *)y)[unit] += s[0];
         }
-    }
-#pragma unroll
-    for (int r = 0; r < R; r++) s[r] = warp_sum(s[r]);
-    if (lane == 0) {
-        if (EPI == GEMV_SWIGLU) ((bf16 *)y)[unit] = __float2bfloat16(s[0] / (1.0f + __expf(-s[0])) * s[R - 1]);
-        else if (EPI == GEMV_ADD) ((float *)y)[unit] += s[0];
-        else ((float *)y)[unit] = s[0];
     }
 }
 

@@ -26,6 +26,10 @@ cudaError_t gemv_bf16(void *y, const bf16 *W, const bf16 *x, int n, int d, int e
 cudaError_t gemv_bf16_staged(void *y, const bf16 *W, const bf16 *x, int n, int d, int epilogue, cudaStream_t st);
 cudaError_t gemv_bf16_rowwarp(void *y, const bf16 *W, const bf16 *x, int n, int d, int epilogue, cudaStream_t st);
 
+// Decode: x (dim) fp32 = row of E for *token; xn (dim) bf16 = norm_w * x / rms(x).
+cudaError_t embed_norm(float *x, bf16 *xn, const bf16 *E, const int *token, const float *norm_w, int dim, float eps,
+                       cudaStream_t st);
+
 // out (T, n) bf16 = x (T, n) fp32 / rms * w
 cudaError_t rmsnorm_bf16(bf16 *out, const float *x, const float *w, int T, int n, float eps, cudaStream_t st);
 
@@ -40,15 +44,22 @@ cudaError_t qkv_rope_store(bf16 *q_out, bf16 *k_cache, bf16 *v_cache, const floa
                            const float *k_norm, const float *inv_freq, const int *d_pos, int T, int n_heads,
                            int n_kv, int hd, int ctx, float eps, cudaStream_t st);
 
+// cs (2 half) fp32 = cos, then sin, of *d_pos * inv_freq[j], j < half: RoPE for a decode step.
+cudaError_t rope_table(float *cs, const float *inv_freq, const int *d_pos, int half, cudaStream_t st);
+
 // h (T, hidden) bf16 = silu(gu[:, 2i]) * gu[:, 2i+1], gu (T, 2 hidden) fp32
 cudaError_t swiglu_pairs(bf16 *h, const float *gu, int T, int hidden, cudaStream_t st);
 
-// Flash decoding: one query token at position *d_pos attends to cache positions 0 .. *d_pos.
-// q (n_heads, hd) bf16, caches (n_kv, ctx, hd) bf16, out (n_heads, hd) bf16. partial: scratch of
-// attn_decode_scratch_floats() floats. The split count is fixed by ctx, so graphs stay valid.
-size_t attn_decode_scratch_floats(int n_heads, int hd, int ctx);
-cudaError_t attn_decode(bf16 *out, const bf16 *q, const bf16 *k_cache, const bf16 *v_cache, const int *d_pos,
-                        int n_heads, int n_kv, int hd, int ctx, float *partial, cudaStream_t st);
+// Decode attention for one token at position *d_pos, fused with the QKV post-processing:
+// qkv ((n_heads + 2 n_kv) * hd) fp32 is the QKV projection's output; q and the new key get the
+// optional per-head RMSNorm (q_norm, k_norm) and RoPE (rope_cs from rope_table()), the new K/V row is stored in the caches
+// (n_kv, ctx, hd) bf16 at *d_pos, and out (n_heads, hd) bf16 = attention over 0 .. *d_pos.
+// partial: attn_decode_scratch_floats() floats; counters: n_kv zeroed unsigned ints (the kernel
+// leaves them zeroed). The grid depends only on the device and ctx, so graphs stay valid.
+size_t attn_decode_scratch_floats(int n_heads, int n_kv, int hd, int ctx);
+cudaError_t attn_decode(bf16 *out, const float *qkv, const float *q_norm, const float *k_norm, const float *rope_cs,
+                        bf16 *k_cache, bf16 *v_cache, const int *d_pos, int n_heads, int n_kv, int hd, int ctx,
+                        float eps, float *partial, unsigned *counters, cudaStream_t st);
 
 // Simple exact causal attention for T queries at positions pos0..: one block per (query, head).
 // The reference the tiled prefill kernel is checked against, and a fallback.

@@ -16,28 +16,76 @@ __device__ __forceinline__ float block_sum(float v, float *red) {
     return s;
 }
 
-__global__ void rmsnorm_kernel(bf16 *out, const float *x, const float *w, int n, float eps) {
+// One block per row. Every load a thread needs is issued before any is used (NORM_K values a
+// thread, fully unrolled): a decode step runs this on the critical path, where a loop of
+// dependent L2 round trips would cost several microseconds. Rows longer than NORM_K *
+// blockDim take the loop below.
+#define NORM_K 8
+#define NORM_THREADS 1024
+__global__ void __launch_bounds__(NORM_THREADS) rmsnorm_kernel(bf16 *out, const float *x, const float *w, int n, float eps) {
     __shared__ float red[32];
-    pdl_wait();
-    pdl_release();
+    pdl_release(); // the next GEMV may launch and fetch its first weights while this runs
     const float *xr = x + (size_t)blockIdx.x * n;
-    float ss = 0.0f;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) ss += xr[i] * xr[i];
-    float scale = rsqrtf(block_sum(ss, red) / (float)n + eps);
     bf16 *o = out + (size_t)blockIdx.x * n;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) o[i] = __float2bfloat16(w[i] * (xr[i] * scale));
+    int tid = threadIdx.x, nt = blockDim.x;
+    if (n <= NORM_K * nt) {
+        float wv[NORM_K], xv[NORM_K];
+#pragma unroll
+        for (int k = 0; k < NORM_K; k++) wv[k] = tid + k * nt < n ? w[tid + k * nt] : 0.0f; // weights: before the wait
+        pdl_wait();
+        float ss = 0.0f;
+#pragma unroll
+        for (int k = 0; k < NORM_K; k++) xv[k] = tid + k * nt < n ? xr[tid + k * nt] : 0.0f;
+#pragma unroll
+        for (int k = 0; k < NORM_K; k++) ss += xv[k] * xv[k];
+        float scale = rsqrtf(block_sum(ss, red) / (float)n + eps);
+#pragma unroll
+        for (int k = 0; k < NORM_K; k++)
+            if (tid + k * nt < n) o[tid + k * nt] = __float2bfloat16(wv[k] * (xv[k] * scale));
+        return;
+    }
+    pdl_wait();
+    float ss = 0.0f;
+    for (int i = tid; i < n; i += nt) ss += xr[i] * xr[i];
+    float scale = rsqrtf(block_sum(ss, red) / (float)n + eps);
+    for (int i = tid; i < n; i += nt) o[i] = __float2bfloat16(w[i] * (xr[i] * scale));
 }
 
 extern "C" cudaError_t rmsnorm_bf16(bf16 *out, const float *x, const float *w, int T, int n, float eps, cudaStream_t st) {
-    return launch_pdl(rmsnorm_kernel, T, 256, 0, st, out, x, w, n, eps);
+    return launch_pdl(rmsnorm_kernel, T, NORM_THREADS, 0, st, out, x, w, n, eps);
 }
 
 __global__ void embed_kernel(float *x, const bf16 *E, const int *tokens, int dim) {
-    pdl_wait();
     pdl_release();
+    pdl_wait();
     const bf16 *r = E + (size_t)tokens[blockIdx.x] * dim;
     float *o = x + (size_t)blockIdx.x * dim;
     for (int i = threadIdx.x; i < dim; i += blockDim.x) o[i] = __bfloat162float(r[i]);
+}
+
+__global__ void __launch_bounds__(NORM_THREADS) embed_norm_kernel(float *x, bf16 *xn, const bf16 *E, const int *token,
+                                                                 const float *w, int dim, float eps) {
+    __shared__ float red[32];
+    pdl_release();
+    pdl_wait();
+    const bf16 *r = E + (size_t)*token * dim;
+    int tid = threadIdx.x, nt = blockDim.x;
+    float ss = 0.0f;
+    for (int i0 = 0; i0 < dim; i0 += NORM_K * nt) { // NORM_K independent loads, then their use
+        float v[NORM_K];
+#pragma unroll
+        for (int k = 0; k < NORM_K; k++) v[k] = i0 + tid + k * nt < dim ? __bfloat162float(r[i0 + tid + k * nt]) : 0.0f;
+#pragma unroll
+        for (int k = 0; k < NORM_K; k++)
+            if (i0 + tid + k * nt < dim) x[i0 + tid + k * nt] = v[k], ss += v[k] * v[k];
+    }
+    float scale = rsqrtf(block_sum(ss, red) / (float)dim + eps);
+    for (int i = tid; i < dim; i += nt) xn[i] = __float2bfloat16(w[i] * (x[i] * scale));
+}
+
+extern "C" cudaError_t embed_norm(float *x, bf16 *xn, const bf16 *E, const int *token, const float *norm_w, int dim,
+                                  float eps, cudaStream_t st) {
+    return launch_pdl(embed_norm_kernel, 1, NORM_THREADS, 0, st, x, xn, E, token, norm_w, dim, eps);
 }
 
 extern "C" cudaError_t embed_rows(float *x, const bf16 *E, const int *tokens, int T, int dim, cudaStream_t st) {
@@ -86,6 +134,18 @@ extern "C" cudaError_t qkv_rope_store(bf16 *q_out, bf16 *k_cache, bf16 *v_cache,
     dim3 grid(T, n_heads + 2 * n_kv);
     return launch_pdl(qkv_rope_store_kernel, grid, hd, hd * sizeof(float), st, q_out, k_cache, v_cache, qkv, q_norm,
                       k_norm, inv_freq, d_pos, n_heads, n_kv, hd, ctx, eps);
+}
+
+// cos and sin of pos * inv_freq[j] for the decode step's position (the same for every layer).
+__global__ void rope_table_kernel(float *cs, const float *inv_freq, const int *d_pos, int half) {
+    pdl_release();
+    pdl_wait();
+    int j = threadIdx.x;
+    if (j < half) sincosf((float)*d_pos * inv_freq[j], &cs[half + j], &cs[j]);
+}
+
+extern "C" cudaError_t rope_table(float *cs, const float *inv_freq, const int *d_pos, int half, cudaStream_t st) {
+    return launch_pdl(rope_table_kernel, 1, half < 32 ? 32 : half, 0, st, cs, inv_freq, d_pos, half);
 }
 
 __global__ void swiglu_kernel(bf16 *h, const float *gu, size_t n) {
