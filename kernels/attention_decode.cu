@@ -17,8 +17,11 @@
 #define DEC_THREADS 128
 #define DEC_WARPS (DEC_THREADS / 32)
 #define DEC_MAX_BLOCKS_PER_SM 8
-#define DEC_MIN_SPLIT 128
-#define DEC_STAGES 4 // tiles of K/V in each block's ring: 3 in flight while one is used
+#define DEC_MIN_SPLIT 128 // measured best of 64 / 128 / 256 at 4K keys
+#define DEC_STAGES 4 // tiles of K/V in each block's ring: 3 in flight while one is used (measured: a ring of
+                     // 8 costs a block per SM, and 3 blocks an SM of 8 stages are slower than 4 of 4)
+// Shared memory of the kernel: the ring, which the streams' outputs later reuse.
+#define DEC_SMEM (DEC_STAGES * 4 * DEC_THREADS * 16)
 #define DEC_MAX_SPLITS 1024 // G * DEC_MAX_SPLITS floats fit in st_o (NS * HD = 1024 for every HD)
 #define LOG2E 1.4426950408889634f
 
@@ -44,10 +47,10 @@ extern "C" size_t attn_decode_scratch_floats(int n_heads, int n_kv, int hd, int 
 // Keys per split for n keys: a multiple of 32, so the splits in use are all full but the last,
 // and at least DEC_MIN_SPLIT, so that a split's fixed costs (its query, its share of the merge)
 // stay small against its reads at short contexts.
-__device__ __forceinline__ int split_keys(int n, int n_splits) {
+__device__ __forceinline__ int split_keys(int n, int n_splits, int min_split) {
     int s = (n + n_splits - 1) / n_splits;
     s = (s + 31) & ~31;
-    return s > DEC_MIN_SPLIT ? s : DEC_MIN_SPLIT;
+    return s > min_split ? s : min_split;
 }
 
 __device__ __forceinline__ void bf16x8_to_f32(uint4 u, float *f) {
@@ -180,7 +183,7 @@ __global__ void __launch_bounds__(DEC_THREADS, G <= 4 ? 4 : 2) attn_decode_kerne
                                                                   const float *qkv, const float *q_norm,
                                                                   const float *k_norm, const float *rope_cs,
                                                                   bf16 *k_cache, bf16 *v_cache, const int *d_pos,
-                                                                  int n_kv, int ctx, float eps) {
+                                                                  int n_kv, int ctx, float eps, int min_split) {
     constexpr int LPK = HD / 8;             // lanes per key row
     constexpr int SPW = 32 / LPK;           // streams per warp
     constexpr int NS = DEC_WARPS * SPW;     // streams per block
@@ -189,8 +192,8 @@ __global__ void __launch_bounds__(DEC_THREADS, G <= 4 ? 4 : 2) attn_decode_kerne
     // Each thread's K/V chunks land in its own slots of a DEC_STAGES-deep ring (cp.async), so a
     // thread needs no barrier to read them and DEC_STAGES - 1 tiles are always in flight. The
     // ring and the streams' outputs are never live together: they share the memory.
-    constexpr int RING = DEC_STAGES * 2 * U * DEC_THREADS * 16, OUTS = NS * G * HD * 4;
-    __shared__ __align__(16) unsigned char smem[RING > OUTS ? RING : OUTS];
+    static_assert(DEC_STAGES * 2 * U * DEC_THREADS * 16 <= DEC_SMEM && NS * G * HD * 4 <= DEC_SMEM, "DEC_SMEM");
+    __shared__ __align__(16) unsigned char smem[DEC_SMEM];
     __shared__ float st_m[NS][G], st_l[NS][G];
     __shared__ int is_last;
     uint4(*ring)[2 * U][DEC_THREADS] = (uint4(*)[2 * U][DEC_THREADS])smem; // [stage][K rows, V rows][thread]
@@ -202,7 +205,7 @@ __global__ void __launch_bounds__(DEC_THREADS, G <= 4 ? 4 : 2) attn_decode_kerne
     // The position was copied in before the first kernel of the step, and rows < pos of this
     // layer's cache were written by earlier steps: both may be read before pdl_wait().
     int pos = *d_pos, n = pos + 1;
-    int S = split_keys(n, n_splits);
+    int S = split_keys(n, n_splits, min_split);
     int k0 = split * S, k1 = min(k0 + S, pos); // cached keys of this split; key pos is new
     int n_tiles = k0 < k1 ? (k1 - k0 + TILE - 1) / TILE : 0;
     const bf16 *kb = k_cache + (size_t)kvh * ctx * HD, *vb = v_cache + (size_t)kvh * ctx * HD;
@@ -333,7 +336,7 @@ __global__ void __launch_bounds__(DEC_THREADS, G <= 4 ? 4 : 2) attn_decode_kerne
     float o[OPT];
 #pragma unroll
     for (int k = 0; k < OPT; k++) o[k] = 0.0f;
-    constexpr int MB = 4;
+    constexpr int MB = 8;
     for (int s0 = 0; s0 < used; s0 += MB) {
         float v[OPT][MB];
 #pragma unroll
@@ -367,7 +370,7 @@ static cudaError_t launch_decode(bf16 *out, const float *qkv, const float *q_nor
     per_sm = per_sm < 1 ? 1 : per_sm > DEC_MAX_BLOCKS_PER_SM ? DEC_MAX_BLOCKS_PER_SM : per_sm;
     dim3 grid(n_kv, n_splits_for(n_kv, ctx, per_sm));
     return launch_pdl(attn_decode_kernel<G, HD>, grid, DEC_THREADS, 0, st, out, partial, counters, qkv, q_norm, k_norm,
-                      rope_cs, k_cache, v_cache, d_pos, n_kv, ctx, eps);
+                      rope_cs, k_cache, v_cache, d_pos, n_kv, ctx, eps, DEC_MIN_SPLIT);
 }
 
 extern "C" cudaError_t attn_decode(bf16 *out, const float *qkv, const float *q_norm, const float *k_norm,

@@ -26,12 +26,12 @@ static void set_err(char *err, const char *fmt, ...) {
 }
 
 typedef struct {
-    bf16 *wqkv;         // (q_dim + 2 kv_dim, dim): rows of wq, wk, wv
+    bf16 *wqkv;         // (q_dim + 2 kv_dim, dim): rows of wq, wk, wv; columns times attn_norm
     bf16 *wo;           // (dim, q_dim)
-    bf16 *wgu;          // (2 hidden, dim): gate and up rows interleaved (2i gate, 2i+1 up)
+    bf16 *wgu;          // (2 hidden, dim): gate and up rows interleaved (2i gate, 2i+1 up); columns times ffn_norm
     bf16 *wdown;        // (dim, hidden)
-    float *attn_norm;   // (dim)
-    float *ffn_norm;    // (dim)
+    float *attn_norm;   // (dim), folded into wqkv's columns after upload
+    float *ffn_norm;    // (dim), folded into wgu's columns after upload
     float *q_norm;      // (hd) or NULL
     float *k_norm;      // (hd) or NULL
 } GpuLayer;
@@ -60,6 +60,7 @@ struct GpuState {
     bf16 *hb;           // (chunk, hidden) SwiGLU output
     float *logits;      // (logit_rows, vocab)
     float *partial;     // flash-decoding scratch
+    float *sumsq_a, *sumsq_b; // decode: per-block sums of squares of the residual (gemv_bf16_add_stats)
     unsigned *counters; // (n_kv) decode attention's split counters, zero between steps
     int *d_tokens;      // (chunk)
     int *d_pos;         // (1)
@@ -89,7 +90,7 @@ static void gpu_free(GpuState *g) {
     cudaFree(g->kcache), cudaFree(g->vcache);
     cudaFree(g->x), cudaFree(g->xb), cudaFree(g->proj), cudaFree(g->q), cudaFree(g->att), cudaFree(g->hb);
     cudaFree(g->logits);
-    cudaFree(g->partial), cudaFree(g->counters), cudaFree(g->d_tokens), cudaFree(g->d_pos);
+    cudaFree(g->partial), cudaFree(g->counters), cudaFree(g->sumsq_a), cudaFree(g->sumsq_b), cudaFree(g->d_tokens), cudaFree(g->d_pos);
     cudaFreeHost(g->h_tokens), cudaFreeHost(g->h_pos), cudaFreeHost(g->h_logits);
     if (g->blas) cublasDestroy(g->blas);
     if (g->st) cudaStreamDestroy(g->st);
@@ -195,22 +196,26 @@ static cudaError_t alloc_weights(GpuState *g, const Model *m) {
                 TRY(fill_random_f32(w->q_norm, hd, seed++, 0.1f, 1.0f, g->st));
                 TRY(fill_random_f32(w->k_norm, hd, seed++, 0.1f, 1.0f, g->st));
             }
-            continue;
+        } else {
+            uint32_t dt = c->weight_dtype;
+            TRY(upload_matrix(w->wqkv, dim, lw->wq, dt, q, dim, staging));
+            TRY(upload_matrix(w->wqkv + q * dim, dim, lw->wk, dt, kv, dim, staging));
+            TRY(upload_matrix(w->wqkv + (q + kv) * dim, dim, lw->wv, dt, kv, dim, staging));
+            TRY(upload_matrix(w->wo, q, lw->wo, dt, dim, q, staging));
+            TRY(upload_matrix(w->wgu, 2 * dim, lw->w_gate, dt, h, dim, staging));
+            TRY(upload_matrix(w->wgu + dim, 2 * dim, lw->w_up, dt, h, dim, staging));
+            TRY(upload_matrix(w->wdown, h, lw->w_down, dt, dim, h, staging));
+            TRY(cudaMemcpy(w->attn_norm, lw->attn_norm, dim * 4, cudaMemcpyHostToDevice));
+            TRY(cudaMemcpy(w->ffn_norm, lw->ffn_norm, dim * 4, cudaMemcpyHostToDevice));
+            if (c->qk_norm) {
+                TRY(cudaMemcpy(w->q_norm, lw->q_norm, hd * 4, cudaMemcpyHostToDevice));
+                TRY(cudaMemcpy(w->k_norm, lw->k_norm, hd * 4, cudaMemcpyHostToDevice));
+            }
         }
-        uint32_t dt = c->weight_dtype;
-        TRY(upload_matrix(w->wqkv, dim, lw->wq, dt, q, dim, staging));
-        TRY(upload_matrix(w->wqkv + q * dim, dim, lw->wk, dt, kv, dim, staging));
-        TRY(upload_matrix(w->wqkv + (q + kv) * dim, dim, lw->wv, dt, kv, dim, staging));
-        TRY(upload_matrix(w->wo, q, lw->wo, dt, dim, q, staging));
-        TRY(upload_matrix(w->wgu, 2 * dim, lw->w_gate, dt, h, dim, staging));
-        TRY(upload_matrix(w->wgu + dim, 2 * dim, lw->w_up, dt, h, dim, staging));
-        TRY(upload_matrix(w->wdown, h, lw->w_down, dt, dim, h, staging));
-        TRY(cudaMemcpy(w->attn_norm, lw->attn_norm, dim * 4, cudaMemcpyHostToDevice));
-        TRY(cudaMemcpy(w->ffn_norm, lw->ffn_norm, dim * 4, cudaMemcpyHostToDevice));
-        if (c->qk_norm) {
-            TRY(cudaMemcpy(w->q_norm, lw->q_norm, hd * 4, cudaMemcpyHostToDevice));
-            TRY(cudaMemcpy(w->k_norm, lw->k_norm, hd * 4, cudaMemcpyHostToDevice));
-        }
+        // The RMSNorms' weights go into the columns of the matrices after them, so the norm
+        // itself is a scale of the GEMV's result (decode) or of its input (prefill).
+        TRY(scale_columns(w->wqkv, q + 2 * kv, dim, w->attn_norm, g->st));
+        TRY(scale_columns(w->wgu, 2 * h, dim, w->ffn_norm, g->st));
     }
 #undef TRY
 out:
@@ -282,6 +287,8 @@ extern "C" void *gpu_create(const Model *m, int ctx, int chunk, int all_logits, 
     ALLOC(g->d_tokens, T * 4);
     ALLOC(g->d_pos, 4);
     ALLOC(g->rope_cs, hd * 4);
+    ALLOC(g->sumsq_a, gemv_sumsq_count(dim) * 4);
+    ALLOC(g->sumsq_b, gemv_sumsq_count(dim) * 4);
 #undef ALLOC
     if (e == cudaSuccess) e = cudaMallocHost((void **)&g->h_tokens, T * 4);
     if (e == cudaSuccess) e = cudaMallocHost((void **)&g->h_pos, 4);
@@ -307,33 +314,33 @@ static cudaError_t gemm(GpuState *g, float *y, const bf16 *x, const bf16 *W, int
     return s == CUBLAS_STATUS_SUCCESS ? cudaSuccess : cudaErrorUnknown;
 }
 
-// One decode step (T = 1): seven kernels a layer. The first RMSNorm rides on the embedding,
-// each later one follows its residual GEMV (a single block whose loads are all in flight at
-// once: measured faster than folding it into the GEMV's last block), and the QKV
-// post-processing rides on the attention kernel. PKV_DECODE_SKIP=1 leaves the attention out
-// (timing breakdowns only).
+// One decode step (T = 1): five kernels a layer. Each RMSNorm is split between the residual
+// GEMV before it (which also writes bf16(x) and per-block sums of squares) and the GEMV after it
+// (which divides by the rms; the norm weights are folded into its columns at load time), and
+// the QKV post-processing rides on the attention kernel. PKV_DECODE_SKIP=1 leaves the
+// attention out (timing breakdowns only).
 static cudaError_t enqueue_decode(GpuState *g) {
     const Config *c = &g->c;
     int hd = c->head_dim, dim = c->dim, hidden = c->hidden_dim, nh = c->n_heads, nkv = c->n_kv_heads;
-    int q_dim = nh * hd, kv_dim = nkv * hd;
+    int q_dim = nh * hd, kv_dim = nkv * hd, n_sums = gemv_sumsq_count(dim), n_a = 1;
     size_t layer_kv = (size_t)nkv * g->ctx * hd;
     cudaStream_t st = g->st;
-    CU_TRY(embed_norm(g->x, g->xb, g->embd, g->d_tokens, g->layers[0].attn_norm, dim, c->norm_eps, st));
+    float eps = c->norm_eps;
+    CU_TRY(embed_stats(g->x, g->xb, g->sumsq_a, g->embd, g->d_tokens, dim, st));
     CU_TRY(rope_table(g->rope_cs, g->inv_freq, g->d_pos, hd / 2, st));
     for (uint32_t l = 0; l < c->n_layers; l++) {
         GpuLayer *w = &g->layers[l];
         bf16 *kc = g->kcache + l * layer_kv, *vc = g->vcache + l * layer_kv;
-        const float *next_norm = l + 1 < c->n_layers ? g->layers[l + 1].attn_norm : g->out_norm;
-        CU_TRY(gemv_bf16(g->proj, w->wqkv, g->xb, dim, q_dim + 2 * kv_dim, GEMV_STORE, st));
+        CU_TRY(gemv_bf16_normed(g->proj, w->wqkv, g->xb, dim, q_dim + 2 * kv_dim, GEMV_STORE, g->sumsq_a, n_a, eps, st));
         if (!(g->skip & 1))
             CU_TRY(attn_decode(g->att, g->proj, w->q_norm, w->k_norm, g->rope_cs, kc, vc, g->d_pos, nh, nkv, hd, g->ctx,
-                               c->norm_eps, g->partial, g->counters, st));
-        CU_TRY(gemv_bf16(g->x, w->wo, g->att, q_dim, dim, GEMV_ADD, st));
-        CU_TRY(rmsnorm_bf16(g->xb, g->x, w->ffn_norm, 1, dim, c->norm_eps, st));
-        CU_TRY(gemv_bf16(g->hb, w->wgu, g->xb, dim, 2 * hidden, GEMV_SWIGLU, st));
-        CU_TRY(gemv_bf16(g->x, w->wdown, g->hb, hidden, dim, GEMV_ADD, st));
-        CU_TRY(rmsnorm_bf16(g->xb, g->x, next_norm, 1, dim, c->norm_eps, st));
+                               eps, g->partial, g->counters, st));
+        CU_TRY(gemv_bf16_add_stats(g->x, w->wo, g->att, q_dim, dim, g->xb, g->sumsq_b, st));
+        CU_TRY(gemv_bf16_normed(g->hb, w->wgu, g->xb, dim, 2 * hidden, GEMV_SWIGLU, g->sumsq_b, n_sums, eps, st));
+        CU_TRY(gemv_bf16_add_stats(g->x, w->wdown, g->hb, hidden, dim, g->xb, g->sumsq_a, st));
+        n_a = n_sums;
     }
+    CU_TRY(rmsnorm_bf16(g->xb, g->x, g->out_norm, 1, dim, eps, st));
     CU_TRY(gemv_bf16(g->logits, g->head, g->xb, dim, c->vocab_size, GEMV_STORE, st));
     return cudaMemcpyAsync(g->h_logits, g->logits, (size_t)c->vocab_size * 4, cudaMemcpyDeviceToHost, st);
 }
@@ -350,14 +357,14 @@ static cudaError_t enqueue_forward(GpuState *g, int T, int pos, int all_logits) 
     for (uint32_t l = 0; l < c->n_layers; l++) {
         GpuLayer *w = &g->layers[l];
         bf16 *kc = g->kcache + l * layer_kv, *vc = g->vcache + l * layer_kv;
-        CU_TRY(rmsnorm_bf16(g->xb, g->x, w->attn_norm, T, dim, c->norm_eps, st));
+        CU_TRY(rmsnorm_bf16(g->xb, g->x, NULL, T, dim, c->norm_eps, st)); // weights folded into wqkv
         CU_TRY(gemm(g, g->proj, g->xb, w->wqkv, T, dim, q_dim + 2 * kv_dim, 0));
         CU_TRY(qkv_rope_store(g->q, kc, vc, g->proj, w->q_norm, w->k_norm, g->inv_freq, g->d_pos, T, nh, nkv, hd, g->ctx,
                               c->norm_eps, st));
         if (hd == 64 || hd == 128) CU_TRY(flash_prefill(g->att, g->q, kc, vc, pos, T, nh, nkv, hd, g->ctx, st));
         else CU_TRY(attn_prefill_simple(g->att, g->q, kc, vc, pos, T, nh, nkv, hd, g->ctx, st)); // other head sizes
         CU_TRY(gemm(g, g->x, g->att, w->wo, T, q_dim, dim, 1));
-        CU_TRY(rmsnorm_bf16(g->xb, g->x, w->ffn_norm, T, dim, c->norm_eps, st));
+        CU_TRY(rmsnorm_bf16(g->xb, g->x, NULL, T, dim, c->norm_eps, st)); // weights folded into wgu
         CU_TRY(gemm(g, g->proj, g->xb, w->wgu, T, dim, 2 * hidden, 0));
         CU_TRY(swiglu_pairs(g->hb, g->proj, T, hidden, st));
         CU_TRY(gemm(g, g->x, g->hb, w->wdown, T, hidden, dim, 1));

@@ -67,11 +67,25 @@ __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_kernel(void *y, const bf
 #define ROW_WARPS 4
 #define ROW_UNROLL 8
 
-template <int EPI>
-__global__ void __launch_bounds__(ROW_WARPS * 32) gemv_row_kernel(void *y, const bf16 *W, const bf16 *x, int n, int d) {
+// The RMSNorm between a residual add and the next GEMV, split across the two so that it needs
+// no kernel (and no serial step) of its own: the producer (GEMV_ADD with stats) also writes
+// bf16(y) and each block's sum of squares of its rows; the consumer (norm_in) multiplies its
+// dot products with bf16(y) by 1/rms, rms² = (sum of those sums) / n + eps. The norm's weights
+// are folded into the consumer's weight columns when the model is loaded (scale_columns).
+struct NormLink {
+    bf16 *y_bf16;          // producer: (d) bf16 copy of the result
+    float *sumsq;          // producer: (blocks) sums of squares
+    const float *sumsq_in; // consumer: the producer's sums
+    int n_sumsq;           // consumer: how many
+    float eps;
+};
+
+template <int EPI, bool NORM_IN, bool STATS>
+__global__ void __launch_bounds__(ROW_WARPS * 32) gemv_row_kernel(void *y, const bf16 *W, const bf16 *x, int n, int d,
+                                                                  NormLink nl) {
     constexpr int R = EPI == GEMV_SWIGLU ? 2 : 1; // rows per warp
-    int lane = threadIdx.x & 31;
-    int unit = blockIdx.x * ROW_WARPS + (threadIdx.x >> 5);
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int unit = blockIdx.x * ROW_WARPS + warp;
     bool active = unit * R < d;
     int chunks = n / 8;
     const uint4 *xv = (const uint4 *)x;
@@ -91,6 +105,29 @@ __global__ void __launch_bounds__(ROW_WARPS * 32) gemv_row_kernel(void *y, const
         for (int r = 0; r < R; r++) wv[r][u] = active && c < chunks ? __ldcs(w[r] + c) : make_uint4(0, 0, 0, 0);
     }
     pdl_wait();
+    __shared__ float red[ROW_WARPS];
+    float inv_rms = 1.0f;
+    if (NORM_IN) { // the block sums the producer's sums of squares (all loads in flight at once)
+        float ss = 0.0f;
+        for (int i0 = 0; i0 < nl.n_sumsq; i0 += 8 * ROW_WARPS * 32) {
+            float v[8];
+#pragma unroll
+            for (int k = 0; k < 8; k++) {
+                int i = i0 + k * ROW_WARPS * 32 + threadIdx.x;
+                v[k] = i < nl.n_sumsq ? nl.sumsq_in[i] : 0.0f;
+            }
+#pragma unroll
+            for (int k = 0; k < 8; k++) ss += v[k];
+        }
+        ss = warp_sum(ss);
+        if (lane == 0) red[warp] = ss;
+        __syncthreads();
+        ss = 0.0f;
+#pragma unroll
+        for (int i = 0; i < ROW_WARPS; i++) ss += red[i];
+        inv_rms = rsqrtf(ss / (float)n + nl.eps);
+    }
+    float yv = 0.0f; // this warp's new value (STATS)
     if (active) {
         float s[R];
 #pragma unroll
@@ -116,24 +153,75 @@ __global__ void __launch_bounds__(ROW_WARPS * 32) gemv_row_kernel(void *y, const
             }
         }
 #pragma unroll
-        for (int r = 0; r < R; r++) s[r] = warp_sum(s[r]);
+        for (int r = 0; r < R; r++) s[r] = warp_sum(s[r]) * inv_rms;
         if (lane == 0) {
             if (EPI == GEMV_SWIGLU) ((bf16 *)y)[unit] = __float2bfloat16(s[0] / (1.0f + __expf(-s[0])) * s[R - 1]);
             else if (EPI == GEMV_STORE) ((float *)y)[unit] = s[0];
-            else ((float *)y)[unit] += s[0];
+            else {
+                yv = ((float *)y)[unit] + s[0];
+                ((float *)y)[unit] = yv;
+                if (STATS) nl.y_bf16[unit] = __float2bfloat16(yv);
+            }
+        }
+    }
+    if (STATS) { // the block's sum of squares (lane 0 of each warp holds its row's value)
+        if (NORM_IN) __syncthreads(); // red was read above
+        if (lane == 0) red[warp] = yv * yv;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            float ss = 0.0f;
+#pragma unroll
+            for (int i = 0; i < ROW_WARPS; i++) ss += red[i];
+            nl.sumsq[blockIdx.x] = ss;
         }
     }
 }
 
-extern "C" cudaError_t gemv_bf16_rowwarp(void *y, const bf16 *W, const bf16 *x, int n, int d, int epilogue, cudaStream_t st) {
-    int units = epilogue == GEMV_SWIGLU ? d / 2 : d;
+template <int EPI, bool NORM_IN, bool STATS>
+static cudaError_t launch_row(void *y, const bf16 *W, const bf16 *x, int n, int d, NormLink nl, cudaStream_t st) {
+    int units = EPI == GEMV_SWIGLU ? d / 2 : d;
     int blocks = (units + ROW_WARPS - 1) / ROW_WARPS;
+    return launch_pdl(gemv_row_kernel<EPI, NORM_IN, STATS>, blocks, ROW_WARPS * 32, 0, st, y, W, x, n, d, nl);
+}
+
+extern "C" cudaError_t gemv_bf16_rowwarp(void *y, const bf16 *W, const bf16 *x, int n, int d, int epilogue, cudaStream_t st) {
+    NormLink none = {NULL, NULL, NULL, 0, 0.0f};
     switch (epilogue) {
-    case GEMV_STORE: return launch_pdl(gemv_row_kernel<GEMV_STORE>, blocks, ROW_WARPS * 32, 0, st, y, W, x, n, d);
-    case GEMV_ADD: return launch_pdl(gemv_row_kernel<GEMV_ADD>, blocks, ROW_WARPS * 32, 0, st, y, W, x, n, d);
-    case GEMV_SWIGLU: return launch_pdl(gemv_row_kernel<GEMV_SWIGLU>, blocks, ROW_WARPS * 32, 0, st, y, W, x, n, d);
+    case GEMV_STORE: return launch_row<GEMV_STORE, false, false>(y, W, x, n, d, none, st);
+    case GEMV_ADD: return launch_row<GEMV_ADD, false, false>(y, W, x, n, d, none, st);
+    case GEMV_SWIGLU: return launch_row<GEMV_SWIGLU, false, false>(y, W, x, n, d, none, st);
     default: return cudaErrorInvalidValue;
     }
+}
+
+extern "C" int gemv_sumsq_count(int d) { return (d + ROW_WARPS - 1) / ROW_WARPS; }
+
+extern "C" cudaError_t gemv_bf16_add_stats(float *y, const bf16 *W, const bf16 *x, int n, int d, bf16 *y_bf16,
+                                           float *sumsq, cudaStream_t st) {
+    NormLink nl = {y_bf16, sumsq, NULL, 0, 0.0f};
+    return launch_row<GEMV_ADD, false, true>(y, W, x, n, d, nl, st);
+}
+
+extern "C" cudaError_t gemv_bf16_normed(void *y, const bf16 *W, const bf16 *x, int n, int d, int epilogue,
+                                        const float *sumsq, int n_sumsq, float eps, cudaStream_t st) {
+    NormLink nl = {NULL, NULL, sumsq, n_sumsq, eps};
+    switch (epilogue) {
+    case GEMV_STORE: return launch_row<GEMV_STORE, true, false>(y, W, x, n, d, nl, st);
+    case GEMV_SWIGLU: return launch_row<GEMV_SWIGLU, true, false>(y, W, x, n, d, nl, st);
+    default: return cudaErrorInvalidValue;
+    }
+}
+
+// W (rows, cols) bf16: column c *= g[c] (a norm's weights folded into the matrix after it).
+__global__ void scale_columns_kernel(bf16 *W, size_t rows, int cols, const float *g) {
+    size_t n = rows * cols;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        W[i] = __float2bfloat16(__bfloat162float(W[i]) * g[i % cols]);
+}
+
+extern "C" cudaError_t scale_columns(bf16 *W, size_t rows, int cols, const float *g, cudaStream_t st) {
+    scale_columns_kernel<<<2048, 256, 0, st>>>(W, rows, cols, g);
+    return cudaGetLastError();
 }
 
 extern "C" cudaError_t gemv_bf16(void *y, const bf16 *W, const bf16 *x, int n, int d, int epilogue, cudaStream_t st) {

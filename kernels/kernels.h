@@ -26,11 +26,25 @@ cudaError_t gemv_bf16(void *y, const bf16 *W, const bf16 *x, int n, int d, int e
 cudaError_t gemv_bf16_staged(void *y, const bf16 *W, const bf16 *x, int n, int d, int epilogue, cudaStream_t st);
 cudaError_t gemv_bf16_rowwarp(void *y, const bf16 *W, const bf16 *x, int n, int d, int epilogue, cudaStream_t st);
 
-// Decode: x (dim) fp32 = row of E for *token; xn (dim) bf16 = norm_w * x / rms(x).
-cudaError_t embed_norm(float *x, bf16 *xn, const bf16 *E, const int *token, const float *norm_w, int dim, float eps,
-                       cudaStream_t st);
+// Decode, the RMSNorm between a residual and the next GEMV split across the two (gemv.cu):
+// gemv_bf16_add_stats: y (d) fp32 += W·x, y_bf16 = bf16(y), sumsq[b] = sum of y² over the rows
+//   of block b (gemv_sumsq_count(d) sums);
+// gemv_bf16_normed: like gemv_bf16 (GEMV_STORE or GEMV_SWIGLU), with x = that bf16(y) and the
+//   dot products divided by rms = sqrt(sum(sumsq) / n + eps); W's columns must carry the norm's
+//   weights (scale_columns).
+int gemv_sumsq_count(int d);
+cudaError_t gemv_bf16_add_stats(float *y, const bf16 *W, const bf16 *x, int n, int d, bf16 *y_bf16, float *sumsq,
+                                cudaStream_t st);
+cudaError_t gemv_bf16_normed(void *y, const bf16 *W, const bf16 *x, int n, int d, int epilogue, const float *sumsq,
+                             int n_sumsq, float eps, cudaStream_t st);
+// W (rows, cols) bf16: column c *= g[c].
+cudaError_t scale_columns(bf16 *W, size_t rows, int cols, const float *g, cudaStream_t st);
 
-// out (T, n) bf16 = x (T, n) fp32 / rms * w
+// Decode: x (dim) fp32 = row of E for *token, x_bf16 = bf16(x), *sumsq = sum of x² (the stats
+// gemv_bf16_normed reads, as one sum).
+cudaError_t embed_stats(float *x, bf16 *x_bf16, float *sumsq, const bf16 *E, const int *token, int dim, cudaStream_t st);
+
+// out (T, n) bf16 = x (T, n) fp32 / rms * w (w NULL: no weights)
 cudaError_t rmsnorm_bf16(bf16 *out, const float *x, const float *w, int T, int n, float eps, cudaStream_t st);
 
 // x (T, dim) fp32 = rows of E (vocab, dim) bf16 for tokens (device ids)

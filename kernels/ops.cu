@@ -31,7 +31,7 @@ __global__ void __launch_bounds__(NORM_THREADS) rmsnorm_kernel(bf16 *out, const 
     if (n <= NORM_K * nt) {
         float wv[NORM_K], xv[NORM_K];
 #pragma unroll
-        for (int k = 0; k < NORM_K; k++) wv[k] = tid + k * nt < n ? w[tid + k * nt] : 0.0f; // weights: before the wait
+        for (int k = 0; k < NORM_K; k++) wv[k] = tid + k * nt < n ? (w ? w[tid + k * nt] : 1.0f) : 0.0f; // weights: before the wait
         pdl_wait();
         float ss = 0.0f;
 #pragma unroll
@@ -48,7 +48,7 @@ __global__ void __launch_bounds__(NORM_THREADS) rmsnorm_kernel(bf16 *out, const 
     float ss = 0.0f;
     for (int i = tid; i < n; i += nt) ss += xr[i] * xr[i];
     float scale = rsqrtf(block_sum(ss, red) / (float)n + eps);
-    for (int i = tid; i < n; i += nt) o[i] = __float2bfloat16(w[i] * (xr[i] * scale));
+    for (int i = tid; i < n; i += nt) o[i] = __float2bfloat16((w ? w[i] : 1.0f) * (xr[i] * scale));
 }
 
 extern "C" cudaError_t rmsnorm_bf16(bf16 *out, const float *x, const float *w, int T, int n, float eps, cudaStream_t st) {
@@ -63,8 +63,8 @@ __global__ void embed_kernel(float *x, const bf16 *E, const int *tokens, int dim
     for (int i = threadIdx.x; i < dim; i += blockDim.x) o[i] = __bfloat162float(r[i]);
 }
 
-__global__ void __launch_bounds__(NORM_THREADS) embed_norm_kernel(float *x, bf16 *xn, const bf16 *E, const int *token,
-                                                                 const float *w, int dim, float eps) {
+__global__ void __launch_bounds__(NORM_THREADS) embed_stats_kernel(float *x, bf16 *xb, float *sumsq, const bf16 *E,
+                                                                  const int *token, int dim) {
     __shared__ float red[32];
     pdl_release();
     pdl_wait();
@@ -72,20 +72,23 @@ __global__ void __launch_bounds__(NORM_THREADS) embed_norm_kernel(float *x, bf16
     int tid = threadIdx.x, nt = blockDim.x;
     float ss = 0.0f;
     for (int i0 = 0; i0 < dim; i0 += NORM_K * nt) { // NORM_K independent loads, then their use
-        float v[NORM_K];
+        bf16 v[NORM_K];
 #pragma unroll
-        for (int k = 0; k < NORM_K; k++) v[k] = i0 + tid + k * nt < dim ? __bfloat162float(r[i0 + tid + k * nt]) : 0.0f;
+        for (int k = 0; k < NORM_K; k++) v[k] = i0 + tid + k * nt < dim ? r[i0 + tid + k * nt] : __float2bfloat16(0.0f);
 #pragma unroll
         for (int k = 0; k < NORM_K; k++)
-            if (i0 + tid + k * nt < dim) x[i0 + tid + k * nt] = v[k], ss += v[k] * v[k];
+            if (i0 + tid + k * nt < dim) {
+                float f = __bfloat162float(v[k]);
+                x[i0 + tid + k * nt] = f, xb[i0 + tid + k * nt] = v[k], ss += f * f;
+            }
     }
-    float scale = rsqrtf(block_sum(ss, red) / (float)dim + eps);
-    for (int i = tid; i < dim; i += nt) xn[i] = __float2bfloat16(w[i] * (x[i] * scale));
+    ss = block_sum(ss, red);
+    if (tid == 0) *sumsq = ss;
 }
 
-extern "C" cudaError_t embed_norm(float *x, bf16 *xn, const bf16 *E, const int *token, const float *norm_w, int dim,
-                                  float eps, cudaStream_t st) {
-    return launch_pdl(embed_norm_kernel, 1, NORM_THREADS, 0, st, x, xn, E, token, norm_w, dim, eps);
+extern "C" cudaError_t embed_stats(float *x, bf16 *xb, float *sumsq, const bf16 *E, const int *token, int dim,
+                                   cudaStream_t st) {
+    return launch_pdl(embed_stats_kernel, 1, NORM_THREADS, 0, st, x, xb, sumsq, E, token, dim);
 }
 
 extern "C" cudaError_t embed_rows(float *x, const bf16 *E, const int *tokens, int T, int dim, cudaStream_t st) {

@@ -152,28 +152,78 @@ static void test_gemv_one(GemvFn fn, const char *vname, int n, int d, int epi) {
     cudaFree(W), cudaFree(x), cudaFree(y);
 }
 
-static void test_embed_norm(int vocab, int dim) {
-    std::vector<float> ef, nw(dim), row(dim), want(dim);
+// The RMSNorm split across two GEMVs: the producer adds W1·h to the residual and writes bf16 of
+// the result and per-block sums of squares; the consumer, whose columns carry the norm weights
+// (scale_columns), computes W2 · rmsnorm(y). Against model.c's matmul + rmsnorm + matmul.
+static void test_norm_link(int n1, int dim, int d2, int epi) {
+    std::vector<float> w1f, hf, w2f, y0(dim), nw(dim);
+    std::vector<uint16_t> w1b, hb, w2b;
+    rand_bf16(w1f, w1b, (size_t)dim * n1, 0.05f);
+    rand_bf16(hf, hb, n1, 1.0f);
+    rand_bf16(w2f, w2b, (size_t)d2 * dim, 0.05f);
+    for (int i = 0; i < dim; i++) y0[i] = 2.0f * frand(), nw[i] = 1.0f + 0.5f * frand();
+    std::vector<float> y(dim), yn(dim), ref(d2);
+    backend_cpu.matmul(y.data(), hf.data(), w1b.data(), DTYPE_BF16, 1, n1, dim);
+    for (int i = 0; i < dim; i++) y[i] += y0[i];
+    backend_cpu.rmsnorm(yn.data(), y.data(), nw.data(), 1, dim, 1e-6f);
+    backend_cpu.matmul(ref.data(), yn.data(), w2b.data(), DTYPE_BF16, 1, dim, d2);
+    int out_n = epi == GEMV_SWIGLU ? d2 / 2 : d2;
+    std::vector<float> want(out_n);
+    for (int i = 0; i < out_n; i++) {
+        float g = ref[2 * i], u = ref[2 * i + 1];
+        want[i] = epi == GEMV_SWIGLU ? g / (1.0f + expf(-g)) * u : ref[i];
+    }
+    bf16 *W1 = (bf16 *)to_dev(w1b), *h = (bf16 *)to_dev(hb), *W2 = (bf16 *)to_dev(w2b), *yb;
+    float *dy = to_dev(y0), *dnw = to_dev(nw), *sums;
+    void *out;
+    int n_sums = gemv_sumsq_count(dim);
+    CU_CHECK(cudaMalloc(&yb, dim * 2));
+    CU_CHECK(cudaMalloc(&sums, n_sums * 4));
+    CU_CHECK(cudaMalloc(&out, d2 * 4));
+    CU_CHECK(cudaMemset(out, 0xff, d2 * 4));
+    CU_CHECK(scale_columns(W2, d2, dim, dnw, 0));
+    CU_CHECK(gemv_bf16_add_stats(dy, W1, h, n1, dim, yb, sums, 0));
+    CU_CHECK(gemv_bf16_normed(out, W2, yb, dim, d2, epi, sums, n_sums, 1e-6f, 0));
+    CU_CHECK(cudaDeviceSynchronize());
+    std::vector<float> gy(dim), got;
+    CU_CHECK(cudaMemcpy(gy.data(), dy, dim * 4, cudaMemcpyDeviceToHost));
+    if (epi == GEMV_SWIGLU) got = bf16_dev_to_f32((bf16 *)out, out_n);
+    else {
+        got.resize(out_n);
+        CU_CHECK(cudaMemcpy(got.data(), out, out_n * 4, cudaMemcpyDeviceToHost));
+    }
+    char what[128];
+    snprintf(what, sizeof what, "gemv add+stats n=%d d=%d: residual", n1, dim);
+    check(what, rel_err(gy.data(), y.data(), dim), 1e-4);
+    snprintf(what, sizeof what, "  then normed %s n=%d d=%d (bf16 input)", epi == GEMV_SWIGLU ? "swiglu" : "store", dim, d2);
+    check(what, rel_err(got.data(), want.data(), out_n), 1e-2);
+    cudaFree(W1), cudaFree(h), cudaFree(W2), cudaFree(yb), cudaFree(dy), cudaFree(dnw), cudaFree(sums), cudaFree(out);
+}
+
+static void test_embed_stats(int vocab, int dim) {
+    std::vector<float> ef, row(dim);
     std::vector<uint16_t> eb;
     rand_bf16(ef, eb, (size_t)vocab * dim, 1.0f);
-    for (auto &v : nw) v = 1.0f + 0.5f * frand();
     int tok = vocab - 2;
-    for (int i = 0; i < dim; i++) row[i] = ef[(size_t)tok * dim + i];
-    backend_cpu.rmsnorm(want.data(), row.data(), nw.data(), 1, dim, 1e-6f);
+    double ss = 0;
+    for (int i = 0; i < dim; i++) row[i] = ef[(size_t)tok * dim + i], ss += (double)row[i] * row[i];
     std::vector<int> ht = {tok};
     int *dt = to_dev(ht);
-    bf16 *E = (bf16 *)to_dev(eb), *xn;
-    float *dnw = to_dev(nw), *x;
+    bf16 *E = (bf16 *)to_dev(eb), *xb;
+    float *x, *sum;
     CU_CHECK(cudaMalloc(&x, dim * 4));
-    CU_CHECK(cudaMalloc(&xn, dim * 2));
-    CU_CHECK(embed_norm(x, xn, E, dt, dnw, dim, 1e-6f, 0));
+    CU_CHECK(cudaMalloc(&xb, dim * 2));
+    CU_CHECK(cudaMalloc(&sum, 4));
+    CU_CHECK(embed_stats(x, xb, sum, E, dt, dim, 0));
     std::vector<float> gx(dim);
+    float gs;
     CU_CHECK(cudaMemcpy(gx.data(), x, dim * 4, cudaMemcpyDeviceToHost));
-    auto gn = bf16_dev_to_f32(xn, dim);
+    CU_CHECK(cudaMemcpy(&gs, sum, 4, cudaMemcpyDeviceToHost));
+    auto gb = bf16_dev_to_f32(xb, dim);
     char what[96];
-    snprintf(what, sizeof what, "embed+norm vocab=%d dim=%d", vocab, dim);
-    check(what, std::max(rel_err(gx.data(), row.data(), dim), rel_err(gn.data(), want.data(), dim)), 1e-2);
-    cudaFree(dt), cudaFree(E), cudaFree(xn), cudaFree(dnw), cudaFree(x);
+    snprintf(what, sizeof what, "embed+stats vocab=%d dim=%d", vocab, dim);
+    check(what, std::max({rel_err(gx.data(), row.data(), dim), rel_err(gb.data(), row.data(), dim), fabs(gs - ss) / ss}), 1e-5);
+    cudaFree(dt), cudaFree(E), cudaFree(xb), cudaFree(x), cudaFree(sum);
 }
 
 static void test_gemv(int n, int d, int epi) {
@@ -472,8 +522,13 @@ int main(void) {
     test_gemv(14336, 4096, GEMV_ADD);
     test_rmsnorm(1, 4096);
     test_rmsnorm(2, 9000); // longer than a block holds at once
-    test_embed_norm(1000, 4096);
-    test_embed_norm(49152, 576);
+    test_norm_link(4096, 4096, 6144, GEMV_STORE);
+    test_norm_link(12288, 4096, 2 * 12288, GEMV_SWIGLU);
+    test_norm_link(1536, 576, 960, GEMV_STORE);
+    test_norm_link(960, 584, 64, GEMV_STORE);
+    test_norm_link(8192, 9000, 512, GEMV_SWIGLU);
+    test_embed_stats(1000, 4096);
+    test_embed_stats(49152, 576);
     test_rmsnorm(1, 576);
     test_rmsnorm(7, 4096);
     test_qkv(1, 0, 9, 3, 64, 0);
