@@ -33,6 +33,7 @@ if want smollm2; then
     # call may carry). GPU greedy against transformers' own greedy (tests/data/smollm2_ref.json)
     # and against the CPU path, 64 steps.
     G=/root/smol/model.gguf
+    mkdir -p /root/smol; for d in .smol .smol0 .smol1 .smol2; do [ -d $d ] && cp $d/part0* /root/smol/ 2>/dev/null; done
     [ -f $G ] || cat /root/smol/part0* > $G
     md5sum $G
     timeout 120 $D/export $G /tmp/smol.bin > /dev/null 2>&1 || { echo "FAIL export SmolLM2"; status=1; }
@@ -58,7 +59,7 @@ for p in ref["prompts"]:
         print("  GPU", out["gpu"]); print("  CPU", out["cpu"])
 raise SystemExit(bad)
 PY
-    head -c 12000 .smol/paper.txt > /tmp/paper.txt
+    head -c 12000 $(ls .smol*/paper.txt | head -1) > /tmp/paper.txt
     timeout 60 $D/run /tmp/smol.bin --score /tmp/paper.txt --device gpu > /tmp/smol.gpu.score 2>/dev/null
     OMP_NUM_THREADS=8 OMP_WAIT_POLICY=passive timeout 120 $D/run /tmp/smol.bin --score /tmp/paper.txt --device cpu > /tmp/smol.cpu.score 2>/dev/null
     python3 tests/compare_scores.py /tmp/smol.gpu.score /tmp/smol.cpu.score 0.05 mean || status=1
@@ -79,6 +80,6 @@ if want peer; then
 fi
 if want hfcheck; then
     echo "=== GPU vs transformers, Qwen3-8B shape, long context"
-    timeout 300 python3 tests/bench/hf_vs_gpu.py $D/run $D/export .smol/qwen3tok 16384 1024 2>&1 | grep -v -i warn | tail -5 || status=1
+    timeout 300 python3 tests/bench/hf_vs_gpu.py $D/run $D/export $(ls -d .smol*/qwen3tok | head -1) 16384 1024 2>&1 | grep -v -i warn | tail -5 || status=1
 fi
 exit $status
