@@ -8,14 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/sysinfo.h>
+#include "errmsg.h"
 
-static int fail(char *err, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, MODEL_ERR_LEN, fmt, ap);
-    va_end(ap);
-    return -1;
-}
+#define fail(err, ...) err_fail(err, MODEL_ERR_LEN, __VA_ARGS__)
 
 void rope_inv_freq(const Config *c, const float *rope_freqs, float *inv_freq) {
     int half = (int)c->head_dim / 2;

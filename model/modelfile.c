@@ -15,14 +15,7 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
-static int fail(char *err, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, MODEL_ERR_LEN, fmt, ap);
-    va_end(ap);
-    err_oneline(err);
-    return -1;
-}
+#define fail(err, ...) err_fail(err, MODEL_ERR_LEN, __VA_ARGS__)
 
 size_t dtype_size(uint32_t dtype) { return dtype == DTYPE_BF16 ? 2 : 4; }
 

@@ -20,14 +20,7 @@
 #define ERR_LEN 512
 
 // Fills err with a one-line message (names from the source file may hold any byte); returns -1.
-__attribute__((format(printf, 2, 3))) static int efail(char *err, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, ERR_LEN, fmt, ap);
-    va_end(ap);
-    err_oneline(err);
-    return -1;
-}
+#define efail(err, ...) err_fail(err, ERR_LEN, __VA_ARGS__)
 
 // Where tensors come from: fills out (rows*cols floats) with the tensor named in model.bin terms.
 typedef struct {

@@ -15,14 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static int fail(char *err, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, GGUF_ERR_LEN, fmt, ap);
-    va_end(ap);
-    err_oneline(err);
-    return -1;
-}
+#define fail(err, ...) err_fail(err, GGUF_ERR_LEN, __VA_ARGS__)
 
 typedef struct {
     const uint8_t *p;

@@ -16,14 +16,7 @@
 
 #define ERR_LEN 512
 
-static int fail(char *err, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, ERR_LEN, fmt, ap);
-    va_end(ap);
-    err_oneline(err);
-    return -1;
-}
+#define fail(err, ...) err_fail(err, ERR_LEN, __VA_ARGS__)
 
 // Reads exactly n bytes (a file that shrinks meanwhile is an error). 0, or -1.
 static int read_all(int fd, char *buf, size_t n) {

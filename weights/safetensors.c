@@ -16,14 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static int fail(char *err, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, ST_ERR_LEN, fmt, ap);
-    va_end(ap);
-    err_oneline(err);
-    return -1;
-}
+#define fail(err, ...) err_fail(err, ST_ERR_LEN, __VA_ARGS__)
 
 // A JSON number that is a whole count below 2^53 (doubles are exact there). 0, or -1.
 static int json_u64(const cJSON *v, uint64_t *out) {
