@@ -22,7 +22,7 @@
                      // 8 costs a block per SM, and 3 blocks an SM of 8 stages are slower than 4 of 4)
 // Shared memory of the kernel: the ring, which the streams' outputs later reuse.
 #define DEC_SMEM (DEC_STAGES * 4 * DEC_THREADS * 16)
-#define DEC_MAX_SPLITS 1024 // G * DEC_MAX_SPLITS floats fit in st_o (NS * HD = 1024 for every HD)
+#define DEC_MAX_SPLITS 1024 // a bound on the grid (the partial scratch is sized by it)
 #define LOG2E 1.4426950408889634f
 
 static int sm_count(void) {
@@ -41,7 +41,7 @@ static int n_splits_for(int n_kv, int ctx, int blocks_per_sm) {
 }
 
 extern "C" size_t attn_decode_scratch_floats(int n_heads, int n_kv, int hd, int ctx) {
-    return (size_t)n_heads * n_splits_for(n_kv, ctx, DEC_MAX_BLOCKS_PER_SM) * (hd + 2);
+    return (size_t)n_heads * n_splits_for(n_kv, ctx, DEC_MAX_BLOCKS_PER_SM) * (hd + 4);
 }
 
 // Keys per split for n keys: a multiple of 32, so the splits in use are all full but the last,
@@ -78,6 +78,8 @@ __device__ __forceinline__ void cp_async_commit(void) { asm volatile("cp.async.c
 template <int N> __device__ __forceinline__ void cp_async_wait(void) {
     asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
+
+__host__ __device__ constexpr int pow2_at_least(int x) { return x <= 1 ? 1 : 2 * pow2_at_least((x + 1) / 2); }
 
 // Sum over the LPK lanes of one stream (a butterfly: every lane gets the sum).
 template <int LPK> __device__ __forceinline__ float stream_sum(float v) {
@@ -185,6 +187,7 @@ __global__ void __launch_bounds__(DEC_THREADS, G <= 4 ? 4 : 2) attn_decode_kerne
                                                                   bf16 *k_cache, bf16 *v_cache, const int *d_pos,
                                                                   int n_kv, int ctx, float eps, int min_split) {
     constexpr int LPK = HD / 8;             // lanes per key row
+    constexpr int PSTRIDE = HD + 4;         // a split's partial: o (HD), m, l, padding to 16 bytes
     constexpr int SPW = 32 / LPK;           // streams per warp
     constexpr int NS = DEC_WARPS * SPW;     // streams per block
     constexpr int U = 2;                    // rows per stream per tile
@@ -198,7 +201,6 @@ __global__ void __launch_bounds__(DEC_THREADS, G <= 4 ? 4 : 2) attn_decode_kerne
     __shared__ int is_last;
     uint4(*ring)[2 * U][DEC_THREADS] = (uint4(*)[2 * U][DEC_THREADS])smem; // [stage][K rows, V rows][thread]
     float(*st_o)[G][HD] = (float(*)[G][HD])smem;
-    float(*w_s)[DEC_MAX_SPLITS] = (float(*)[DEC_MAX_SPLITS])smem; // the merge's split weights
     int kvh = blockIdx.x, split = blockIdx.y, n_splits = gridDim.y;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, sub = lane / LPK, part = lane % LPK;
     int stream = warp * SPW + sub;
@@ -289,7 +291,7 @@ __global__ void __launch_bounds__(DEC_THREADS, G <= 4 ? 4 : 2) attn_decode_kerne
         for (int i = 0; i < 8; i++) st_o[stream][g][part * 8 + i] = st.acc[g][i];
     }
     __syncthreads();
-    float *pbase = partial + (size_t)kvh * G * n_splits * (HD + 2);
+    float *pbase = partial + (size_t)kvh * G * n_splits * PSTRIDE;
     for (int e = threadIdx.x; e < G * HD; e += DEC_THREADS) {
         int g = e / HD, d = e % HD;
         float M = -INFINITY;
@@ -301,7 +303,7 @@ __global__ void __launch_bounds__(DEC_THREADS, G <= 4 ? 4 : 2) attn_decode_kerne
                 L += st_l[s][g] * w;
                 o += st_o[s][g][d] * w;
             }
-        float *p = pbase + ((size_t)g * n_splits + split) * (HD + 2);
+        float *p = pbase + ((size_t)g * n_splits + split) * PSTRIDE;
         p[d] = o;
         if (d == 0) p[HD] = M, p[HD + 1] = L;
     }
@@ -313,50 +315,48 @@ __global__ void __launch_bounds__(DEC_THREADS, G <= 4 ? 4 : 2) attn_decode_kerne
     if (!is_last) return;
     __threadfence();
     int used = (n + S - 1) / S;
-    for (int g = warp; g < G; g += DEC_WARPS) { // a warp per head: max, then weights and their sum
-        const float *pg = pbase + (size_t)g * n_splits * (HD + 2);
-        float M = -INFINITY, L = 0.0f;
-        for (int s = lane; s < used; s += 32) M = fmaxf(M, __ldcg(pg + (size_t)s * (HD + 2) + HD));
+    // One pass with a running max: each thread owns EPT consecutive outputs of one head and
+    // loads MB splits of them (and of the head's m, l) at once. The merge is on the critical
+    // path of the step, so what counts is its number of dependent L2 round trips.
+    constexpr int EPT = pow2_at_least((G * HD + DEC_THREADS - 1) / DEC_THREADS);
+    constexpr int MB = EPT <= 4 ? 16 : 64 / EPT;
+    int e0 = threadIdx.x * EPT, g = e0 / HD, d0 = e0 % HD;
+    if (e0 < G * HD) {
+        const float *pg = pbase + (size_t)g * n_splits * PSTRIDE;
+        float M = -INFINITY, L = 0.0f, o[EPT];
 #pragma unroll
-        for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
-        for (int s = lane; s < used; s += 32) {
-            float m = __ldcg(pg + (size_t)s * (HD + 2) + HD);
-            float w = m == -INFINITY ? 0.0f : exp2f(m - M);
-            w_s[g][s] = w;
-            L += w * __ldcg(pg + (size_t)s * (HD + 2) + HD + 1);
+        for (int k = 0; k < EPT; k++) o[k] = 0.0f;
+        for (int s0 = 0; s0 < used; s0 += MB) {
+            float m[MB], l[MB], v[MB][EPT];
+#pragma unroll
+            for (int j = 0; j < MB; j++) {
+                const float *p = pg + (size_t)(s0 + j) * PSTRIDE;
+                bool ok = s0 + j < used;
+                m[j] = ok ? __ldcg(p + HD) : -INFINITY;
+                l[j] = ok ? __ldcg(p + HD + 1) : 0.0f;
+#pragma unroll
+                for (int k = 0; k < EPT; k += (EPT % 4 == 0 ? 4 : 1)) {
+                    if (EPT % 4 == 0) {
+                        float4 f = ok ? __ldcg((const float4 *)(p + d0 + k)) : make_float4(0, 0, 0, 0);
+                        v[j][k] = f.x, v[j][k + 1] = f.y, v[j][k + 2] = f.z, v[j][k + 3] = f.w;
+                    } else {
+                        v[j][k] = ok ? __ldcg(p + d0 + k) : 0.0f;
+                    }
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < MB; j++) {
+                if (m[j] == -INFINITY) continue; // past the splits in use, or a split with no keys
+                float mn = fmaxf(M, m[j]), a = exp2f(M - mn), b = exp2f(m[j] - mn); // a = 0 when M = -inf
+                L = L * a + l[j] * b;
+#pragma unroll
+                for (int k = 0; k < EPT; k++) o[k] = o[k] * a + v[j][k] * b;
+                M = mn;
+            }
         }
+        float inv = 1.0f / L; // the key at pos is always seen, so L > 0
 #pragma unroll
-        for (int o = 16; o > 0; o >>= 1) L += __shfl_xor_sync(0xffffffffu, L, o);
-        if (lane == 0) st_l[0][g] = 1.0f / L; // the key at pos is always seen, so L > 0
-    }
-    __syncthreads();
-    // Each thread owns OPT outputs and loads MB splits of all of them at once: the merge is on
-    // the critical path, so its L2 round trips are batched.
-    constexpr int OPT = (G * HD + DEC_THREADS - 1) / DEC_THREADS;
-    float o[OPT];
-#pragma unroll
-    for (int k = 0; k < OPT; k++) o[k] = 0.0f;
-    constexpr int MB = 8;
-    for (int s0 = 0; s0 < used; s0 += MB) {
-        float v[OPT][MB];
-#pragma unroll
-        for (int k = 0; k < OPT; k++) {
-            int e = threadIdx.x + k * DEC_THREADS, g = e / HD, d = e % HD;
-            const float *pg = pbase + (size_t)g * n_splits * (HD + 2) + d;
-#pragma unroll
-            for (int j = 0; j < MB; j++) v[k][j] = e < G * HD && s0 + j < used ? __ldcg(pg + (size_t)(s0 + j) * (HD + 2)) : 0.0f;
-        }
-#pragma unroll
-        for (int k = 0; k < OPT; k++) {
-            int e = threadIdx.x + k * DEC_THREADS, g = e < G * HD ? e / HD : 0;
-#pragma unroll
-            for (int j = 0; j < MB; j++) o[k] = fmaf(s0 + j < used ? w_s[g][s0 + j] : 0.0f, v[k][j], o[k]);
-        }
-    }
-#pragma unroll
-    for (int k = 0; k < OPT; k++) {
-        int e = threadIdx.x + k * DEC_THREADS, g = e / HD, d = e % HD;
-        if (e < G * HD) out[(size_t)(kvh * G + g) * HD + d] = __float2bfloat16(o[k] * st_l[0][g]);
+        for (int k = 0; k < EPT; k++) out[(size_t)(kvh * G + g) * HD + d0 + k] = __float2bfloat16(o[k] * inv);
     }
     if (threadIdx.x == 0) counters[kvh] = 0; // ready for the next step
 }
