@@ -7,9 +7,11 @@
 // run time (the grid is fixed by the device, so a captured graph serves every position), which
 // keeps every SM busy at 4K keys as at 1M. Inside a block, a "stream" of HD/8 lanes owns one
 // key row at a time (16 bytes a lane); each stream keeps its own online-softmax state (max m,
-// sum l, unnormalized output) in the log2 domain, and loads U rows of K and V before using any,
-// so each warp keeps 2·U·512 bytes in flight (HD 128). Streams are combined in shared memory,
-// each block writes (o, m, l) for its split, and the last block of each KV head merges them.
+// sum l, unnormalized output) in the log2 domain. K and V reach each thread through its own
+// slots of a cp.async ring, DEC_STAGES - 1 tiles of 16 rows ahead (the first ones requested
+// before the kernel waits on the QKV projection). Streams are combined in shared memory, each
+// block writes (o, m, l) for its split, and the last block of each KV head merges them.
+// Measured against session 1's two-kernel split/merge: 2.73 TB/s instead of 2.16 at 128K keys.
 #include "cuda_common.h"
 #include "kernels.h"
 #include "pdl.h"

@@ -225,6 +225,17 @@ out:
 
 // ---- create / destroy ----
 
+// The shapes the kernels take: decode attention for head_dim 16..256 (powers of two) and up to
+// 8 query heads per KV head; 16-byte loads of every matrix row.
+static const char *unsupported_shape(const Config *c) {
+    uint32_t hd = c->head_dim;
+    if (hd != 16 && hd != 32 && hd != 64 && hd != 128 && hd != 256) return "head_dim must be 16, 32, 64, 128 or 256";
+    if (c->n_kv_heads == 0 || c->n_heads % c->n_kv_heads || c->n_heads / c->n_kv_heads > 8)
+        return "at most 8 query heads per KV head";
+    if (c->dim % 8 || c->hidden_dim % 8) return "dim and hidden_dim must be multiples of 8";
+    return NULL;
+}
+
 extern "C" void *gpu_create(const Model *m, int ctx, int chunk, int all_logits, char *err) {
     int n_dev = 0;
     if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
@@ -232,6 +243,12 @@ extern "C" void *gpu_create(const Model *m, int ctx, int chunk, int all_logits, 
         return NULL;
     }
     const Config *c = &m->c;
+    const char *why = unsupported_shape(c);
+    if (why) {
+        set_err(err, "the CUDA path cannot run this model (head_dim %u, %u / %u heads, dim %u, hidden %u): %s; use --device cpu",
+                c->head_dim, c->n_heads, c->n_kv_heads, c->dim, c->hidden_dim, why);
+        return NULL;
+    }
     int logit_rows = all_logits ? chunk : 1;
     size_t need_w = gpu_weight_bytes(c), need_kv = gpu_kv_bytes(c, ctx), need_a = activation_bytes(c, ctx, chunk, logit_rows);
     size_t free_b = 0, total_b = 0;
