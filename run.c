@@ -524,6 +524,7 @@ typedef struct {
     int *cache;       // (s.ctx)
     int n_cache;
     char *piece;      // a decoded token: tokenizer_max_piece_len + 16 bytes
+    int attn_made;    // the attention policy is made at the first turn (its prompt is the prefill)
 } Chat;
 
 static void chat_push(Chat *c, const char *role, char *content) {
@@ -616,6 +617,10 @@ static void chat_turn(Chat *c, const char *text) {
         free(ids);
         return;
     }
+    if (!c->attn_made) { // the first turn is a prefill (dense); later turns' tokens are decode steps
+        c->s.attn = make_attn(c->o, c->m, &c->s, (int)n);
+        c->attn_made = 1;
+    }
     int keep = 0;
     while (keep < c->n_cache && keep < n - 1 && c->cache[keep] == ids[keep]) keep++;
     double t0 = now_s();
@@ -676,7 +681,6 @@ static void run_chat(const Model *m, const Tokenizer *tok, const Options *o) {
     Chat c = {.m = m, .tok = tok, .o = o};
     char err[MODEL_ERR_LEN];
     if (run_state_init(&c.s, m, pick_ctx(o, &m->c, CHAT_CTX_DEFAULT), m->be->max_chunk, 0, err) != 0) die("%s", err);
-    c.s.attn = make_attn(o, m, &c.s, 0); // turns come and go: every position past the dense zone is a decode step
     int n_valid = tokenizer_n_tokens(tok) < (int)m->c.vocab_size ? tokenizer_n_tokens(tok) : (int)m->c.vocab_size;
     if (sampler_init(&c.sampler, n_valid, o->temperature, o->top_k, o->top_p, o->min_p, o->seed) != 0) die("out of memory");
     c.cache = malloc((size_t)c.s.ctx * sizeof(int));

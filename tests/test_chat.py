@@ -14,7 +14,9 @@
   - Ctrl-C (SIGINT) during a reply stops the reply, not the program, twice in a row;
   - on a terminal (a pty): prompts, a line ending in '\\' continues the message, Ctrl-C at the
     prompt asks again, Ctrl-D quits;
-  - invalid UTF-8, a NUL byte, empty lines and a 10 MB message: a clear note, never a crash.
+  - invalid UTF-8, a NUL byte, empty lines and a 10 MB message: a clear note, never a crash;
+  - a first message past the dense threshold: the first turn is a prefill under ParisKV, as in
+    ./run -p (the same reply).
 Every run must exit 0 with no 'error:' line. Stdlib only.
 """
 import json
@@ -127,6 +129,25 @@ def test_turns(tiny):
     sys_ids = render(tiny, [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hello there"}])
     check(f"--system is the first message ({len(sys_ids)} tokens prefilled)", r.clean and r.stats and
           r.stats[0][0] == len(sys_ids), r)
+
+
+def test_long_first_message(tiny):
+    """Past the dense threshold (2000 tokens) ParisKV selects keys; the first turn is the prompt,
+    attended densely like ./run -p, so its reply equals a generation from the rendered prompt
+    under the same policy (every later token a decode step in both)."""
+    words = " ".join(f"w{i % 97} x{i % 13}" for i in range(440))
+    conv = [{"role": "user", "content": words}]
+    ids = render(tiny, conv)
+    if len(ids) < 2100:
+        check(f"the long message renders to >= 2100 tokens ({len(ids)})", False)
+        return
+    r = chat(tiny, (words + "\n").encode(), "-n", "8", "--ctx", "3000", "--ignore-eos", timeout=300)
+    p = subprocess.run([RUN, tiny, "--ids", "-p", " ".join(map(str, ids)), "-n", "8", "--temp", "0", "--ctx", "3000",
+                        "--ignore-eos"], capture_output=True, text=True, timeout=300)
+    gen = [int(x) for x in p.stdout.split()]
+    d = subprocess.run([TOK_TOOL, TINY, "--decode"] + [str(x) for x in gen], capture_output=True, timeout=60)
+    check(f"a {len(ids)}-token first message under ParisKV: the chat's reply equals ./run -p of the rendered prompt",
+          r.clean and p.returncode == 0 and r.out[:-1] == d.stdout, f"{r} chat {r.out!r} vs run {d.stdout!r}")
 
 
 def test_real_templates(tmp):
@@ -283,7 +304,8 @@ def main():
         if p.returncode != 0:
             check("export of the tiny model", False, p.stderr)
         else:
-            for test in (test_turns, test_context_full, test_sigint, test_terminal, test_bad_input):
+            for test in (test_turns, test_long_first_message, test_context_full, test_sigint, test_terminal,
+                         test_bad_input):
                 try:
                     test(tiny)
                 except (OSError, RuntimeError, subprocess.TimeoutExpired, UnicodeDecodeError) as e:
