@@ -49,10 +49,10 @@ extern "C" size_t attn_decode_scratch_floats(int n_heads, int n_kv, int hd, int 
 // Keys per split for n keys: a multiple of 32, so the splits in use are all full but the last,
 // and at least DEC_MIN_SPLIT, so that a split's fixed costs (its query, its share of the merge)
 // stay small against its reads at short contexts.
-__device__ __forceinline__ int split_keys(int n, int n_splits, int min_split) {
+__device__ __forceinline__ int split_keys(int n, int n_splits) {
     int s = (n + n_splits - 1) / n_splits;
     s = (s + 31) & ~31;
-    return s > min_split ? s : min_split;
+    return s > DEC_MIN_SPLIT ? s : DEC_MIN_SPLIT;
 }
 
 __device__ __forceinline__ void bf16x8_to_f32(uint4 u, float *f) {
@@ -90,6 +90,12 @@ template <int LPK> __device__ __forceinline__ float stream_sum(float v) {
     return v;
 }
 
+// 8 consecutive floats from global memory.
+__device__ __forceinline__ void load8f(float *f, const float *p) {
+    float4 a = *(const float4 *)p, b = *(const float4 *)(p + 4);
+    f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
+}
+
 // One head vector (8 elements per lane, part = lane's slot in its stream) from the fp32 QKV
 // output: optional RMSNorm over the head (nw: this lane's 8 weights), then rotate-half RoPE
 // with this lane's cos/sin (c, s from rope_table()). The partner of element j < HD/2 is
@@ -98,8 +104,7 @@ template <int HD>
 __device__ __forceinline__ void head_norm_rope(float *x, const float *src, bool norm, const float *nw, const float *c,
                                                const float *s, int part, float eps) {
     constexpr int LPK = HD / 8;
-    float4 a = *(const float4 *)(src + part * 8), b = *(const float4 *)(src + part * 8 + 4);
-    x[0] = a.x, x[1] = a.y, x[2] = a.z, x[3] = a.w, x[4] = b.x, x[5] = b.y, x[6] = b.z, x[7] = b.w;
+    load8f(x, src + part * 8);
     if (norm) {
         float ss = 0.0f;
 #pragma unroll
@@ -114,12 +119,6 @@ __device__ __forceinline__ void head_norm_rope(float *x, const float *src, bool 
         float other = __shfl_xor_sync(0xffffffffu, x[i], LPK / 2);
         x[i] = lo ? x[i] * c[i] - other * s[i] : x[i] * c[i] + other * s[i];
     }
-}
-
-// 8 consecutive floats from global memory.
-__device__ __forceinline__ void load8f(float *f, const float *p) {
-    float4 a = *(const float4 *)p, b = *(const float4 *)(p + 4);
-    f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
 }
 
 // Online-softmax state of one stream for the G heads of the group.
@@ -187,7 +186,7 @@ __global__ void __launch_bounds__(DEC_THREADS, G <= 4 ? 4 : 2) attn_decode_kerne
                                                                   const float *qkv, const float *q_norm,
                                                                   const float *k_norm, const float *rope_cs,
                                                                   bf16 *k_cache, bf16 *v_cache, const int *d_pos,
-                                                                  int n_kv, int ctx, float eps, int min_split) {
+                                                                  int n_kv, int ctx, float eps) {
     constexpr int LPK = HD / 8;             // lanes per key row
     constexpr int PSTRIDE = HD + 4;         // a split's partial: o (HD), m, l, padding to 16 bytes
     constexpr int SPW = 32 / LPK;           // streams per warp
@@ -209,7 +208,7 @@ __global__ void __launch_bounds__(DEC_THREADS, G <= 4 ? 4 : 2) attn_decode_kerne
     // The position was copied in before the first kernel of the step, and rows < pos of this
     // layer's cache were written by earlier steps: both may be read before pdl_wait().
     int pos = *d_pos, n = pos + 1;
-    int S = split_keys(n, n_splits, min_split);
+    int S = split_keys(n, n_splits);
     int k0 = split * S, k1 = min(k0 + S, pos); // cached keys of this split; key pos is new
     int n_tiles = k0 < k1 ? (k1 - k0 + TILE - 1) / TILE : 0;
     const bf16 *kb = k_cache + (size_t)kvh * ctx * HD, *vb = v_cache + (size_t)kvh * ctx * HD;
@@ -272,9 +271,8 @@ __global__ void __launch_bounds__(DEC_THREADS, G <= 4 ? 4 : 2) attn_decode_kerne
     if (k0 <= pos && pos < k0 + S && warp == 0) {
         float kf[8];
         head_norm_rope<HD>(kf, qkv + (size_t)(n_kv * G + kvh) * HD, q_norm != NULL, kn, c, sn, part, eps);
-        const float *vsrc = qkv + (size_t)(n_kv * G + n_kv + kvh) * HD + part * 8;
-        float4 a = *(const float4 *)vsrc, b = *(const float4 *)(vsrc + 4);
-        float vv[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+        float vv[8];
+        load8f(vv, qkv + (size_t)(n_kv * G + n_kv + kvh) * HD + part * 8);
         uint4 kq[1] = {f32x8_to_bf16(kf)}, vq[1] = {f32x8_to_bf16(vv)};
         if (sub == 0) {
             ((uint4 *)(k_cache + ((size_t)kvh * ctx + pos) * HD))[part] = kq[0];
@@ -372,7 +370,7 @@ static cudaError_t launch_decode(bf16 *out, const float *qkv, const float *q_nor
     per_sm = per_sm < 1 ? 1 : per_sm > DEC_MAX_BLOCKS_PER_SM ? DEC_MAX_BLOCKS_PER_SM : per_sm;
     dim3 grid(n_kv, n_splits_for(n_kv, ctx, per_sm));
     return launch_pdl(attn_decode_kernel<G, HD>, grid, DEC_THREADS, 0, st, out, partial, counters, qkv, q_norm, k_norm,
-                      rope_cs, k_cache, v_cache, d_pos, n_kv, ctx, eps, DEC_MIN_SPLIT);
+                      rope_cs, k_cache, v_cache, d_pos, n_kv, ctx, eps);
 }
 
 extern "C" cudaError_t attn_decode(bf16 *out, const float *qkv, const float *q_norm, const float *k_norm,

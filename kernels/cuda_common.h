@@ -1,4 +1,4 @@
-// Shared by the CUDA sources: error checks and bf16 helpers.
+// Shared by the CUDA sources: error checks, bf16 helpers, warp and block sums.
 #ifndef CUDA_COMMON_H
 #define CUDA_COMMON_H
 
@@ -25,5 +25,26 @@ typedef __nv_bfloat16 bf16;
             exit(1);                                                                   \
         }                                                                              \
     } while (0)
+
+#ifdef __CUDACC__
+// Sum over the 32 lanes of a warp (a butterfly: every lane gets the sum).
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// Sum over the block, returned to every thread; red: one float per warp of shared memory.
+__device__ __forceinline__ float block_sum(float v, float *red) {
+    v = warp_sum(v);
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    __syncthreads(); // red may still be read from a previous call
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    float s = 0.0f;
+    for (int i = 0; i < nw; i++) s += red[i];
+    return s;
+}
+#endif
 
 #endif

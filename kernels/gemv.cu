@@ -21,12 +21,6 @@ __device__ __forceinline__ float dot8(uint4 w, uint4 x) {
     return s;
 }
 
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
 template <int EPI>
 __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_kernel(void *y, const bf16 *W, const bf16 *x, int n, int d) {
     extern __shared__ uint4 xs[]; // x, n/8 chunks of 8 bf16
@@ -119,7 +113,7 @@ __global__ void __launch_bounds__(ROW_WARPS * 32) gemv_row_kernel(void *y, const
 #pragma unroll
             for (int k = 0; k < 8; k++) ss += v[k];
         }
-        ss = warp_sum(ss);
+        ss = warp_sum(ss); // block_sum's leading barrier measurably costs here: reduce by hand
         if (lane == 0) red[warp] = ss;
         __syncthreads();
         ss = 0.0f;

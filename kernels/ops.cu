@@ -4,18 +4,6 @@
 #include "kernels.h"
 #include "pdl.h"
 
-__device__ __forceinline__ float block_sum(float v, float *red) {
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
-    __syncthreads(); // red may still be read from a previous call
-    if (lane == 0) red[warp] = v;
-    __syncthreads();
-    float s = 0.0f;
-    for (int i = 0; i < nw; i++) s += red[i];
-    return s;
-}
-
 // One block per row. Every load a thread needs is issued before any is used (NORM_K values a
 // thread, fully unrolled): a decode step runs this on the critical path, where a loop of
 // dependent L2 round trips would cost several microseconds. Rows longer than NORM_K *
