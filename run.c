@@ -730,6 +730,10 @@ static void select_device(Model *m, const char *device) {
 static int run_bench(const Options *o) {
     Model m;
     char err[MODEL_ERR_LEN];
+    // The benchmark times the GPU's dense decode: say so rather than print dense figures under
+    // another method's name.
+    if (o->attn_set && o->attn.method != ATTN_FULL)
+        die("--bench --attn %s: the GPU benchmark runs full attention only for now (give --attn full or no --attn)", attn_method_name(o->attn.method));
     if (o->synthetic) {
         if (o->model_path) die("give either a model file or --synthetic NAME, not both");
         if (model_synthetic(&m, o->synthetic) != 0)

@@ -1,34 +1,68 @@
 #!/usr/bin/env bash
-# Runs every test: the C unit-test programs (build/tests/test_*), then the Python and shell
-# end-to-end tests (tests/test_*.py, tests/test_*.sh). Each test is a program that exits 0 on
-# success. Prints a closing 'N passed, N failed' line; exits non-zero if any test failed.
+# Runs every test: the C unit-test programs (one per tests/test_*.c), then the Python and shell
+# end-to-end tests (tests/test_*.py, tests/test_*.sh). Each test is a program that prints a
+# closing 'N passed, N failed' line and exits 0 when all passed, 77 when all that ran passed but
+# it skipped something (it says what on a 'SKIP ...' line), anything else on a failure.
+# A test counts as passed only with exit 0, that closing line, N > 0 and no failures in it.
+# A missing test binary is a failure, not a skip. Prints 'N passed, N failed, N skipped' and
+# checks that as many tests ran as exist. Exits non-zero on any failure, and on any skip when
+# PKV_NO_SKIP=1 (make check: CI runs everything or says why not by failing).
+#   PKV_BUILD=build-asan (make test-asan): the C tests of that build, and the programs the Python
+#   tests run (PKV_BIN, TOK_TOOL) from it too.
+#   PKV_ONLY="test_a test_b": just these (the second -march run of the float-sensitive tests).
+set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
-# PKV_BUILD=build-asan (make test-asan): the C tests of that build, and the programs the Python
-# tests run (PKV_BIN, TOK_TOOL) from it too.
 B=${PKV_BUILD:-build}
 if [ -n "${PKV_BUILD:-}" ]; then
     export PKV_BIN=$PWD/$B TOK_TOOL=$PWD/$B/tests/tok_tool
 fi
-passed=0 failed=0 failed_names=()
+log=$(mktemp /tmp/pkv-test-XXXXXX)
+trap 'rm -f "$log"' EXIT
+passed=0 failed=0 skipped=0 expected=0 failed_names=() skipped_names=()
+wanted() { [ -z "${PKV_ONLY:-}" ] || [[ " $PKV_ONLY " == *" $1 "* ]]; }
 run() {
     local name=$1; shift
+    expected=$((expected + 1))
     echo "=== $name"
-    local t0=$SECONDS
-    if "$@"; then
+    local t0=$SECONDS rc summary
+    "$@" 2>&1 | tee "$log"
+    rc=${PIPESTATUS[0]}
+    summary=$(grep -E '^[0-9]+ passed, [0-9]+ failed' "$log" | tail -1)
+    local np=${summary%% passed*} nf
+    nf=${summary#* passed, }; nf=${nf%% failed*}
+    if [ "$rc" -eq 0 ] && [ -n "$summary" ] && [ "$np" -gt 0 ] && [ "$nf" -eq 0 ]; then
         passed=$((passed + 1)); echo "--- PASS $name ($((SECONDS - t0)) s)"
+    elif [ "$rc" -eq 77 ] && [ -n "$summary" ] && [ "$nf" -eq 0 ]; then
+        skipped=$((skipped + 1)); skipped_names+=("$name"); echo "--- SKIP $name ($((SECONDS - t0)) s): $(grep -m3 '^SKIP' "$log" | tr '\n' ' ')"
     else
-        failed=$((failed + 1)); failed_names+=("$name"); echo "--- FAIL $name ($((SECONDS - t0)) s)"
+        failed=$((failed + 1)); failed_names+=("$name")
+        echo "--- FAIL $name ($((SECONDS - t0)) s; exit $rc${summary:+, '$summary'}${summary:- , no 'N passed, N failed' line})"
     fi
 }
-for t in "$B"/tests/test_*; do
-    [ -x "$t" ] && run "$(basename "$t")" "$t"
+for src in tests/test_*.c; do
+    name=$(basename "$src" .c)
+    wanted "$name" || continue
+    if [ -x "$B/tests/$name" ]; then
+        run "$name" "$B/tests/$name"
+    else
+        expected=$((expected + 1)); failed=$((failed + 1)); failed_names+=("$name")
+        echo "--- FAIL $name: $B/tests/$name was not built"
+    fi
 done
 for t in tests/test_*.py; do
-    [ -f "$t" ] && run "$(basename "$t")" python3 "$t"
+    wanted "$(basename "$t")" && run "$(basename "$t")" python3 "$t"
 done
 for t in tests/test_*.sh; do
-    [ -f "$t" ] && run "$(basename "$t")" bash "$t"
+    wanted "$(basename "$t")" && run "$(basename "$t")" bash "$t"
 done
 [ "$failed" -gt 0 ] && echo "failed: ${failed_names[*]}"
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+[ "$skipped" -gt 0 ] && echo "skipped: ${skipped_names[*]}"
+echo "$passed passed, $failed failed, $skipped skipped (of $expected tests)"
+if [ $((passed + failed + skipped)) -ne "$expected" ] || [ "$expected" -eq 0 ]; then
+    echo "FAIL the runner counted $((passed + failed + skipped)) results for $expected tests"; exit 1
+fi
+[ "$failed" -eq 0 ] || exit 1
+if [ "$skipped" -gt 0 ] && [ "${PKV_NO_SKIP:-0}" = 1 ]; then
+    echo "FAIL skips are failures here (PKV_NO_SKIP=1)"; exit 1
+fi
+exit 0

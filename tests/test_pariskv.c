@@ -11,6 +11,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+// fp32 unit roundoff: every float bound below is a multiple of it.
+#define U32 ldexp(1.0, -24)
+
 static double dotd(const float *a, const float *b, int n) {
     double s = 0;
     for (int i = 0; i < n; i++) s += (double)a[i] * b[i];
@@ -26,14 +29,18 @@ static void test_srht(void) {
         for (int j = 0; j < D; j++) x[j] = gauss(&r);
         memcpy(xs, x, sizeof xs);
         srht_apply(xs, s, D);
-        double maxd = 0;
+        // fp32 butterflies: log2(D) stages of one rounding each, then the 1/sqrt(D) scale, each
+        // relative to the sum of magnitudes flowing into the output: (log2 D + 2) u sum|x| / sqrt(D).
+        double maxd = 0, l1 = 0, tol;
+        for (int j = 0; j < D; j++) l1 += fabs(x[j]);
+        tol = (log2((double)D) + 2) * U32 * l1 / sqrt((double)D);
         for (int i = 0; i < D; i++) {
             double e = 0;
             for (int j = 0; j < D; j++) e += (__builtin_popcount((unsigned)(i & j)) & 1 ? -1.0 : 1.0) * s[j] * x[j];
             e /= sqrt((double)D);
             if (fabs(e - xs[i]) > maxd) maxd = fabs(e - xs[i]);
         }
-        check(maxd < 1e-5, "SRHT D=%d equals H diag(s) x / sqrt(D) (max diff %.2e)", D, maxd);
+        check(maxd <= tol, "SRHT D=%d equals H diag(s) x / sqrt(D) (max diff %.2e, tol %.2e)", D, maxd, tol);
         // Inner products of unit vectors are preserved.
         double worst = 0;
         for (int t = 0; t < 200; t++) {
@@ -45,7 +52,11 @@ static void test_srht(void) {
             double d = fabs(dotd(xs, ys, D) - dotd(x, y, D));
             if (d > worst) worst = d;
         }
-        check(worst < 1e-5, "SRHT D=%d preserves inner products of unit vectors (worst %.2e <= 1e-5)", D, worst);
+        // Unit inputs (normalized in fp32: within D u of unit length), each rotated coordinate
+        // within (log2 D + 2) u sum|x| / sqrt(D) <= (log2 D + 2) u (sum|x| <= sqrt(D)): a rotated
+        // vector's error is at most sqrt(D) times that in norm, and enters the product twice.
+        double tol_ip = 2 * ((log2((double)D) + 2) * sqrt((double)D) + D) * U32;
+        check(worst <= tol_ip, "SRHT D=%d preserves inner products of unit vectors (worst %.2e, tol %.2e)", D, worst, tol_ip);
     }
     float a[64], b[64];
     srht_signs(SRHT_SEED, 64, a), srht_signs(SRHT_SEED, 64, b);
@@ -69,7 +80,13 @@ static void test_encoding(void) {
     uint16_t w[8];
     srht_signs(SRHT_SEED, D, s);
     Shape ks = make_shape(&r, D, 6.0f);
-    int ids_ok = 1, nearest_ok = 1, codes_ok = 1, alpha_ok = 1, w_ok = 1;
+    int ids_ok = 1, nearest_ok = 1, codes_ok = 1, alpha_ok = 1, w_ok = 1, undecided = 0, compared = 0;
+    // The encoder normalizes and rotates in fp32 (a norm over D squares, D divisions, the SRHT),
+    // the reference here in double before one rounding: a unit coordinate may differ by
+    // tu = (D + log2 D + 4) u, and u / r_b by twice that. A sign or code is compared exactly
+    // unless the coordinate lies within that distance of its decision boundary (0 or a
+    // threshold), where either answer is right; the count of those is printed and kept small.
+    double tu = (D + log2((double)D) + 4) * U32, tc = 2 * tu + 4 * U32;
     for (int t = 0; t < 300; t++) {
         draw(&r, &ks, D, k);
         pkv_encode_key(k, D, s, ids, codes, w, alpha);
@@ -78,9 +95,12 @@ static void test_encoding(void) {
         for (int b = 0; b < B; b++) {
             const float *u = kt + b * PKV_M;
             double rb = sqrt(dotd(u, u, PKV_M));
-            int id = 0;
-            for (int j = 0; j < PKV_M; j++) id |= (u[j] >= 0) << j;
-            ids_ok &= ids[b] == id;
+            int id = 0, free_bits = 0;
+            for (int j = 0; j < PKV_M; j++) {
+                id |= (u[j] >= 0) << j;
+                if (fabs(u[j]) <= tu) free_bits |= 1 << j, undecided++;
+            }
+            ids_ok &= (ids[b] & ~free_bits) == (id & ~free_bits);
             // The sign pattern is the nearest of the 256 centroids {+-1/sqrt(8)}^8.
             double best = -1e30;
             int arg = -1;
@@ -89,19 +109,25 @@ static void test_encoding(void) {
                 for (int j = 0; j < PKV_M; j++) d += ((c >> j) & 1 ? 1 : -1) * u[j];
                 if (d > best) best = d, arg = c;
             }
-            nearest_ok &= arg == ids[b];
+            nearest_ok &= (arg & ~free_bits) == (ids[b] & ~free_bits);
             double a = 0;
             for (int j = 0; j < PKV_M; j++) {
                 int c = (codes[b * 4 + j / 2] >> (j & 1 ? 4 : 0)) & 15;
-                codes_ok &= c == pkv_code((float)(u[j] / rb));
-                a += pkv_decode(c) * (u[j] / rb);
+                double ub = u[j] / rb, edge = fabs(ub);
+                for (int t = 0; t < 7; t++) edge = fmin(edge, fabs(fabs(ub) - pkv_thresholds[t]));
+                if (edge <= tc) undecided++;
+                else compared++, codes_ok &= c == pkv_code((float)ub);
+                a += pkv_decode(c) * ub;
             }
-            alpha_ok &= fabs(a - alpha[b]) < 1e-5;
+            // alpha = sum of 8 centers (< 0.77) x |u_j / r_b|: the inputs' error plus 8 roundings
+            alpha_ok &= fabs(a - alpha[b]) <= 8 * 0.77 * tc + 8 * U32;
+            // w: fp16 rounds to half an ulp (2^-11 relative), after fp32 inputs off by ~tc relative
             double want = kn * rb / a, got = pkv_f16_to_f32(w[b]);
-            w_ok &= fabs(got - want) <= want * 4.9e-4 + 1e-7; // fp16: half an ulp is 2^-11
+            w_ok &= fabs(got - want) <= want * (ldexp(1.0, -11) + 4 * tc / 0.3 + 16 * U32) + ldexp(1.0, -25);
         }
     }
-    check(ids_ok, "ids are the sign patterns of the rotated subspaces (300 keys x %d)", B);
+    check(ids_ok && compared > 300 * B * PKV_M * 9 / 10,
+          "ids are the sign patterns of the rotated subspaces (300 keys x %d; %d coordinates within rounding of a boundary)", B, undecided);
     check(nearest_ok, "each id is the nearest of the 256 sign-pattern centroids");
     check(codes_ok, "the packed nibbles are each coordinate's code, even coordinate low");
     check(alpha_ok, "alpha_b = <v_b, u_b>");

@@ -68,10 +68,11 @@ int main(void) {
     // One thread: 2 x 1100 single-token steps of a tiny model are all parallel-region overhead,
     // ruinous on a busy machine (the thread count's irrelevance is test_pariskv_policy's job).
     omp_set_num_threads(1);
-    char dir[] = "/tmp/pkvmodelXXXXXX", path[64], cmd[256];
+    char dir[] = "/tmp/pkvmodelXXXXXX", path[64], cmd[4352];
     if (!mkdtemp(dir)) return perror("mkdtemp"), 1;
     snprintf(path, sizeof path, "%s/tiny.bin", dir);
-    snprintf(cmd, sizeof cmd, "./export tests/data/tiny-qwen3 %s > /dev/null 2>&1", path);
+    const char *bin = getenv("PKV_BIN"); // the build under test (make test-asan, test-march)
+    snprintf(cmd, sizeof cmd, "%s/export tests/data/tiny-qwen3 %s > /dev/null 2>&1", bin ? bin : ".", path);
     Model m;
     char err[MODEL_ERR_LEN];
     if (system(cmd) != 0 || model_load(&m, path, err) != 0) {
@@ -86,19 +87,44 @@ int main(void) {
     if (!dense || !dense1 || !a || !b) return printf("FAIL out of memory\n"), 1;
 
     int ok = run(&m, NULL, tokens, CHUNK, dense) == 0 && run(&m, NULL, tokens, 1, dense1) == 0;
-    double base = max_diff(dense, dense1, n); // what chunking alone changes (the matmul paths)
+    // Chunks and single steps run the same operations through different matmul paths (GEMM vs
+    // GEMV: other summation orders, other vector widths per build), so logits may differ by
+    // rounding alone. Bound: each dot product of length n in fp32, in any order, is within
+    // gamma_n = n u (u = 2^-24) of exact, relative to its sum of |terms|; the longest here is
+    // attention over N = 1100 keys (dim 64, ffn 128 are shorter); two orders differ by twice that
+    // per layer, and the residual stream carries each layer's error to the logits, which scale it
+    // by their magnitude: tol = 2 * 2 n u * n_layers * max|logit|. Measured across builds
+    // (-O0, -O3 with x86-64-v2, v3, v4 and native on AMD EPYC): 0 to 1.9e-5, against a tol of 8.5e-3.
+    // A wrong chunked path (a position off, a stale row) moves logits by O(1).
+    double max_logit = 0;
+    for (size_t i = 0; i < n; i++) max_logit = fabs(dense[i]) > max_logit ? fabs(dense[i]) : max_logit;
+    double u = ldexp(1.0, -24), tol = 4.0 * N * u * (double)m.c.n_layers * max_logit;
+    double base = max_diff(dense, dense1, n);
+    check(ok && base <= tol, "dense attention: chunks of %d vs single steps: max logit diff %.2e (tol %.2e from %d keys x %d layers x max|logit| %.1f)",
+          CHUNK, base, tol, N, (int)m.c.n_layers, max_logit);
     AttnPolicy *pa = policy(&m, 16, 0, 64), *pb = policy(&m, 16, 0, 64); // zones of up to ~1000 keys
     ok = ok && pa && pb && run(&m, pa, tokens, CHUNK, a) == 0 && run(&m, pb, tokens, 1, b) == 0;
     if (ok) {
         double d = max_diff(a, b, n);
-        int agree = 0;
-        for (int p = 0; p < N; p++) agree += argmax(a + (size_t)p * V, V) == argmax(b + (size_t)p * V, V);
-        check(d <= base + 1e-6, "pariskv teacher-forced chunks of %d vs single steps through the model: max logit diff %.2e (dense: %.2e)", CHUNK, d,
-              base);
-        check(agree == N, "the same next token at all %d positions", N);
-        // The policy runs: past the threshold its logits differ from dense, before it they do not.
+        // The next token must agree wherever rounding cannot swap it: top-2 margin above 2 tol.
+        int agree = 0, decided = 0;
+        for (int p = 0; p < N; p++) {
+            const float *la = a + (size_t)p * V;
+            int t = argmax(la, V);
+            double second = -INFINITY;
+            for (int i = 0; i < V; i++)
+                if (i != t && la[i] > second) second = la[i];
+            if (la[t] - second <= 2 * tol) continue;
+            decided++, agree += t == argmax(b + (size_t)p * V, V);
+        }
+        check(d <= tol, "pariskv teacher-forced chunks of %d vs single steps through the model: max logit diff %.2e (tol %.2e; dense: %.2e)",
+              CHUNK, d, tol, base);
+        check(agree == decided && decided >= N * 9 / 10, "the same next token at all %d positions whose top-2 margin exceeds 2 tol (of %d)",
+              decided, N);
+        // The policy runs: past the threshold its logits differ from dense, before it they do not
+        // (there it calls attention_dense itself: the same operations, so bit for bit).
         double before = max_diff(a, dense, (size_t)199 * V), after = max_diff(a + (size_t)600 * V, dense + (size_t)600 * V, (size_t)(N - 600) * V);
-        check(before == 0 && after > 1e-3, "dense below the threshold (diff %.1e), selective past it (diff %.2e)", before, after);
+        check(before == 0 && after > 100 * tol, "dense below the threshold (diff %.1e), selective past it (diff %.2e > 100 tol)", before, after);
     }
     if (pa) pa->destroy(pa);
     if (pb) pb->destroy(pb);
