@@ -3,6 +3,7 @@
 #include "model/guard.h"
 #include "model/model.h"
 #include "model/sampler.h"
+#include "model/version.h"
 #include "tokenizer/chat.h"
 #include "tokenizer/tokenizer.h"
 
@@ -10,6 +11,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
+#include <omp.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,7 +36,9 @@ typedef struct {
     int top_k;
     int sampling_set;         // any sampling flag given: generation_config.json defaults are off
     unsigned long long seed;
+    int seed_set;             // --seed given (else the time, printed on the stats line)
     const char *device;       // --device cpu|gpu|auto
+    int threads;              // --threads N, or OMP_NUM_THREADS (0: tuned, at most the CPUs we may use)
     int bench;                // --bench
     const char *synthetic;    // --synthetic NAME
     const char *bench_ctx;    // --bench-ctx 4096,32768
@@ -84,6 +88,9 @@ static void usage(FILE *f) {
             "memory and device:\n"
             "  --ctx N          KV cache positions (default: what the run needs, at most the model's)\n"
             "  --device D       cpu, gpu or auto (default: the GPU when there is one)\n"
+            "  --threads N      CPU threads (default: the CPUs this process may use, fewer while that\n"
+            "                   measures faster, e.g. beside another busy process; OMP_NUM_THREADS\n"
+            "                   fixes the count as --threads does)\n"
             "benchmark (GPU):\n"
             "  --bench          time decode steps at each context and print TPOT beside the bandwidth floor\n"
             "  --synthetic NAME random weights of a real shape instead of a model file:\n"
@@ -98,6 +105,7 @@ static void usage(FILE *f) {
             "  --local L        most recent tokens, always attended (default 256)\n"
             "  --update U       update buffer: after U decode steps the oldest U recent tokens join\n"
             "                   the retrieval zone (default 512)\n"
+            "  --version        the version, and whether this build has the CUDA backend\n"
             "  -h, --help       this text\n");
 }
 
@@ -188,8 +196,10 @@ static int *parse_ids(const char *text, int vocab, int *n_out) {
         char *end;
         errno = 0;
         long v = strtol(p, &end, 10);
-        if (end == p || errno || v < 0 || v >= vocab || (*end && !strchr(" \t\r\n", *end)))
-            die("token id '%.20s' is not an integer in [0, %d)", p, vocab);
+        if (end == p || errno || v < 0 || v >= vocab || (*end && !strchr(" \t\r\n", *end))) {
+            int w = (int)strcspn(p, " \t\r\n"); // the bad id alone, not what follows it
+            die("token id '%.*s%s' is not an integer in [0, %d)", w < 40 ? w : 40, p, w > 40 ? "..." : "", vocab);
+        }
         if (n == INT_MAX / 2) die("more than %d token ids", n);
         if (n == cap) ids = realloc(ids, (size_t)(cap *= 2) * sizeof(int));
         if (!ids) die("out of memory");
@@ -200,7 +210,13 @@ static int *parse_ids(const char *text, int vocab, int *n_out) {
     return ids;
 }
 
-static int *encode_text(const Tokenizer *tok, const char *text, size_t len, int *n_out) {
+// what: the input's name for messages ("the prompt", "'file.txt'"). Invalid UTF-8 is refused,
+// as chat refuses such a message: the encoder would drop those bytes without a word.
+static int *encode_text(const Tokenizer *tok, const char *what, const char *text, size_t len, int *n_out) {
+    long bad = tokenizer_utf8_invalid_at(text, len);
+    if (bad >= 0)
+        die("%s is not valid UTF-8: byte 0x%02x at offset %ld (give text in UTF-8, or token ids with --ids)", what,
+            (unsigned)(unsigned char)text[bad], bad);
     char err[TOK_ERR_LEN];
     int *ids = NULL;
     long n = tokenizer_encode(tok, text, len, 1, &ids, err);
@@ -244,12 +260,33 @@ static AttnPolicy *make_attn(const Options *o, const Model *m, const RunState *s
     return p;
 }
 
+static const char *plural(long n) { return n == 1 ? "" : "s"; }
+
+// One line on stderr once a run's state exists: what runs, where, with what.
+static void print_summary(const Model *m, const RunState *s, const Options *o) {
+    const Config *c = &m->c;
+    double attn = (double)c->dim * c->head_dim * (2.0 * c->n_heads + 2.0 * c->n_kv_heads);
+    double per_layer = attn + 3.0 * c->dim * c->hidden_dim + 2.0 * c->dim + (c->qk_norm ? 2.0 * c->head_dim : 0);
+    double params = c->n_layers * per_layer + (c->tied_embeddings ? 1.0 : 2.0) * c->vocab_size * c->dim + c->dim;
+    char thr[48] = "";
+    if (!s->dev) snprintf(thr, sizeof thr, ", %d thread%s%s", omp_get_max_threads(), plural(omp_get_max_threads()), o->threads ? "" : " (tuned)");
+    fprintf(stderr, "%s, %.1fM parameters, %s weights, context %d (trained %u), %s%s\n", c->arch == ARCH_QWEN3 ? "qwen3" : "llama",
+            params / 1e6, c->weight_dtype == DTYPE_BF16 ? "bf16" : "f32", s->ctx, c->max_seq_len, s->dev ? "gpu" : "cpu", thr);
+}
+
+// The CPU pass's thread tuners (decode steps, chunks) for a run's state.
+static void attach_tuners(RunState *s, ThreadTuner tt[2], const Options *o) {
+    for (int i = 0; i < 2; i++) tuner_init(&tt[i], omp_get_max_threads(), o->threads);
+    s->threads = tt;
+}
+
 // Runs tokens through the model in chunks; calls on_logits for each chunk when all_logits.
 typedef void (*LogitsFn)(const float *logits, int first, int T, void *ctx);
-static float *prefill(const Model *m, RunState *s, const int *tokens, int n, int pos, int all_logits, LogitsFn fn, void *ctx) {
+// label names what the progress line counts ("prefill", "score").
+static float *prefill(const Model *m, RunState *s, const char *label, const int *tokens, int n, int pos, int all_logits, LogitsFn fn, void *ctx) {
     float *logits = NULL;
     double t0 = now_s();
-    int chunk = s->chunk, show = n > 8 * chunk;
+    int chunk = s->chunk, show = n > 8 * chunk, tty = isatty(STDERR_FILENO), last_tenth = 0;
     char err[MODEL_ERR_LEN];
     for (int i = 0; i < n; i += chunk) {
         if (interrupted) return NULL; // only when the caller catches SIGINT (generation)
@@ -257,12 +294,15 @@ static float *prefill(const Model *m, RunState *s, const int *tokens, int n, int
         logits = model_forward(m, s, tokens + i, T, pos + i, all_logits, err);
         if (!logits) die("%s", err);
         if (fn) fn(logits, i, T, ctx);
-        if (show) {
+        // Progress: redrawn in place on a terminal; in a log, a plain line per tenth of the way.
+        int tenth = (int)(10L * (i + T) / n);
+        if (show && (tty || tenth > last_tenth)) {
             double el = now_s() - t0;
-            fprintf(stderr, "\rprefill: %d/%d tokens (%.0f tok/s)", i + T, n, (i + T) / (el > 0 ? el : 1e-9));
+            fprintf(stderr, "%s%s: %d/%d tokens (%.0f tok/s)%s", tty ? "\r" : "", label, i + T, n, (i + T) / (el > 0 ? el : 1e-9), tty ? "" : "\n");
+            last_tenth = tenth;
         }
     }
-    if (show) fprintf(stderr, "\n");
+    if (show && tty) fprintf(stderr, "\n");
     return logits;
 }
 
@@ -310,7 +350,9 @@ static void run_score(const Model *m, const Tokenizer *tok, const Options *o) {
     size_t len;
     char *text = read_file(o->score_file, &len);
     int n;
-    int *tokens = o->ids ? parse_ids(text, (int)m->c.vocab_size, &n) : encode_text(tok, text, len, &n);
+    char what[300];
+    snprintf(what, sizeof what, "'%.256s'", o->score_file);
+    int *tokens = o->ids ? parse_ids(text, (int)m->c.vocab_size, &n) : encode_text(tok, what, text, len, &n);
     free(text);
     int ctx = pick_ctx(o, &m->c, n);
     RunState s;
@@ -324,9 +366,12 @@ static void run_score(const Model *m, const Tokenizer *tok, const Options *o) {
         die("%s", err);
     }
     s.attn = make_attn(o, m, &s, 0);
+    ThreadTuner tt[2];
+    attach_tuners(&s, tt, o);
+    print_summary(m, &s, o);
     ScoreCtx sc = {tokens, n, (int)m->c.vocab_size, 0.0};
     double t0 = now_s();
-    prefill(m, &s, tokens, n, 0, 1, score_chunk, &sc);
+    prefill(m, &s, "score", tokens, n, 0, 1, score_chunk, &sc);
     double el = now_s() - t0;
     double mean = sc.total / (n - 1);
     printf("mean_nll %.6f ppl %.6f\n", mean, exp(mean));
@@ -349,7 +394,9 @@ static void run_generate(const Model *m, const Tokenizer *tok, const Options *o)
         const char *src = text ? text : (o->prompt ? o->prompt : "");
         if (!text) len = strlen(src);
         int n_text;
-        int *ids = encode_text(tok, src, len, &n_text);
+        char what[300] = "the prompt (-p)";
+        if (text) snprintf(what, sizeof what, "'%.256s'", o->prompt_file);
+        int *ids = encode_text(tok, what, src, len, &n_text);
         free(text);
         int bos = tokenizer_add_bos(tok) && tokenizer_bos(tok) >= 0;
         prompt = malloc(((size_t)n_text + 1) * sizeof(int));
@@ -362,13 +409,16 @@ static void run_generate(const Model *m, const Tokenizer *tok, const Options *o)
     if (n_prompt == 0) die("the prompt is empty (give -p TEXT or -f FILE)");
     long want = (long)n_prompt + o->steps;
     int ctx = pick_ctx(o, c, want > INT_MAX ? INT_MAX : (int)want);
-    if (n_prompt >= ctx)
+    if (o->steps == 0 ? n_prompt > ctx : n_prompt >= ctx) // -n 0: prefill only (timing it)
         die("the prompt has %d tokens, which leaves no room in a context of %d (raise --ctx; the model was trained on %u)",
             n_prompt, ctx, c->max_seq_len);
     RunState s;
     char err[MODEL_ERR_LEN];
     if (run_state_init(&s, m, ctx, m->be->max_chunk, 0, err) != 0) die("%s", err);
     s.attn = make_attn(o, m, &s, n_prompt);
+    ThreadTuner tt[2];
+    attach_tuners(&s, tt, o);
+    print_summary(m, &s, o);
 
     Sampler sampler;
     int n_valid = tokenizer_n_tokens(tok) < (int)c->vocab_size ? tokenizer_n_tokens(tok) : (int)c->vocab_size;
@@ -376,7 +426,7 @@ static void run_generate(const Model *m, const Tokenizer *tok, const Options *o)
 
     catch_sigint();
     double t0 = now_s();
-    float *logits = prefill(m, &s, prompt, n_prompt, 0, 0, NULL, NULL);
+    float *logits = prefill(m, &s, "prefill", prompt, n_prompt, 0, 0, NULL, NULL);
     double t_prefill = now_s() - t0;
 
     char *piece = malloc(tokenizer_max_piece_len(tok) + 16);
@@ -413,15 +463,18 @@ static void run_generate(const Model *m, const Tokenizer *tok, const Options *o)
         size_t k = tokenizer_decode_flush(tok, &dec, piece, tokenizer_max_piece_len(tok) + 16);
         fwrite(piece, 1, k, stdout);
     }
-    printf("\n");
+    if (generated > 0) printf("\n"); // -n 0 prints nothing
     double t_decode = now_s() - t1;
     flush_out();
     if (stop && interrupted) fprintf(stderr, "[interrupted]\n");
     else if (stop) fprintf(stderr, "[stopped: %s at %d tokens; raise --ctx]\n", stop, ctx);
     // generated tokens minus the first, which came from the prefill, were decode steps
     int steps = generated > 1 ? generated - 1 : 0;
-    fprintf(stderr, "prompt %d tokens | prefill %.1f tok/s | decode %.2f ms/token (TPOT) | generated %d tokens\n",
-            n_prompt, n_prompt / (t_prefill > 0 ? t_prefill : 1e-9), steps ? 1e3 * t_decode / steps : 0.0, generated);
+    fprintf(stderr, "prompt %d token%s | prefill %.1f tok/s | decode %.2f ms/token (TPOT) | generated %d token%s", n_prompt, plural(n_prompt),
+            n_prompt / (t_prefill > 0 ? t_prefill : 1e-9), steps ? 1e3 * t_decode / steps : 0.0, generated, plural(generated));
+    if (!s.dev) fprintf(stderr, " | threads %d%s", tuner_threads(&tt[0]), o->threads ? "" : " (tuned)");
+    if (!o->seed_set && o->temperature > 0) fprintf(stderr, " | seed %llu", o->seed); // to repeat the run: --seed
+    fprintf(stderr, "\n");
     free(piece);
     sampler_free(&sampler);
     if (s.attn) s.attn->destroy(s.attn);
@@ -434,7 +487,9 @@ static void run_tokenize(const Tokenizer *tok, const Options *o) {
     size_t len = 0;
     char *text = o->prompt_file ? read_file(o->prompt_file, &len) : NULL;
     int n;
-    int *ids = encode_text(tok, text ? text : o->prompt, text ? len : strlen(o->prompt), &n);
+    char what[300] = "the text (-p)";
+    if (text) snprintf(what, sizeof what, "'%.256s'", o->prompt_file);
+    int *ids = encode_text(tok, what, text ? text : o->prompt, text ? len : strlen(o->prompt), &n);
     for (int i = 0; i < n; i++) printf(i ? " %d" : "%d", ids[i]);
     printf("\n");
     free(ids);
@@ -500,7 +555,7 @@ static void run_render_chat(const Tokenizer *tok, const Options *o) {
     char *conv = chat_render(tok, msgs, n, &co, err);
     if (!conv) die("'%s': %s", path, err);
     int n_ids;
-    int *ids = encode_text(tok, conv, strlen(conv), &n_ids);
+    int *ids = encode_text(tok, "the rendered conversation", conv, strlen(conv), &n_ids);
     for (i = 0; i < n_ids; i++) printf(i ? " %d" : "%d", ids[i]);
     printf("\n");
     free(ids);
@@ -681,6 +736,9 @@ static void run_chat(const Model *m, const Tokenizer *tok, const Options *o) {
     Chat c = {.m = m, .tok = tok, .o = o};
     char err[MODEL_ERR_LEN];
     if (run_state_init(&c.s, m, pick_ctx(o, &m->c, CHAT_CTX_DEFAULT), m->be->max_chunk, 0, err) != 0) die("%s", err);
+    ThreadTuner tt[2];
+    attach_tuners(&c.s, tt, o);
+    print_summary(m, &c.s, o);
     int n_valid = tokenizer_n_tokens(tok) < (int)m->c.vocab_size ? tokenizer_n_tokens(tok) : (int)m->c.vocab_size;
     if (sampler_init(&c.sampler, n_valid, o->temperature, o->top_k, o->top_p, o->min_p, o->seed) != 0) die("out of memory");
     c.cache = malloc((size_t)c.s.ctx * sizeof(int));
@@ -774,6 +832,9 @@ int main(int argc, char **argv) {
         if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
             usage(stdout);
             return 0;
+        } else if (strcmp(a, "--version") == 0) {
+            printf("run %s (model.bin format %d, CUDA backend %s)\n", PKV_VERSION, MODEL_VERSION, backend_cuda_get() ? "built in" : "not built");
+            return 0;
         } else if (strcmp(a, "-p") == 0) {
             NEEDS_VALUE(); o.prompt = v;
         } else if (strcmp(a, "-f") == 0) {
@@ -791,7 +852,7 @@ int main(int argc, char **argv) {
         } else if (strcmp(a, "--min-p") == 0) {
             NEEDS_VALUE(); o.min_p = parse_float(v, a, 0, 1); o.sampling_set = 1;
         } else if (strcmp(a, "--seed") == 0) {
-            NEEDS_VALUE(); o.seed = (unsigned long long)parse_long(v, a, 0, LONG_MAX);
+            NEEDS_VALUE(); o.seed = (unsigned long long)parse_long(v, a, 0, LONG_MAX); o.seed_set = 1;
         } else if (strcmp(a, "--score") == 0) {
             NEEDS_VALUE(); o.score_file = v;
         } else if (strcmp(a, "--tokenize") == 0) {
@@ -803,6 +864,8 @@ int main(int argc, char **argv) {
         } else if (strcmp(a, "--device") == 0) {
             NEEDS_VALUE(); o.device = v;
             if (strcmp(v, "cpu") && strcmp(v, "gpu") && strcmp(v, "auto")) die("--device must be cpu, gpu or auto, not '%s'", v);
+        } else if (strcmp(a, "--threads") == 0) {
+            NEEDS_VALUE(); o.threads = (int)parse_long(v, a, 1, 4096);
         } else if (strcmp(a, "--bench") == 0) {
             o.bench = 1;
         } else if (strcmp(a, "--synthetic") == 0) {
@@ -840,6 +903,12 @@ int main(int argc, char **argv) {
     if (o.prompt && o.prompt_file) die("give either -p or -f, not both");
     if (!o.chat && !o.render_chat && (o.system || o.date || o.think >= 0))
         die("--system, --date, --think and --no-think apply to --chat and --render-chat");
+
+    // Threads: --threads, else OMP_NUM_THREADS (both fix the count), else the CPUs of our
+    // affinity mask, the count then tuned by measuring (model/threads.h).
+    const char *omp_env = getenv("OMP_NUM_THREADS");
+    if (!o.threads && omp_env && *omp_env) o.threads = omp_get_max_threads();
+    omp_set_num_threads(o.threads ? o.threads : threads_available());
 
     Model m;
     char err[MODEL_ERR_LEN];

@@ -101,7 +101,7 @@ static void index_to(Policy *P, int layer, KVStore *st, int zone_end) {
     int need = zone_end - P->cfg.sink, from = P->indexed[layer];
     if (from > need) reset_layer(P, layer), from = 0; // the zone never shrinks within a sequence
     if (need <= from) return;
-#pragma omp parallel for schedule(static) num_threads(P->n_threads)
+#pragma omp parallel for schedule(static) num_threads(omp_get_max_threads() < P->n_threads ? omp_get_max_threads() : P->n_threads)
     for (int h = 0; h < P->n_kv_heads; h++) P->sel->extend(P->sel, layer, h, st, P->cfg.sink, from, need);
     st->evict(st, P->cfg.sink + from, need - from);
     P->indexed[layer] = need;
@@ -186,7 +186,7 @@ static void policy_attend(AttnPolicy *ap, int layer, float *out, const float *q,
         while (t1 < T && attn_zone_end(&P->cfg, pos0 + t1) == zone_end) t1++;
         index_to(P, layer, &st, zone_end);
         int tasks = (t1 - t0) * n_kv_heads;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(P->n_threads)
+#pragma omp parallel for schedule(dynamic, 1) num_threads(omp_get_max_threads() < P->n_threads ? omp_get_max_threads() : P->n_threads)
         for (int i = 0; i < tasks; i++) {
             Scratch s = thread_scratch(P, omp_get_thread_num());
             int t = t0 + i / n_kv_heads;

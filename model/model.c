@@ -232,7 +232,10 @@ static float *forward(const Model *m, RunState *s, const int *tokens, int T, int
 // The pass, then a check of what it produced: a NaN or infinity in the logits (damaged weights,
 // an overflow) would otherwise be sampled as if it were a distribution.
 float *model_forward(const Model *m, RunState *s, const int *tokens, int T, int pos, int all_logits, char *err) {
+    ThreadTuner *tt = s->threads && !s->dev ? &s->threads[T > 1] : NULL;
+    if (tt) tuner_begin(tt);
     float *logits = forward(m, s, tokens, T, pos, all_logits, err);
+    if (tt) tuner_end(tt, T);
     if (!logits) return NULL;
     size_t n = (size_t)(all_logits ? T : 1) * m->c.vocab_size;
     for (size_t i = 0; i < n; i++)

@@ -7,6 +7,7 @@
 #include "backend.h"
 #include "config.h"
 #include "modelfile.h"
+#include "threads.h"
 
 typedef struct {
     const float *attn_norm;  // (dim)
@@ -47,6 +48,7 @@ typedef struct {
     float *key_cache;   // (n_layers, ctx, n_kv_heads * head_dim)
     float *value_cache; // (n_layers, ctx, n_kv_heads * head_dim)
     AttnPolicy *attn;   // NULL: dense attention (not owned)
+    ThreadTuner *threads; // NULL: OpenMP's thread count as set; else [0] decode steps, [1] chunks (not owned)
     void *dev;          // a whole-pass backend's state (GPU); the buffers above are then unused
     const Backend *be;
 } RunState;

@@ -72,6 +72,11 @@ int tokenizer_chat(const Tokenizer *t);        // TokChat
 const char *tokenizer_chat_template(const Tokenizer *t); // NULL if none
 int tokenizer_token_id(const Tokenizer *t, const char *bytes, size_t len); // exact vocabulary lookup, -1 if absent
 
+// The offset of the first byte of text[0..len) that is not part of well-formed UTF-8, or -1 when
+// all of it is. The encoder drops such bytes (byte-level BPE encodes text, not bytes): a caller
+// that must not lose input checks first.
+long tokenizer_utf8_invalid_at(const char *text, size_t len);
+
 // Encode text (no BOS added). parse_special: 1 to recognize special/added token strings in the
 // text as Hugging Face does by default (byte-level BPE; SentencePiece encodes as spm_encode does,
 // control tokens such as <s> staying text). *ids is malloc'd; returns the count, or -1 with err.

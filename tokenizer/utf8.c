@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "tok_internal.h"
+#include "tokenizer.h"
 
 int utf8_scan(const uint8_t *s, size_t n, size_t *len, int32_t *cp) {
     uint8_t b = s[0];
@@ -62,4 +63,15 @@ size_t utf8_lossy(const uint8_t *s, size_t n, uint8_t *out) {
         i += len;
     }
     return o;
+}
+
+long tokenizer_utf8_invalid_at(const char *text, size_t len) {
+    const uint8_t *s = (const uint8_t *)text;
+    for (size_t i = 0; i < len;) {
+        size_t n;
+        int32_t cp;
+        if (utf8_scan(s + i, len - i, &n, &cp) != UTF8_VALID) return (long)i;
+        i += n;
+    }
+    return -1;
 }

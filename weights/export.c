@@ -3,6 +3,7 @@
 #include "../model/errmsg.h"
 #include "../model/guard.h"
 #include "../model/modelfile.h"
+#include "../model/version.h"
 #include "../tokenizer/tokenizer.h"
 #include "gguf.h"
 #include "hf_config.h"
@@ -282,12 +283,13 @@ static void write_one(const char *name, uint32_t dtype, uint32_t ndim, uint64_t 
     }
 }
 
-static void usage(void) {
-    fprintf(stderr,
+static void usage(FILE *f) {
+    fprintf(f,
             "usage: ./export SRC out.bin [--dtype bf16|f32]\n"
             "  SRC: a Hugging Face checkpoint directory (config.json, *.safetensors, tokenizer.json)\n"
             "       or a GGUF v3 file (llama or qwen3; F32, F16, BF16, Q8_0, Q4_0, Q4_1 tensors)\n"
-            "  --dtype: how matrices are stored (default bf16; norms are always f32)\n");
+            "  --dtype: how matrices are stored (default bf16; norms are always f32)\n"
+            "  --version, -h/--help\n");
 }
 
 int main(int argc, char **argv) {
@@ -295,7 +297,10 @@ int main(int argc, char **argv) {
     uint32_t dtype = DTYPE_BF16;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
-            usage();
+            usage(stdout);
+            return 0;
+        } else if (strcmp(argv[i], "--version") == 0) {
+            printf("export %s (model.bin format %d)\n", PKV_VERSION, MODEL_VERSION);
             return 0;
         } else if (strcmp(argv[i], "--dtype") == 0 && i + 1 < argc) {
             const char *d = argv[++i];
@@ -307,17 +312,17 @@ int main(int argc, char **argv) {
             }
         } else if (argv[i][0] == '-') {
             fprintf(stderr, "error: unknown option '%s'\n", argv[i]);
-            usage();
+            usage(stderr);
             return 1;
         } else if (!src_path) src_path = argv[i];
         else if (!out_path) out_path = argv[i];
         else {
-            usage();
+            usage(stderr);
             return 1;
         }
     }
     if (!src_path || !out_path) {
-        usage();
+        usage(stderr);
         return 1;
     }
     // A source truncated while mapped, or Ctrl-C: a one-line error and no partial output left.

@@ -1,0 +1,39 @@
+// How many threads the CPU forward pass uses, chosen by measuring.
+//
+// On an idle machine every core helps; beside another busy process a thread that shares its core
+// holds up every fork-join operation it takes part in (each op waits for its slowest thread), and
+// two threads become slower than one. No static rule knows which case holds, and it changes while
+// a run goes on, so the tuner times the forward passes: it runs with the best thread count it
+// knows and now and then probes the others for a couple of passes, keeping whichever is faster
+// per token. Decode steps (T = 1) and prefill chunks are tuned apart (their per-token costs
+// differ by the batching). `--threads N` fixes the count instead.
+#ifndef THREADS_H
+#define THREADS_H
+
+#define TUNER_MAX_CANDIDATES 3
+
+typedef struct {
+    int n_cand;                          // thread counts tried: the most, one fewer, one
+    int cand[TUNER_MAX_CANDIDATES];
+    double cost[TUNER_MAX_CANDIDATES];   // seconds per token, recent (0: not measured yet)
+    int best;                            // index into cand
+    int probing, probe_left;             // index being probed (-1: none), passes left in the probe
+    double probe_sum;
+    int since_probe;                     // passes run with the best since the last probe round
+    int period;                          // passes between probe rounds (grows while probes lose)
+    int running;                         // index in use for the current pass
+    double t0;
+} ThreadTuner;
+
+// The thread count a run may use when none is given: the CPUs in this process's affinity mask.
+int threads_available(void);
+
+// fixed > 0: always that many (no tuning). Else tune among max_threads, max_threads - 1 and 1.
+void tuner_init(ThreadTuner *t, int max_threads, int fixed);
+// Around one forward pass of `tokens` tokens: begin sets OpenMP's thread count for the pass.
+void tuner_begin(ThreadTuner *t);
+void tuner_end(ThreadTuner *t, int tokens);
+// The count the tuner currently prefers.
+int tuner_threads(const ThreadTuner *t);
+
+#endif

@@ -1,0 +1,120 @@
+#!/usr/bin/env python3
+"""What a new user meets at the command line, each behaviour checked on the tiny Qwen3 model:
+-n 0 prefills and prints nothing; invalid UTF-8 in -p, -f and --score is refused (as chat refuses
+it), never dropped; a bad id is quoted alone; progress redraws only on a terminal and is named for
+what it counts; a sampled run without --seed prints its seed, and that seed repeats it; the
+summary line at load; --version; ./export --help on stdout; "1 token"; --threads; --bench
+refuses a method it does not run."""
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BIN = os.environ.get("PKV_BIN", ROOT)  # PKV_BIN: the sanitizer build
+RUN, EXPORT = os.path.join(BIN, "run"), os.path.join(BIN, "export")
+TINY = os.path.join(ROOT, "tests", "data", "tiny-qwen3")
+
+passed = failed = 0
+
+
+def check(name, ok, detail=""):
+    global passed, failed
+    passed += bool(ok)
+    failed += not ok
+    print(f"{'ok  ' if ok else 'FAIL'} {name}" + (f": {detail}" if detail else ""))
+
+
+def run(*args, stdin=None):
+    return subprocess.run([RUN, *args], capture_output=True, timeout=120, stdin=subprocess.DEVNULL if stdin is None else stdin)
+
+
+def refused(name, p, want):
+    """Exit status exactly 1 (a clean refusal; sanitizer reports exit 23) and one error line."""
+    err = p.stderr.decode(errors="replace").strip().splitlines()
+    errs = [l for l in err if l.startswith("error: ")]
+    check(name, p.returncode == 1 and len(errs) == 1 and want in errs[0] and p.stdout == b"",
+          f"exit {p.returncode}, {errs}")
+
+
+def main():
+    tmp = tempfile.mkdtemp(prefix="pkv-cli-")
+    model = os.path.join(tmp, "tiny.bin")
+    e = subprocess.run([EXPORT, TINY, model], capture_output=True, timeout=120)
+    if e.returncode != 0:
+        check("export the tiny model", False, e.stderr.decode(errors="replace")[-300:])
+        return
+
+    # -n 0: the prompt is prefilled, nothing is printed, the stats line says 0 tokens.
+    p = run(model, "-p", "Once upon a time", "-n", "0")
+    err = p.stderr.decode()
+    check("-n 0 prefills and prints nothing", p.returncode == 0 and p.stdout == b"" and "generated 0 tokens" in err,
+          f"exit {p.returncode}, stdout {p.stdout[:40]!r}, {err.strip().splitlines()[-1:]}")
+
+    # Invalid UTF-8 is refused with its offset, in every text mode.
+    bad = b"ab\xff\xfecd"
+    refused("invalid UTF-8 in -p is refused", run(model, "-p", bad, "-n", "2"), "not valid UTF-8: byte 0xff at offset 2")
+    path = os.path.join(tmp, "bad.txt")
+    with open(path, "wb") as f:
+        f.write(b"some text " * 5 + bad)
+    refused("invalid UTF-8 in -f is refused", run(model, "-f", path, "-n", "2"), "not valid UTF-8: byte 0xff at offset 52")
+    refused("invalid UTF-8 in --score is refused", run(model, "--score", path), "not valid UTF-8: byte 0xff at offset 52")
+    refused("invalid UTF-8 in --tokenize is refused", run(model, "--tokenize", "-f", path), "not valid UTF-8")
+
+    # A bad id is quoted alone.
+    refused("--ids quotes the bad id alone", run(model, "--ids", "-p", "1 abc 3", "-n", "1"), "token id 'abc' is not")
+    refused("--ids: an id past the vocabulary", run(model, "--ids", "-p", "1 99999 3", "-n", "1"), "token id '99999' is not")
+
+    # Progress in a log: plain lines (no carriage returns), a few, named for what they count.
+    text = os.path.join(tmp, "long.txt")
+    with open(text, "w") as f:
+        f.write(" ".join(f"word{i % 97} and {i}" for i in range(140)))
+    p = run(model, "--score", text)
+    err = p.stderr.decode()
+    lines = [l for l in err.splitlines() if l.startswith("score: ") and "/" in l]
+    check("--score progress to a file: plain lines named 'score', at most 11", p.returncode == 0 and "\r" not in err
+          and 1 <= len(lines) <= 11 and "prefill" not in err, f"exit {p.returncode}, {len(lines)} lines, {err[:200]!r}")
+
+    # A sampled run without --seed prints its seed; --seed with it repeats the output.
+    p = run(model, "-p", "Once upon a time", "-n", "24", "--temp", "1.0", "--ignore-eos")
+    m = re.search(r"\| seed (\d+)", p.stderr.decode())
+    if m:
+        q = run(model, "-p", "Once upon a time", "-n", "24", "--temp", "1.0", "--ignore-eos", "--seed", m.group(1))
+        check("the seed on the stats line repeats the run", p.returncode == 0 and q.returncode == 0 and p.stdout == q.stdout
+              and "| seed" not in q.stderr.decode(), f"seed {m.group(1)}")
+    else:
+        check("a sampled run without --seed prints its seed", False, p.stderr.decode()[-200:])
+    p = run(model, "-p", "Once upon a time", "-n", "4", "--temp", "0")
+    check("greedy runs print no seed", p.returncode == 0 and "seed" not in p.stderr.decode())
+
+    # The summary line at load, and "1 token".
+    p = run(model, "--ids", "-p", "5", "-n", "1", "--temp", "0", "--threads", "1")
+    err = p.stderr.decode()
+    check("summary line: architecture, parameters, dtype, context, device, threads",
+          p.returncode == 0 and re.search(r"^qwen3, [0-9.]+M parameters, bf16 weights, context \d+ \(trained \d+\), cpu, 1 thread$", err, re.M),
+          err.strip().splitlines()[:1])
+    check("'1 token', not '1 tokens'", "prompt 1 token |" in err and "generated 1 token" in err and "tokens" not in err.splitlines()[-1],
+          err.strip().splitlines()[-1:])
+    check("--threads 1 is fixed (not tuned)", "| threads 1\n" in err or err.rstrip().endswith("| threads 1"), err.strip().splitlines()[-1:])
+    refused("--threads 0 is refused", run(model, "-p", "x", "--threads", "0"), "--threads needs an integer")
+
+    # --version, ./export --help on stdout.
+    p = run("--version")
+    check("./run --version", p.returncode == 0 and re.match(rb"run \d+\.\d+\.\d+ \(model.bin format \d+", p.stdout), p.stdout[:80])
+    p = subprocess.run([EXPORT, "--help"], capture_output=True, timeout=30)
+    check("./export --help prints on stdout, exit 0", p.returncode == 0 and p.stdout.startswith(b"usage: ./export") and p.stderr == b"")
+    p = subprocess.run([EXPORT, "--version"], capture_output=True, timeout=30)
+    check("./export --version", p.returncode == 0 and p.stdout.startswith(b"export "))
+
+    # The GPU benchmark runs full attention only: another method is refused, not mislabelled.
+    refused("--bench --attn pariskv is refused", run("--bench", "--synthetic", "qwen3-8b", "--attn", "pariskv"), "--bench --attn pariskv")
+
+    for f in os.listdir(tmp):
+        os.unlink(os.path.join(tmp, f))
+    os.rmdir(tmp)
+
+
+main()
+print(f"{passed} passed, {failed} failed")
+sys.exit(1 if failed else 0)
