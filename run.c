@@ -37,6 +37,10 @@ typedef struct {
     int sampling_set;         // any sampling flag given: generation_config.json defaults are off
     unsigned long long seed;
     int seed_set;             // --seed given (else the time, printed on the stats line)
+    float repeat_penalty, presence_penalty, frequency_penalty; // 1, 0, 0: off
+    int repeat_last_n;        // the penalties' window (-1: the whole context)
+    const char *stops[16];    // --stop STR: generation ends before the first occurrence
+    int n_stops;
     const char *device;       // --device cpu|gpu|auto
     int threads;              // --threads N, or OMP_NUM_THREADS (0: tuned, at most the CPUs we may use)
     int bench;                // --bench
@@ -69,7 +73,14 @@ static void usage(FILE *f) {
             "  --top-k K        keep the K most likely tokens (0: off)\n"
             "  --top-p P        nucleus sampling (1: off)\n"
             "  --min-p P        drop tokens below P x the top probability (0: off)\n"
-            "  --seed S         random seed (default: time)\n"
+            "  --seed S         random seed (default: the time, printed on the stats line)\n"
+            "  --repeat-penalty R     divide a seen token's positive logit by R, multiply a negative\n"
+            "                   one (CTRL, as transformers; 1: off)\n"
+            "  --presence-penalty P   subtract P from the logit of every seen token (0: off)\n"
+            "  --frequency-penalty F  subtract F x the times a token was seen (0: off)\n"
+            "  --repeat-last-n N      the penalties look at the last N tokens, prompt included\n"
+            "                   (default 64; -1: the whole context)\n"
+            "  --stop STR       end the generation before STR (not printed); repeatable, up to 16\n"
             "chat:\n"
             "  --chat           interactive chat (multi-turn, streaming); -p or -f gives the first user\n"
             "                   message; one message per line when stdin is not a terminal; /reset\n"
@@ -383,7 +394,54 @@ static void run_score(const Model *m, const Tokenizer *tok, const Options *o) {
 
 // ---- generate ----
 
+// --stop: output is held back while it could be the start of a stop string; when one appears,
+// what precedes it is printed and the generation ends.
+typedef struct {
+    const char *const *stops;
+    int n;
+    char *held; // text not yet printed
+    size_t len;
+} StopFilter;
+
+// Adds text; returns 1 when a stop string is complete (the text before it printed).
+static int stop_feed(StopFilter *f, const char *text, size_t k) {
+    if (f->n == 0) return fwrite(text, 1, k, stdout), 0;
+    if (!(f->held = realloc(f->held, f->len + k + 1))) die("out of memory");
+    memcpy(f->held + f->len, text, k);
+    f->len += k;
+    f->held[f->len] = 0;
+    size_t cut = f->len, keep = 0;
+    for (int i = 0; i < f->n; i++) {
+        const char *at = memmem(f->held, f->len, f->stops[i], strlen(f->stops[i]));
+        if (at && (size_t)(at - f->held) < cut) cut = (size_t)(at - f->held);
+    }
+    if (cut < f->len) {
+        fwrite(f->held, 1, cut, stdout);
+        f->len = 0;
+        return 1;
+    }
+    // the longest tail that is a proper prefix of a stop string stays held
+    for (int i = 0; i < f->n; i++) {
+        size_t sl = strlen(f->stops[i]);
+        for (size_t t = sl - 1 < f->len ? sl - 1 : f->len; t > keep; t--)
+            if (memcmp(f->held + f->len - t, f->stops[i], t) == 0) {
+                keep = t;
+                break;
+            }
+    }
+    fwrite(f->held, 1, f->len - keep, stdout);
+    memmove(f->held, f->held + f->len - keep, keep);
+    f->len = keep;
+    return 0;
+}
+
+static void stop_flush(StopFilter *f) {
+    fwrite(f->held, 1, f->len, stdout);
+    f->len = 0;
+}
+
 static void run_generate(const Model *m, const Tokenizer *tok, const Options *o) {
+    if (o->ids && o->n_stops) die("--stop applies to text output, not --ids");
     const Config *c = &m->c;
     int n_prompt = 0, *prompt;
     if (o->ids) {
@@ -422,7 +480,13 @@ static void run_generate(const Model *m, const Tokenizer *tok, const Options *o)
 
     Sampler sampler;
     int n_valid = tokenizer_n_tokens(tok) < (int)c->vocab_size ? tokenizer_n_tokens(tok) : (int)c->vocab_size;
-    if (sampler_init(&sampler, n_valid, o->temperature, o->top_k, o->top_p, o->min_p, o->seed) != 0) die("out of memory");
+    if (sampler_init(&sampler, n_valid, o->temperature, o->top_k, o->top_p, o->min_p, o->seed) != 0 ||
+        sampler_set_penalties(&sampler, o->repeat_penalty, o->presence_penalty, o->frequency_penalty, o->repeat_last_n) != 0)
+        die("out of memory");
+    int *hist = malloc((size_t)ctx * sizeof(int)); // the context so far, for the penalties
+    if (!hist) die("out of memory");
+    memcpy(hist, prompt, (size_t)n_prompt * sizeof(int));
+    StopFilter sf = {o->stops, o->n_stops, NULL, 0};
 
     catch_sigint();
     double t0 = now_s();
@@ -440,13 +504,19 @@ static void run_generate(const Model *m, const Tokenizer *tok, const Options *o)
             stop = "interrupted";
             break;
         }
+        sampler_penalize(&sampler, logits, hist, pos);
         int next = sampler_sample(&sampler, logits);
+        hist[pos] = next;
         generated++;
         if (o->ids) {
             printf(generated > 1 ? " %d" : "%d", next);
         } else if (!tokenizer_is_eos(tok, next)) {
             size_t k = tokenizer_decode_step(tok, &dec, next, piece, tokenizer_max_piece_len(tok) + 16);
-            fwrite(piece, 1, k, stdout);
+            if (stop_feed(&sf, piece, k)) {
+                flush_out();
+                stop = "stop string";
+                break;
+            }
         }
         flush_out();
         if (tokenizer_is_eos(tok, next) && !o->ignore_eos) break;
@@ -459,14 +529,17 @@ static void run_generate(const Model *m, const Tokenizer *tok, const Options *o)
         if (!logits) die("%s", err);
         pos++;
     }
-    if (!o->ids) {
+    if (!o->ids && !(stop && strcmp(stop, "stop string") == 0)) {
         size_t k = tokenizer_decode_flush(tok, &dec, piece, tokenizer_max_piece_len(tok) + 16);
-        fwrite(piece, 1, k, stdout);
+        if (!stop_feed(&sf, piece, k)) stop_flush(&sf);
     }
+    free(sf.held);
+    free(hist);
     if (generated > 0) printf("\n"); // -n 0 prints nothing
     double t_decode = now_s() - t1;
     flush_out();
     if (stop && interrupted) fprintf(stderr, "[interrupted]\n");
+    else if (stop && strcmp(stop, "stop string") == 0) stop = NULL; // the run's own end
     else if (stop) fprintf(stderr, "[stopped: %s at %d tokens; raise --ctx]\n", stop, ctx);
     // generated tokens minus the first, which came from the prefill, were decode steps
     int steps = generated > 1 ? generated - 1 : 0;
@@ -632,6 +705,7 @@ static int *chat_generate(Chat *c, float *logits, int *n, const char **stop) {
             *stop = "interrupted";
             break;
         }
+        sampler_penalize(&c->sampler, logits, c->cache, c->n_cache);
         int next = sampler_sample(&c->sampler, logits);
         int eos = tokenizer_is_eos(c->tok, next);
         if (eos && !o->ignore_eos) break;
@@ -639,7 +713,10 @@ static int *chat_generate(Chat *c, float *logits, int *n, const char **stop) {
         reply[k++] = next;
         if (!eos) fwrite(c->piece, 1, tokenizer_decode_step(c->tok, &dec, next, c->piece, piece_cap), stdout);
         flush_out();
-        if (k == budget) break;
+        if (k == budget) {
+            *stop = "cut";
+            break;
+        }
         if (c->n_cache >= c->s.ctx) {
             *stop = "context full";
             break;
@@ -697,6 +774,7 @@ static void chat_turn(Chat *c, const char *text) {
             n - keep, keep, (n - keep) / (t1 - t0 > 0 ? t1 - t0 : 1e-9), n_reply,
             n_reply > 1 ? 1e3 * (t2 - t1) / (n_reply - 1) : 0.0, c->n_cache, c->s.ctx);
     if (stop && strcmp(stop, "interrupted") == 0) chat_note("interrupted");
+    else if (stop && strcmp(stop, "cut") == 0) chat_note("the reply was cut at -n %d tokens", c->o->steps);
     else if (stop) chat_note("context full: the reply stops here (/reset starts over, --ctx sets the size)");
 }
 
@@ -732,6 +810,7 @@ static char *read_message(int tty, size_t *len) {
 
 static void run_chat(const Model *m, const Tokenizer *tok, const Options *o) {
     if (o->score_file || o->tokenize || o->ids) die("--chat cannot be combined with --score, --tokenize or --ids");
+    if (o->n_stops) die("--stop applies to generation, not --chat (the chat template ends each reply)");
     if (tokenizer_chat(tok) == TOK_CHAT_NONE) die("the model has no chat template this runner renders (Llama 3, Qwen3, ChatML)");
     Chat c = {.m = m, .tok = tok, .o = o};
     char err[MODEL_ERR_LEN];
@@ -740,7 +819,9 @@ static void run_chat(const Model *m, const Tokenizer *tok, const Options *o) {
     attach_tuners(&c.s, tt, o);
     print_summary(m, &c.s, o);
     int n_valid = tokenizer_n_tokens(tok) < (int)m->c.vocab_size ? tokenizer_n_tokens(tok) : (int)m->c.vocab_size;
-    if (sampler_init(&c.sampler, n_valid, o->temperature, o->top_k, o->top_p, o->min_p, o->seed) != 0) die("out of memory");
+    if (sampler_init(&c.sampler, n_valid, o->temperature, o->top_k, o->top_p, o->min_p, o->seed) != 0 ||
+        sampler_set_penalties(&c.sampler, o->repeat_penalty, o->presence_penalty, o->frequency_penalty, o->repeat_last_n) != 0)
+        die("out of memory");
     c.cache = malloc((size_t)c.s.ctx * sizeof(int));
     c.piece = malloc(tokenizer_max_piece_len(tok) + 16);
     if (!c.cache || !c.piece) die("out of memory");
@@ -820,6 +901,7 @@ static int run_bench(const Options *o) {
 int main(int argc, char **argv) {
     Options o = {0};
     o.steps = 256;
+    o.repeat_penalty = 1.0f, o.repeat_last_n = 64;
     o.temperature = 0.8f;
     o.top_p = 0.95f;
     o.seed = (unsigned long long)time(NULL);
@@ -853,6 +935,19 @@ int main(int argc, char **argv) {
             NEEDS_VALUE(); o.min_p = parse_float(v, a, 0, 1); o.sampling_set = 1;
         } else if (strcmp(a, "--seed") == 0) {
             NEEDS_VALUE(); o.seed = (unsigned long long)parse_long(v, a, 0, LONG_MAX); o.seed_set = 1;
+        } else if (strcmp(a, "--repeat-penalty") == 0) {
+            NEEDS_VALUE(); o.repeat_penalty = parse_float(v, a, 0.01f, 100);
+        } else if (strcmp(a, "--presence-penalty") == 0) {
+            NEEDS_VALUE(); o.presence_penalty = parse_float(v, a, -100, 100);
+        } else if (strcmp(a, "--frequency-penalty") == 0) {
+            NEEDS_VALUE(); o.frequency_penalty = parse_float(v, a, -100, 100);
+        } else if (strcmp(a, "--repeat-last-n") == 0) {
+            NEEDS_VALUE(); o.repeat_last_n = (int)parse_long(v, a, -1, INT_MAX / 2);
+        } else if (strcmp(a, "--stop") == 0) {
+            NEEDS_VALUE();
+            if (!*v) die("--stop needs a non-empty string");
+            if (o.n_stops == 16) die("at most 16 --stop strings");
+            o.stops[o.n_stops++] = v;
         } else if (strcmp(a, "--score") == 0) {
             NEEDS_VALUE(); o.score_file = v;
         } else if (strcmp(a, "--tokenize") == 0) {

@@ -11,13 +11,37 @@ int sampler_init(Sampler *s, int n_valid, float temperature, int top_k, float to
     s->top_p = top_p;
     s->min_p = min_p;
     s->rng = seed ? seed : 0x9E3779B97F4A7C15ull;
+    s->repeat = 1.0f, s->presence = 0.0f, s->frequency = 0.0f, s->last_n = 0, s->count = NULL;
     s->cand = malloc((size_t)n_valid * sizeof(ProbId));
     return s->cand ? 0 : -1;
 }
 
 void sampler_free(Sampler *s) {
     free(s->cand);
-    s->cand = NULL;
+    free(s->count);
+    s->cand = NULL, s->count = NULL;
+}
+
+int sampler_set_penalties(Sampler *s, float repeat, float presence, float frequency, int last_n) {
+    s->repeat = repeat, s->presence = presence, s->frequency = frequency, s->last_n = last_n;
+    if (repeat == 1.0f && presence == 0.0f && frequency == 0.0f) return 0;
+    if (!s->count) s->count = calloc((size_t)s->n_valid, sizeof(int));
+    return s->count ? 0 : -1;
+}
+
+void sampler_penalize(Sampler *s, float *logits, const int *hist, int n_hist) {
+    if (!s->count || s->last_n == 0) return;
+    int from = s->last_n < 0 || s->last_n >= n_hist ? 0 : n_hist - s->last_n;
+    for (int i = from; i < n_hist; i++)
+        if (hist[i] >= 0 && hist[i] < s->n_valid) s->count[hist[i]]++;
+    for (int i = from; i < n_hist; i++) { // each distinct token once: its count is cleared after
+        int id = hist[i];
+        if (id < 0 || id >= s->n_valid || s->count[id] == 0) continue;
+        float l = logits[id];
+        if (s->repeat != 1.0f) l = l > 0.0f ? l / s->repeat : l * s->repeat;
+        logits[id] = l - s->presence - s->frequency * (float)s->count[id];
+        s->count[id] = 0;
+    }
 }
 
 int argmax(const float *x, int n) {

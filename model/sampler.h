@@ -17,10 +17,21 @@ typedef struct {
     float min_p;       // 0: off
     uint64_t rng;
     ProbId *cand;      // (n_valid) scratch
+    // Penalties on tokens seen in the last `last_n` tokens of the context (-1: all of it),
+    // applied to the logits before anything else (greedy included), with the usual definitions:
+    //   repeat (CTRL, as transformers): a seen token's logit l becomes l / r if l > 0, else l * r
+    //   presence, frequency (OpenAI): l -= presence * [count > 0] + frequency * count
+    float repeat, presence, frequency; // 1, 0, 0: off
+    int last_n;
+    int *count;        // (n_valid) scratch, all zero between calls
 } Sampler;
 
 int sampler_init(Sampler *s, int n_valid, float temperature, int top_k, float top_p, float min_p, uint64_t seed);
 void sampler_free(Sampler *s);
+// Turns the penalties on (0, or -1 when out of memory).
+int sampler_set_penalties(Sampler *s, float repeat, float presence, float frequency, int last_n);
+// Applies the penalties to logits given the context so far, hist[0..n_hist).
+void sampler_penalize(Sampler *s, float *logits, const int *hist, int n_hist);
 // Picks the next id from logits (n_valid entries are read; they are overwritten).
 int sampler_sample(Sampler *s, float *logits);
 int argmax(const float *x, int n);

@@ -107,6 +107,29 @@ def main():
     p = subprocess.run([EXPORT, "--version"], capture_output=True, timeout=30)
     check("./export --version", p.returncode == 0 and p.stdout.startswith(b"export "))
 
+    # --stop: the output ends right before the first occurrence, which is not printed; a stop
+    # string spanning several tokens is found too (it is matched on the text, held back meanwhile).
+    base = run(model, "-p", "Once upon a time", "-n", "40", "--temp", "0", "--ignore-eos")
+    text = base.stdout.decode(errors="replace")
+    ok = base.returncode == 0 and len(text) > 30
+    for a, b in ((12, 16), (20, 27)):
+        stop = text[a:b]
+        p = run(model, "-p", "Once upon a time", "-n", "40", "--temp", "0", "--ignore-eos", "--stop", stop, "--stop", "\x01never")
+        want = text[:text.find(stop)] + "\n"
+        check(f"--stop {stop!r}: output up to its first occurrence", ok and p.returncode == 0 and p.stdout.decode(errors="replace") == want,
+              f"{p.stdout[:60]!r} vs {want[:60]!r}")
+    refused("--stop with --ids is refused", run(model, "--ids", "-p", "1 2", "--stop", "x"), "--stop applies to text output")
+    # penalties end to end (their arithmetic is tests/test_sampler.c's): a strong repeat penalty
+    # changes a greedy run that repeats tokens; penalties of no effect change nothing.
+    p = run(model, "-p", "Once upon a time", "-n", "40", "--temp", "0", "--ignore-eos", "--repeat-penalty", "5")
+    q = run(model, "-p", "Once upon a time", "-n", "40", "--temp", "0", "--ignore-eos", "--repeat-penalty", "1",
+            "--presence-penalty", "0", "--frequency-penalty", "0")
+    check("--repeat-penalty 5 changes greedy output; neutral penalties do not", p.returncode == 0 and q.returncode == 0
+          and p.stdout != base.stdout and q.stdout == base.stdout)
+    # A chat reply cut by -n says so.
+    p = subprocess.run([RUN, model, "--chat", "-n", "3", "--temp", "0", "--ignore-eos"], input=b"Hello\n", capture_output=True, timeout=60)
+    check("a chat reply cut by -n is marked", p.returncode == 0 and b"[the reply was cut at -n 3 tokens]" in p.stderr, p.stderr[-200:])
+
     # The GPU benchmark runs full attention only: another method is refused, not mislabelled.
     refused("--bench --attn pariskv is refused", run("--bench", "--synthetic", "qwen3-8b", "--attn", "pariskv"), "--bench --attn pariskv")
 

@@ -92,6 +92,50 @@ int main(void) {
     check(in_range, "ids past n_valid (vocabulary padding) are never sampled");
     sampler_free(&a), sampler_free(&b);
 
+    // Penalties against their definitions, written out here: a seen token's logit l becomes
+    // l / r (l > 0) or l * r (l <= 0), then minus presence and frequency x its count in the window.
+    {
+        float base[8] = {2.0f, -1.0f, 0.5f, 0.0f, 3.0f, -2.5f, 1.5f, -0.25f}, got[8], want[8];
+        int hist[] = {4, 1, 4, 6, 9, 1, 4, 0}; // 9: past the valid ids, ignored
+        int n_hist = 8;
+        float r = 1.3f, pres = 0.4f, freq = 0.25f;
+        for (int last_n = -1; last_n <= 8; last_n += 3) { // -1 (all), 2, 5, 8
+            int from = last_n < 0 ? 0 : n_hist - last_n, cnt[8] = {0};
+            for (int i = from; i < n_hist; i++)
+                if (hist[i] < 8) cnt[hist[i]]++;
+            for (int i = 0; i < 8; i++) {
+                float v = base[i];
+                if (cnt[i]) v = (v > 0 ? v / r : v * r) - pres - freq * (float)cnt[i];
+                want[i] = v;
+            }
+            sampler_init(&s, 8, 0.0f, 0, 1.0f, 0.0f, 1);
+            int ok = sampler_set_penalties(&s, r, pres, freq, last_n) == 0;
+            memcpy(got, base, sizeof got);
+            sampler_penalize(&s, got, hist, n_hist);
+            // the same operations in the same order: equal bit for bit
+            ok &= memcmp(got, want, sizeof got) == 0;
+            // the scratch counts are left zero: a second call is the same
+            memcpy(got, base, sizeof got);
+            sampler_penalize(&s, got, hist, n_hist);
+            ok &= memcmp(got, want, sizeof got) == 0;
+            char what[128];
+            snprintf(what, sizeof what, "repeat 1.3, presence 0.4, frequency 0.25 over the last %d tokens equal their definitions", last_n);
+            check(ok, what);
+            sampler_free(&s);
+        }
+        sampler_init(&s, 8, 0.0f, 0, 1.0f, 0.0f, 1);
+        sampler_set_penalties(&s, 1.0f, 0.0f, 0.0f, 64);
+        memcpy(got, base, sizeof got);
+        sampler_penalize(&s, got, hist, n_hist);
+        check(memcmp(got, base, sizeof got) == 0, "no penalty: logits untouched");
+        // greedy with a strong repeat penalty avoids the repeated argmax (token 4)
+        sampler_set_penalties(&s, 10.0f, 0.0f, 0.0f, -1);
+        memcpy(got, base, sizeof got);
+        sampler_penalize(&s, got, hist, n_hist);
+        check(sampler_sample(&s, got) == 2, "greedy after a repeat penalty of 10 picks the best unseen token");
+        sampler_free(&s);
+    }
+
     printf("%d passed, %d failed\n", passed, failed);
     return failed != 0;
 }
