@@ -1,8 +1,11 @@
 #!/usr/bin/env python3
 """Bad inputs to ./export and ./run: each must give a one-line 'error: ...' on stderr and exit
-status 1 -- never a crash (signal), a hang, or a file left behind that looks valid."""
+status 1 -- never a crash (signal), a sanitizer report (its own exit status: 23 in make test-asan),
+a hang, or a file left behind that looks valid. The status is compared with 1 exactly: a test
+that took any non-zero status as the refusal would pass on a crash."""
 import os
 import shutil
+import signal
 import struct
 import subprocess
 import sys
@@ -14,6 +17,14 @@ RUN = os.path.join(os.environ.get("PKV_BIN", ROOT), "run")  # PKV_BIN: the sanit
 EXPORT = os.path.join(os.environ.get("PKV_BIN", ROOT), "export")
 
 passed = failed = 0
+SANITIZER_TEXT = ("Sanitizer", "runtime error:")  # ASan/LSan/UBSan reports, in case one kept status 1
+
+
+def status(rc):
+    """An exit status in words: a signal and a sanitizer report (23/24) are named."""
+    if rc < 0:
+        return f"killed by signal {signal.Signals(-rc).name}"
+    return f"exit status {rc}" + (" (a sanitizer report)" if rc in (23, 24) else "")
 
 
 def check_error(name, cmd, expect_in=None, leftover=None):
@@ -29,7 +40,9 @@ def check_error(name, cmd, expect_in=None, leftover=None):
     errs = [l for l in lines if l.startswith("error: ")]
     problems = []
     if p.returncode != 1:
-        problems.append(f"exit status {p.returncode} (want 1)")
+        problems.append(f"{status(p.returncode)} (want exactly 1, a clean refusal)")
+    problems += [f"stderr has a sanitizer report ({w!r}): {p.stderr[-300:]!r}" for w in SANITIZER_TEXT
+                 if w in p.stderr]
     if len(errs) != 1:
         problems.append(f"{len(errs)} 'error:' lines in stderr {p.stderr[-300:]!r}")
     elif expect_in and expect_in not in errs[0]:
@@ -59,7 +72,8 @@ def main():
         good = os.path.join(tmp, "good.bin")
         p = subprocess.run([EXPORT, TINY, good], capture_output=True, text=True, timeout=120)
         if p.returncode != 0:
-            print("FAIL cannot export the tiny model:", p.stderr)
+            print(f"FAIL cannot export the tiny model ({status(p.returncode)}):", p.stderr)
+            print("0 passed, 1 failed")
             return 1
         size = os.path.getsize(good)
         ids = os.path.join(tmp, "ids.txt")

@@ -13,6 +13,7 @@ wrong shapes, unknown roles or keys, invalid UTF-8) must give one 'error:' line 
 """
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -33,6 +34,13 @@ def check(name, ok, detail=""):
     passed += ok
     failed += not ok
     print(("ok   " if ok else "FAIL ") + name + ("" if ok else ": " + detail))
+
+
+def status(rc):
+    """An exit status in words: a signal and a sanitizer report (23/24) are named."""
+    if rc < 0:
+        return f"killed by signal {signal.Signals(-rc).name}"
+    return f"exit status {rc}" + (" (a sanitizer report)" if rc in (23, 24) else "")
 
 
 def vocab_size(tokenizer_json):
@@ -56,8 +64,8 @@ def render(model, messages_path, case):
     if case["date_string"]:
         cmd += ["--date", case["date_string"]]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    if p.returncode != 0:
-        return None, p.stderr.strip()
+    if p.returncode != 0:  # exactly 0: ids printed before a sanitizer report (23) or a crash do not count
+        return None, f"{status(p.returncode)} (want 0): {p.stderr.strip()[-400:]}"
     return [int(x) for x in p.stdout.split()], ""
 
 
@@ -67,7 +75,7 @@ def test_errors(tmp):
     p = subprocess.run([EXPORT, os.path.join(ROOT, "tests", "data", "tiny-qwen3"), tiny],
                        capture_output=True, text=True, timeout=120)
     if p.returncode != 0:
-        check("export of tiny-qwen3", False, p.stderr)
+        check("export of tiny-qwen3", False, f"{status(p.returncode)}: {p.stderr}")
         return
     ok_msg = b'{"role": "user", "content": "hi"}'
     cases = [("not JSON", b"[{", "not valid JSON"), ("not a list", ok_msg, "JSON list"),
@@ -90,13 +98,13 @@ def test_errors(tmp):
         err = p.stderr.decode("utf-8", "replace").strip().splitlines()
         check(f"--render-chat with {name}: exit 1, one 'error:' line naming it",
               p.returncode == 1 and len(err) == 1 and err[0].startswith("error: ") and want in err[0],
-              f"rc {p.returncode}, stderr {err}")
+              f"{status(p.returncode)}, stderr {err}")
     big = [{"role": "user", "content": "word " * 2_000_000}]  # 10 MB
     with open(path, "w") as f:
         json.dump(big, f)
     p = subprocess.run([RUN, tiny, "--render-chat", path], capture_output=True, text=True, timeout=300)
     check("--render-chat of a 10 MB message prints its ids", p.returncode == 0 and len(p.stdout.split()) > 2_000_000,
-          p.stderr[-300:])
+          f"{status(p.returncode)}, {len(p.stdout.split())} ids, stderr {p.stderr[-300:]!r}")
 
 
 def test_gguf_template(tmp):
@@ -107,10 +115,12 @@ def test_gguf_template(tmp):
     model = os.path.join(tmp, "smollm2-gguf.bin")
     p = subprocess.run([EXPORT, SMOL_GGUF, model], capture_output=True, text=True, timeout=600)
     if p.returncode != 0:
-        check("smollm2 GGUF: export", False, p.stderr[-300:])
+        check("smollm2 GGUF: export", False, f"{status(p.returncode)}: {p.stderr[-300:]}")
         return
     with open(os.path.join(DATA, "smollm2.json")) as f:
         cases = json.load(f)["cases"]
+    if not cases:
+        check("smollm2 GGUF: the reference has cases", False, "tests/data/chat/smollm2.json has none")
     msgs_path = os.path.join(tmp, "messages.json")
     for case in cases:
         with open(msgs_path, "w") as f:
@@ -123,19 +133,24 @@ def test_gguf_template(tmp):
 
 def main():
     with tempfile.TemporaryDirectory(prefix="pkv-chat-") as tmp:
-        test_errors(tmp)
-        test_gguf_template(tmp)
-        for family in FAMILIES:
-            with open(os.path.join(DATA, family + ".json")) as f:
-                ref = json.load(f)
-            tok_dir = os.path.join(ROOT, ref["tokenizer"])
-            files = [os.path.join(tok_dir, "tokenizer.json"), os.path.join(tok_dir, "tokenizer_config.json")]
+        for test in (test_errors, test_gguf_template):
             try:
+                test(tmp)
+            except (OSError, ValueError, subprocess.TimeoutExpired) as e:  # a hang or a broken file fails that part
+                check(f"{test.__name__} ran to the end", False, str(e))
+        for family in FAMILIES:
+            try:
+                with open(os.path.join(DATA, family + ".json")) as f:
+                    ref = json.load(f)
+                tok_dir = os.path.join(ROOT, ref["tokenizer"])
+                files = [os.path.join(tok_dir, "tokenizer.json"), os.path.join(tok_dir, "tokenizer_config.json")]
                 tpl = open(os.path.join(ROOT, ref["template"])).read() if ref["template"] else None
                 model = build_model(tmp, family, "llama", vocab_size(files[0]), files, chat_template=tpl)
-            except (OSError, RuntimeError) as e:
-                check(f"{family}: export", False, str(e))
+            except (OSError, RuntimeError, ValueError, KeyError, subprocess.TimeoutExpired) as e:
+                check(f"{family}: reference and export", False, str(e))
                 continue
+            if not ref["cases"]:  # an empty reference would pass by comparing nothing
+                check(f"{family}: the reference has cases", False, f"tests/data/chat/{family}.json has none")
             msgs_path = os.path.join(tmp, "messages.json")
             for case in ref["cases"]:
                 with open(msgs_path, "w") as f:

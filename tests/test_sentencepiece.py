@@ -55,22 +55,38 @@ TEXTS = ["Hello world", "the quick brown fox", "  leading and trailing spaces  "
          "<s> and </s> stay text", "x", "a" * 300, "ẞ Ǆ ǅ ǆ combining e\u0301 a\u0308", "Привет, мир! Ελληνικά שלום مرحبا"]
 
 
+def status(rc):
+    return f"killed by signal {-rc}" if rc < 0 else f"exit status {rc}"
+
+
+def id_lines(what, out, n):
+    """n lines of ids, each ended by a newline: fewer (or more) is an error, not a shorter comparison."""
+    lines = out.split("\n")
+    if lines[-1] != "" or len(lines) - 1 != n:
+        raise RuntimeError(f"{what}: {len(lines) - 1} lines{'' if lines[-1] == '' else ' (last unterminated)'} "
+                           f"for {n} texts")
+    return [[int(x) for x in line.split()] for line in lines[:-1]]
+
+
 def spm_encode(model, texts):
     p = subprocess.run(["spm_encode", f"--model={model}", "--output_format=id"], input="\n".join(texts) + "\n",
                        capture_output=True, text=True, timeout=60)
     if p.returncode != 0:
-        raise RuntimeError(p.stderr)
-    return [[int(x) for x in line.split()] for line in p.stdout.split("\n")[:len(texts)]]
+        raise RuntimeError(f"spm_encode: {status(p.returncode)}: {p.stderr[-400:]}")
+    return id_lines("spm_encode", p.stdout, len(texts))
 
 
 def tok_tool(args, data):
+    """tok_tool's stdout; it must exit 0 (a sanitizer report, 23, or a signal is a failure)."""
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
         f.write(data)
     try:
         p = subprocess.run([TOK_TOOL] + args + [f.name], capture_output=True, text=True, timeout=60)
     finally:
         os.unlink(f.name)
-    return p
+    if p.returncode != 0:
+        raise RuntimeError(f"tok_tool {' '.join(args[1:])}: {status(p.returncode)} (want 0): {p.stderr[-400:]}")
+    return p.stdout
 
 
 def train(tmp, name, args, rng):
@@ -87,7 +103,8 @@ def train(tmp, name, args, rng):
 
 
 def checkpoint(tmp, name, model, extra=None):
-    """HF dir with tokenizer.model (and the extra files {name: text}), exported. Returns (dir, bin, stderr)."""
+    """HF dir with tokenizer.model (and the extra files {name: text}), exported. Returns (dir, bin, stderr,
+    export's exit status); bin is None unless the export exited 0."""
     d = os.path.join(tmp, name)
     n_pieces = sum(1 for _ in open(model[:-len(".model")] + ".vocab", encoding="utf-8"))
     write_checkpoint(d, "llama", n_pieces + 8)  # a little padding, as real models have
@@ -97,12 +114,14 @@ def checkpoint(tmp, name, model, extra=None):
             f.write(text)
     out = d + ".bin"
     p = subprocess.run([EXPORT, d, out], capture_output=True, text=True, timeout=120)
-    return d, out if p.returncode == 0 else None, p.stderr
+    return d, out if p.returncode == 0 else None, p.stderr, p.returncode
 
 
 def prompt_tokens(model_bin, text):
-    """The prompt length ./run reports for text (BOS included when the model adds one)."""
+    """The prompt length ./run reports for text (BOS included when the model adds one); ./run must exit 0."""
     p = subprocess.run([RUN, model_bin, "-p", text, "-n", "1", "--temp", "0"], capture_output=True, text=True, timeout=60)
+    if p.returncode != 0:
+        raise RuntimeError(f"./run -p: {status(p.returncode)} (want 0): {p.stderr[-400:]}")
     for line in p.stderr.splitlines():
         if line.startswith("prompt "):
             return int(line.split()[1])
@@ -110,33 +129,35 @@ def prompt_tokens(model_bin, text):
 
 
 def test_model(tmp, name, model, decodes_back):
-    d, model_bin, err = checkpoint(tmp, name, model)
+    d, model_bin, err, _ = checkpoint(tmp, name, model)
     check(f"{name}: export of a directory with tokenizer.model and no tokenizer.json", model_bin is not None, err)
     if not model_bin:
         return
     want = spm_encode(model, TEXTS)
-    p = tok_tool([d, "--lines"], "".join(t + SEP for t in TEXTS))
-    got = [[int(x) for x in line.split()] for line in p.stdout.split("\n")[:len(TEXTS)]]
-    for text, g, w in zip(TEXTS, got, want):
+    got = id_lines("tok_tool --lines", tok_tool([d, "--lines"], "".join(t + SEP for t in TEXTS)), len(TEXTS))
+    for text, g, w in zip(TEXTS, got, want, strict=True):
         check(f"{name}: ids of {text[:40]!r} equal spm_encode's ({len(w)} ids)", g == w, f"got {g[:12]}, want {w[:12]}")
-    for text, w in list(zip(TEXTS, want))[:4]:
+    for text, w in list(zip(TEXTS, want, strict=True))[:4]:
         with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as f:
             f.write(text)
         r = subprocess.run([RUN, model_bin, "--tokenize", "-f", f.name], capture_output=True, text=True, timeout=60)
         os.unlink(f.name)
         check(f"{name}: ./run --tokenize on model.bin gives spm_encode's ids for {text[:30]!r}",
-              r.returncode == 0 and [int(x) for x in r.stdout.split()] == w, r.stdout[:100] + r.stderr[-200:])
+              r.returncode == 0 and [int(x) for x in r.stdout.split()] == w,
+              f"{status(r.returncode)}, stdout {r.stdout[:100]!r}, stderr {r.stderr[-200:]!r}")
     if decodes_back:
-        p = tok_tool([d, "--decode-lines"], "\n".join(" ".join(map(str, w)) for w in want) + "\n")
-        texts = p.stdout.split(SEP)
-        for text, back in zip(TEXTS, texts):
+        texts = tok_tool([d, "--decode-lines"], "\n".join(" ".join(map(str, w)) for w in want) + "\n").split(SEP)
+        if texts[-1] != "" or len(texts) - 1 != len(TEXTS):
+            raise RuntimeError(f"tok_tool --decode-lines: {len(texts) - 1} texts for {len(TEXTS)} id lists")
+        for text, back in zip(TEXTS, texts[:-1], strict=True):
             check(f"{name}: decoding {text[:30]!r} gives it back after the dummy-prefix space",
                   back == " " + text, f"got {back[:60]!r}")
     n = prompt_tokens(model_bin, TEXTS[0])
     check(f"{name}: generation runs, BOS prepended by default (prompt {n} = 1 + {len(want[0])})", n == len(want[0]) + 1)
     chat = subprocess.run([RUN, model_bin, "--chat"], input="hi\n", capture_output=True, text=True, timeout=60)
-    check(f"{name}: --chat without a template is refused", chat.returncode == 1 and
-          chat.stderr.startswith("error: ") and "chat template" in chat.stderr, chat.stderr)
+    check(f"{name}: --chat without a template is refused (exit 1)", chat.returncode == 1 and
+          chat.stderr.startswith("error: ") and "chat template" in chat.stderr,
+          f"{status(chat.returncode)}, stderr {chat.stderr[-300:]!r}")
 
 
 def main():
@@ -154,33 +175,47 @@ def main():
     return 1 if failed else 0
 
 
+def guarded(name, fn, *args):
+    """Runs one part; a tool that failed (RuntimeError) fails that part, and the others still run."""
+    try:
+        fn(*args)
+    except (OSError, RuntimeError, subprocess.TimeoutExpired) as e:
+        check(f"{name} ran to the end", False, str(e)[-400:])
+
+
 def run_all(tmp, rng):
     llama2 = train(tmp, "llama2", ["--model_type=unigram", "--vocab_size=420", "--byte_fallback=true",
                                    "--split_digits=true", "--normalization_rule_name=identity",
                                    "--remove_extra_whitespaces=false", "--user_defined_symbols=<tool>"], rng)
     bpe = train(tmp, "bpe", ["--model_type=bpe", "--vocab_size=300", "--character_coverage=0.995"], rng)
-    test_model(tmp, "unigram+bytes", llama2, True)
-    test_model(tmp, "bpe+nfkc", bpe, False)
+    guarded("unigram+bytes", test_model, tmp, "unigram+bytes", llama2, True)
+    guarded("bpe+nfkc", test_model, tmp, "bpe+nfkc", bpe, False)
+    guarded("tokenizer.json beside tokenizer.model", test_with_json, tmp, llama2)
+    guarded("junk tokenizer.model", test_junk, tmp, llama2)
 
+
+def test_with_json(tmp, llama2):
     # tokenizer.json beside it that is not byte-level (Llama 2 ships both): SentencePiece wins.
     extra = {"tokenizer.json": json.dumps({"model": {"type": "BPE", "byte_fallback": True},
                                            "decoder": {"type": "Sequence", "decoders": []}}),
              "tokenizer_config.json": json.dumps({"add_bos_token": False, "bos_token": "<s>", "eos_token": "</s>"})}
-    d, model_bin, err = checkpoint(tmp, "with-json", llama2, extra)
+    d, model_bin, err, _ = checkpoint(tmp, "with-json", llama2, extra)
     check("tokenizer.json (not byte-level) + tokenizer.model: exported as SentencePiece", model_bin is not None, err)
     if model_bin:
         want = spm_encode(llama2, [TEXTS[0]])[0]
         n = prompt_tokens(model_bin, TEXTS[0])
         check(f"add_bos_token false is honoured (prompt {n} = {len(want)} ids, no BOS)", n == len(want))
 
+
+def test_junk(tmp, llama2):
     bad = os.path.join(tmp, "junk.model")
     with open(bad, "wb") as f:
         f.write(os.urandom(3000))
     shutil.copy(llama2[:-len(".model")] + ".vocab", bad[:-len(".model")] + ".vocab")
-    _, model_bin, err = checkpoint(tmp, "junk", bad)
+    _, model_bin, err, rc = checkpoint(tmp, "junk", bad)
     lines = [l for l in err.splitlines() if l.startswith("error: ")]
-    check("a tokenizer.model that is not a SentencePiece proto is refused in one line",
-          model_bin is None and len(lines) == 1 and "SentencePiece" in lines[0], err[-300:])
+    check("a tokenizer.model that is not a SentencePiece proto is refused in one line, exit 1",
+          rc == 1 and len(lines) == 1 and "SentencePiece" in lines[0], f"{status(rc)}, stderr {err[-300:]!r}")
 
 
 if __name__ == "__main__":

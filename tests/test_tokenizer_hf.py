@@ -171,11 +171,22 @@ def build_corpus(seed=20240521):
 
 # ------------------------------------------------------------------------------------------ helpers
 
-def run_tool(args, stdin=None):
-    r = subprocess.run([TOK_TOOL] + args, capture_output=True)
+def run_tool(args):
+    """tok_tool's stdout; it must exit 0 (a sanitizer report, 23, or a signal is a failure too)."""
+    r = subprocess.run([TOK_TOOL] + args, capture_output=True, timeout=600)
     if r.returncode != 0:
-        raise RuntimeError(f"tok_tool {' '.join(args[:2])} failed: {r.stderr.decode(errors='replace').strip()}")
+        how = f"killed by signal {-r.returncode}" if r.returncode < 0 else f"exit status {r.returncode}"
+        raise RuntimeError(f"tok_tool {' '.join(args[:2])}: {how} (want 0): {r.stderr.decode(errors='replace').strip()[-400:]}")
     return r.stdout
+
+
+def zip_same(what, **seqs):
+    """zip of named lists that must be equally long: a tool that prints fewer lines fails here
+    instead of being compared on fewer texts."""
+    lens = {name: len(s) for name, s in seqs.items()}
+    if len(set(lens.values())) != 1:
+        raise RuntimeError(f"{what}: lengths differ: " + ", ".join(f"{n} {name}" for name, n in lens.items()))
+    return zip(*seqs.values(), strict=True)
 
 
 def write_texts(texts, directory, name):
@@ -201,7 +212,7 @@ def c_pretokenize(tok_dir, texts, directory):
     if len(lines) != len(texts):
         raise RuntimeError(f"tok_tool gave {len(lines)} lines for {len(texts)} texts")
     result = []
-    for text, line in zip(texts, lines):
+    for text, line in zip_same("pre-token lines", texts=texts, lines=lines):
         char_at = {0: 0}  # byte offset -> character offset
         b = 0
         for i, ch in enumerate(text):
@@ -244,19 +255,20 @@ def test_tokenizer(name, tok_dir, texts, report, directory):
     ours = c_encode(tok_dir, texts, directory)
     ref = [e.ids for e in hf.encode_batch(texts, add_special_tokens=False)]
     report.check(f"{name} encode ({len(texts)} texts)", len(texts),
-                 [(t, a, b) for t, a, b in zip(texts, ours, ref) if a != b])
+                 [(t, a, b) for t, a, b in zip_same(f"{name} encode", texts=texts, ours=ours, hf=ref) if a != b])
 
     # Pre-token boundaries, which ids alone can hide (a split that no merge crosses).
     cuts = c_pretokenize(tok_dir, texts, directory)
     ref_cuts = [[end for _, (_, end) in hf.pre_tokenizer.pre_tokenize_str(t)] for t in texts]
     report.check(f"{name} pre-token boundaries", len(texts),
-                 [(t, a, b) for t, a, b in zip(texts, cuts, ref_cuts) if a != b])
+                 [(t, a, b) for t, a, b in zip_same(f"{name} pre-tokens", texts=texts, ours=cuts, hf=ref_cuts)
+                  if a != b])
 
     dec = c_decode(tok_dir, ref, directory)
     hf_dec = [s.encode("utf-8") for s in hf.decode_batch(ref, skip_special_tokens=False)]
     report.check(f"{name} decode = HF decode", len(texts),
-                 [(t, a, b) for t, a, b in zip(texts, dec, hf_dec) if a != b])
-    trips = [(t, d) for t, d, h in zip(texts, dec, hf_dec) if h == t.encode("utf-8")]
+                 [(t, a, b) for t, a, b in zip_same(f"{name} decode", texts=texts, ours=dec, hf=hf_dec) if a != b])
+    trips = [(t, d) for t, d, h in zip_same(f"{name} decode", texts=texts, ours=dec, hf=hf_dec) if h == t.encode("utf-8")]
     report.check(f"{name} decode(encode(x)) == x where HF round-trips", len(trips),
                  [(t, d, t.encode("utf-8")) for t, d in trips if d != t.encode("utf-8")])
 
@@ -269,7 +281,8 @@ def test_tokenizer(name, tok_dir, texts, report, directory):
     dec = c_decode(tok_dir, rand, directory)
     hf_dec = [s.encode("utf-8") for s in hf.decode_batch(rand, skip_special_tokens=False)]
     report.check(f"{name} decode of random ids (split UTF-8, U+FFFD)", len(rand),
-                 [(ids, a, b) for ids, a, b in zip(rand, dec, hf_dec) if a != b])
+                 [(ids, a, b) for ids, a, b in zip_same(f"{name} random decode", ids=rand, ours=dec, hf=hf_dec)
+                  if a != b])
 
 
 def bytes_to_unicode_char(b):
@@ -286,10 +299,12 @@ def test_vectors(name, tok_dir, report, directory):
     assert texts[-1] == "", "vector file does not end with a separator"
     texts = texts[:-1]
     with open(base + ".out") as f:
-        want = [[int(x) for x in line.split()] for line in f.read().split("\n")[:len(texts)]]
+        lines = f.read().split("\n")
+    assert lines[-1] == "", "vector .out file does not end with a newline"
+    want = [[int(x) for x in line.split()] for line in lines[:-1]]
     ours = c_encode(tok_dir, texts, directory)
     report.check(f"{name} llama.cpp vectors {VECTORS[name]}", len(texts),
-                 [(t, a, b) for t, a, b in zip(texts, ours, want) if a != b])
+                 [(t, a, b) for t, a, b in zip_same(f"{name} vectors", texts=texts, ours=ours, want=want) if a != b])
 
 
 def main():
@@ -305,7 +320,7 @@ def main():
                 test_tokenizer(name, tok_dir, texts, report, d)
                 if name in VECTORS:
                     test_vectors(name, tok_dir, report, d)
-            except (RuntimeError, OSError, AssertionError) as e:
+            except (RuntimeError, OSError, AssertionError, subprocess.TimeoutExpired) as e:
                 print(f"FAIL {name}: {e}")
                 report.failed += 1
     print(f"{report.passed} passed, {report.failed} failed")

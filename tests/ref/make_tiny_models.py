@@ -3,14 +3,22 @@
 
 Regenerate (from the repository root, with the reference venv; CPU only):
 
-    /tmp/refenv/bin/python tests/ref/make_tiny_models.py
+    /tmp/refenv/bin/python tests/ref/make_tiny_models.py [--only NAME ...]
 
     (venv: python -m venv /tmp/refenv &&
            /tmp/refenv/bin/pip install torch transformers gguf numpy safetensors tokenizers)
 
+--only regenerates just the named folders (e.g. --only tiny-qwen3-f32). Each model depends
+only on its own seeds and on the tokenizer, so the others are not needed for it. Use it when
+adding a model: the same library versions on another CPU reproduce every weight, id and
+greedy id bit for bit, but torch's fp32 CPU scores move in the 6th decimal (measured: up to
+1.3e-5 nats on tiny-llama31, an AMD EPYC against the machine that made the committed files),
+so regenerating everything would rewrite the other models' ref_score.txt for nothing.
+
 Generated with: torch 2.15.0+cu132 (run on CPU), transformers 5.23.0,
 tokenizers 0.23.3, safetensors 0.8.0, numpy 2.4.6 (python 3, Linux x86-64).
 The script prints the versions it ran with; update this header if they change.
+tiny-qwen3-f32 was added later with `--only tiny-qwen3-f32`, same versions, on an AMD EPYC.
 Output is deterministic for given library versions (fixed seeds).
 
 Writes, under tests/data/:
@@ -28,6 +36,14 @@ Writes, under tests/data/:
                      the tokenizer's 405 tokens, fp32 safetensors in one file.
   tiny-llama-fp16/   plain Llama (MHA 4/4, rope_theta 1e4, no rope scaling, untied
                      head, eps 1e-6), fp16 safetensors in one file.
+  tiny-qwen3-f32/    tiny-qwen3's shape (same tokenizer, own seeds), fp32 weights with full
+                     24-bit mantissas: NOT bf16-representable (the bf16 export rounds them).
+                     Besides the files below: ref_score_bf16.txt and ref_greedy_bf16.txt,
+                     the same references for the model whose matrices torch rounded to bf16
+                     (.to(torch.bfloat16).float(): round to nearest even; norms stay fp32,
+                     as ./export keeps them), computed in fp32; and in ref_info.json
+                     "bf16_nll_sigma", per position (then mean_nll), the scale of how far
+                     bf16 rounding of the matrices moves that nll (see bf16_sensitivity).
 Each folder: config.json, generation_config.json, model*.safetensors,
 tokenizer.json (byte-level BPE trained here), tokenizer_config.json
 (bos/eos/chat_template/added_tokens_decoder), special_tokens_map.json, and
@@ -38,10 +54,12 @@ tokenizer.json (byte-level BPE trained here), tokenizer_config.json
   ref_greedy.txt  32 greedy ids (argmax, no EOS stop) continuing ids[:10]
   ref_info.json   sharpness / sensitivity numbers and the smallest greedy top1-top2 margin
 
-All weights are bf16-representable (and, for the fp16 model, fp16-representable),
-so the runner's default bf16 export is lossless and bf16 and f32 exports must both
-reproduce the float32 reference. Magnitudes are chosen so next-token
-distributions are sharp (mean max-prob > 0.3) and attention/context matters.
+All weights but tiny-qwen3-f32's are bf16-representable (and, for the fp16 model,
+fp16-representable), so the runner's default bf16 export is lossless for them and bf16
+and f32 exports must both reproduce the float32 reference; tiny-qwen3-f32's bf16 export
+must reproduce ref_score_bf16.txt instead, which pins the rounding (truncation misses it
+by up to 0.17 nats). Magnitudes are chosen so next-token distributions are sharp (mean
+max-prob > 0.3) and attention/context matters.
 """
 import json
 import math
@@ -583,6 +601,157 @@ def make_llama_fp16(corpus, tok, base):
     finish_model(name, d, state, 13, bos, 0, base, {"dtype": "float16"})
 
 
+BF16_U = 2.0 ** -8   # bf16 keeps 8 significant bits: round to nearest moves |w| by <= 2^-8 |w|
+
+
+def is_matrix(name, p):
+    """The tensors ./export stores in bf16 by default: every matrix (norms stay fp32)."""
+    return p.dim() == 2
+
+
+def bf16_sensitivity(m, ids, w_bf16):
+    """How bf16 rounding of the matrices moves each nll, to first order. In float64 around the
+    fp32 weights w of model m, with g_i = d nll_i / d w over the matrices (autograd):
+      worst_i = 2^-8 sum |g_i| |w|: |d nll_i| over the worst rounding with |dw| <= 2^-8 |w|
+                (every error lined up against the gradient);
+      sigma_i = 2^-8 sqrt(sum (g_i w)^2): Hoeffding's scale for sum g_i dw when the rounding
+                errors are independent, zero mean (round to nearest) and |dw| <= 2^-8 |w|:
+                P(|d nll_i| > k sigma_i) <= 2 exp(-k^2 / 2);
+      lin_i   = sum g_i (w_bf16 - w): the first-order prediction of the actual change.
+    The same three for mean_nll (the gradient averaged over the positions) come last."""
+    md = type(m)(m.config).to(torch.float64).eval()
+    md.load_state_dict({k: v.to(torch.float64) for k, v in m.state_dict().items()})
+    mats = [(n, p) for n, p in md.named_parameters() if is_matrix(n, p)]
+    w = [p.detach() for _, p in mats]
+    dw = [w_bf16[n].to(torch.float64) - p.detach() for n, p in mats]
+    lp = torch.log_softmax(md(torch.tensor([ids], dtype=torch.long)).logits[0], dim=-1)
+    n = len(ids) - 1
+    worst, sigma, lin = [], [], []
+    gsum = [torch.zeros_like(x) for x in w]
+    for i in range(n + 1):
+        if i < n:
+            gs = torch.autograd.grad(-lp[i, ids[i + 1]], [p for _, p in mats], retain_graph=True)
+            for acc, g in zip(gsum, gs):
+                acc += g / n
+        else:
+            gs = gsum
+        worst.append(BF16_U * sum((g.abs() * x.abs()).sum().item() for g, x in zip(gs, w)))
+        sigma.append(BF16_U * math.sqrt(sum(((g * x) ** 2).sum().item() for g, x in zip(gs, w))))
+        lin.append(sum((g * e).sum().item() for g, e in zip(gs, dw)))
+    return worst, sigma, lin
+
+
+def make_qwen3_f32(corpus, tok, base):
+    """tiny-qwen3's shape with weights bf16 cannot hold: the bf16 export rounds every matrix."""
+    name = "tiny-qwen3-f32"
+    d = os.path.join(DATA, name)
+    fresh_dir(d)
+    ntok = tok.get_vocab_size()
+    V = 448
+    eos_txt, im_end = tok.token_to_id("<|endoftext|>"), tok.token_to_id("<|im_end|>")
+    cfg = Qwen3Config(
+        vocab_size=V, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, hidden_act="silu",
+        max_position_embeddings=2048, rms_norm_eps=1e-6, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+        attention_bias=False, use_sliding_window=False, max_window_layers=2,
+        bos_token_id=eos_txt, eos_token_id=im_end, pad_token_id=None)
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(cfg).float()
+    g = torch.Generator().manual_seed(404)
+    init_weights_(model, g, emb_std=1.0, head_std=0.4, qk_gain=1.0,
+                  norm_range=(0.6, 1.6), qknorm_range=(0.5, 2.5))
+    with torch.no_grad():
+        model.lm_head.weight[ntok:] *= 0.25
+    # No round_bf16_: full fp32 mantissas. Nearly every matrix element must change in bf16.
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    w_bf16 = {n: p.detach().to(torch.bfloat16).to(torch.float32)
+              for n, p in model.named_parameters() if is_matrix(n, p)}
+    n_el = sum(w.numel() for w in w_bf16.values())
+    n_inexact = sum((w != state[n]).sum().item() for n, w in w_bf16.items())
+    rel = max(((w - state[n]).abs() / state[n].abs().clamp_min(1e-30)).max().item()
+              for n, w in w_bf16.items())
+    trunc = {n: (state[n].view(torch.int32) & ~0xffff).view(torch.float32) for n in w_bf16}
+    assert n_inexact > 0.99 * n_el and rel <= BF16_U, (n_inexact, n_el, rel)
+    model.float().save_pretrained(d, max_shard_size="100MB")
+    assert os.path.isfile(os.path.join(d, "model.safetensors"))
+    write_tokenizer_files(d, tok, "qwen")
+    write_generation_config(d, {"bos_token_id": eos_txt, "do_sample": True,
+                                "eos_token_id": [im_end, eos_txt], "pad_token_id": eos_txt,
+                                "temperature": 0.6, "top_k": 20, "top_p": 0.95,
+                                "transformers_version": transformers.__version__})
+    m, ids, nll, gen = finish_model(name, d, state, 17, None, 0, base,
+                                    {"dtype": "float32", "tokenizer_size": ntok, "model_vocab": V})
+    assert max(gen) < ntok, "greedy picked a padded id"
+
+    # (b): the same model with its matrices rounded by torch (round to nearest even), in fp32
+    def variant(ws):
+        mv = load_f32(d)
+        with torch.no_grad():
+            for n, p in mv.named_parameters():
+                if n in ws:
+                    p.copy_(ws[n])
+        return mv
+    mb = variant(w_bf16)
+    nll_b, _ = score(mb, ids)
+    gen_b, margins_b = greedy(mb, ids[:N_PROMPT], N_GEN)
+    assert min(margins_b) >= MIN_MARGIN and max(gen_b) < ntok, min(margins_b)
+    txt, mean_b = score_text(ids, nll_b)
+    with open(os.path.join(d, "ref_score_bf16.txt"), "w") as f:
+        f.write(txt)
+    with open(os.path.join(d, "ref_greedy_bf16.txt"), "w") as f:
+        f.write(" ".join(map(str, gen_b)) + "\n")
+    # what a truncating conversion would give: how far the check against (b) sits from it
+    nll_t, _ = score(variant(trunc), ids)
+
+    worst, sigma, lin = bf16_sensitivity(m, ids, w_bf16)
+    mean_a = sum(nll) / len(nll)
+    d_ab = [abs(x - y) for x, y in zip(nll, nll_b)]
+    d_tb = [abs(x - y) for x, y in zip(nll_t, nll_b)]
+    d_ta = [abs(x - y) for x, y in zip(nll_t, nll)]
+    d_lin = [abs((y - x) - l) for x, y, l in zip(nll + [mean_a], nll_b + [mean_b], lin)]
+    z = [x / s_ for x, s_ in zip(d_ab + [abs(mean_b - mean_a)], sigma)]
+    info_p = os.path.join(d, "ref_info.json")
+    info = json.load(open(info_p))
+    g4 = lambda x: float("%.4g" % x)
+    info.update({
+        "matrix_elements": n_el, "matrix_elements_changed_by_bf16": n_inexact,
+        "max_relative_bf16_rounding": g4(rel),
+        "bf16_greedy_min_margin": round(min(margins_b), 4),
+        "bf16_greedy_equals_f32_greedy": gen_b == gen,
+        "mean_nll_bf16": round(mean_b, 6),
+        "max_abs_dnll_bf16_vs_f32": g4(max(d_ab)),
+        "mean_abs_dnll_bf16_vs_f32": g4(sum(d_ab) / len(d_ab)),
+        "abs_dmean_nll_bf16_vs_f32": g4(abs(mean_b - mean_a)),
+        "max_abs_dnll_trunc_vs_bf16": g4(max(d_tb)),
+        "mean_abs_dnll_trunc_vs_bf16": g4(sum(d_tb) / len(d_tb)),
+        "positions_trunc_vs_bf16_over_1e-3": sum(x > 1e-3 for x in d_tb),
+        "max_abs_dnll_trunc_vs_f32": g4(max(d_ta)),
+        "max_first_order_error": g4(max(d_lin)),
+        "worst_case_first_order_bound_max": g4(max(worst[:-1])),
+        "worst_case_first_order_bound_min": g4(min(worst[:-1])),
+        "worst_case_first_order_bound_mean_nll": g4(worst[-1]),
+        "max_measured_over_sigma": round(max(z), 3),
+        # per position, then mean_nll last; rounded up, never below the computed value
+        "bf16_nll_sigma": [math.ceil(x * 1e6) / 1e6 for x in sigma],
+    })
+    info["versions"] = versions()
+    with open(info_p, "w") as f:
+        json.dump(info, f, indent=2)
+        f.write("\n")
+    print("  %d/%d matrix elements changed by bf16 rounding, max relative change %.4g (2^-8 = %.4g)"
+          % (n_inexact, n_el, rel, BF16_U))
+    print("  bf16 (RNE) vs fp32: mean_nll %.6f vs %.6f, |d nll| max %.4g mean %.4g; greedy %s"
+          % (mean_b, mean_a, max(d_ab), sum(d_ab) / len(d_ab),
+             "equal" if gen_b == gen else "differs"))
+    print("  worst case 2^-8 sum|g||w|: %.4g..%.4g (mean_nll %.4g); sigma 2^-8 sqrt(sum (g w)^2): "
+          "%.4g..%.4g (mean_nll %.4g); measured/sigma max %.3f; first-order prediction off by <= %.3g"
+          % (min(worst[:-1]), max(worst[:-1]), worst[-1], min(sigma[:-1]), max(sigma[:-1]),
+             sigma[-1], max(z), max(d_lin)))
+    print("  truncation vs RNE: |d nll| max %.4g mean %.4g, %d/%d positions over 1e-3; vs fp32 max %.4g"
+          % (max(d_tb), sum(d_tb) / len(d_tb), sum(x > 1e-3 for x in d_tb), len(d_tb), max(d_ta)))
+
+
 def check_tokenizer(d, text):
     t = AutoTokenizer.from_pretrained(d)
     ids = t(text, add_special_tokens=True)["input_ids"]
@@ -592,7 +761,15 @@ def check_tokenizer(d, text):
     return len(ids), chat
 
 
+MODELS = ["tiny-llama31", "tiny-llama31-tf4", "tiny-qwen3", "tiny-llama-fp16", "tiny-qwen3-f32"]
+
+
 def main():
+    import argparse
+    ap = argparse.ArgumentParser(description="tiny checkpoints and their references")
+    ap.add_argument("--only", nargs="+", choices=[n for n in MODELS if n != "tiny-llama31-tf4"],
+                    help="regenerate just these (tiny-llama31 brings its -tf4 copy)")
+    only = set(ap.parse_args().only or MODELS)
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     print("versions:", versions())
     corpus = make_corpus()
@@ -601,11 +778,17 @@ def main():
     print("llama tokenizer: %d base + %d special = %d; qwen tokenizer: %d base + %d added = %d"
           % (lbase, ltok.get_vocab_size() - lbase, ltok.get_vocab_size(),
              qbase, qtok.get_vocab_size() - qbase, qtok.get_vocab_size()))
-    make_llama31(corpus, ltok, lbase)
-    make_qwen3(corpus, qtok, qbase)
-    make_llama_fp16(corpus, ltok, lbase)
+    if "tiny-llama31" in only:
+        make_llama31(corpus, ltok, lbase)
+        only.add("tiny-llama31-tf4")
+    if "tiny-qwen3" in only:
+        make_qwen3(corpus, qtok, qbase)
+    if "tiny-llama-fp16" in only:
+        make_llama_fp16(corpus, ltok, lbase)
+    if "tiny-qwen3-f32" in only:
+        make_qwen3_f32(corpus, qtok, qbase)
     sample = "Hello world, the café's 12345 tokens!\n  def f(x): return x²"
-    for n in ("tiny-llama31", "tiny-llama31-tf4", "tiny-qwen3", "tiny-llama-fp16"):
+    for n in (n for n in MODELS if n in only):
         k, chat = check_tokenizer(os.path.join(DATA, n), sample)
         size = sum(os.path.getsize(os.path.join(DATA, n, f)) for f in os.listdir(os.path.join(DATA, n)))
         print("%-18s %7d bytes; sample text -> %d ids; chat prompt %r" % (n, size, k, chat))
