@@ -25,7 +25,7 @@
 extern const float pkv_thresholds[7]; // |u| magnitude thresholds of the 3-bit levels
 extern const float pkv_centers[8];    // reconstruction levels
 extern const float pkv_levels[16];   // code -> value: bit 3 the sign, bits 0-2 the center
-extern const float pkv_tier_frac[PKV_TIERS];
+extern const double pkv_tier_frac[PKV_TIERS];
 
 // ---- fp16 (IEEE binary16), round to nearest even ----
 uint16_t pkv_f32_to_f16(float f);

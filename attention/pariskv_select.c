@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-const float pkv_tier_frac[PKV_TIERS] = {0.05f, 0.15f, 0.30f, 0.50f, 0.75f, 1.0f};
+const double pkv_tier_frac[PKV_TIERS] = {0.05, 0.15, 0.30, 0.50, 0.75, 1.0};
 
 void pkv_schedule(int n, float *beta, float *rho) {
     if (n < 5000) *beta = 0.5f, *rho = 0.5f;
@@ -18,6 +18,11 @@ void pkv_schedule(int n, float *beta, float *rho) {
 }
 
 int pkv_ceil(double x) { return (int)ceil(x - 1e-9); }
+
+// beta and rho arrive as floats (0.3f is 0.30000001192...): their products with n would land just
+// past a whole number that the decimal value hits exactly, and ceil one too high. The schedule's
+// values are decimals of a few digits: take the float's nearest 6-digit decimal, in double.
+static double decimal(float x) { return round((double)x * 1e6) / 1e6; }
 
 void pkv_prepare_query(const float *q, int D, const float *s, float *qt, float *qnorm) {
     float n2 = 0.0f;
@@ -50,7 +55,7 @@ static void rank_patterns(Pattern *p, Pattern *tmp) {
 
 void pkv_bonus(const float *qt, int B, const int32_t *count, int n, float rho, uint8_t *bonus) {
     int target[PKV_TIERS];
-    for (int t = 0; t < PKV_TIERS; t++) target[t] = pkv_ceil((double)n * rho * pkv_tier_frac[t]);
+    for (int t = 0; t < PKV_TIERS; t++) target[t] = pkv_ceil((double)n * decimal(rho) * pkv_tier_frac[t]);
     for (int b = 0; b < B; b++) {
         const float *qb = qt + b * PKV_M;
         Pattern p[PKV_PATTERNS], tmp[PKV_PATTERNS];
@@ -147,7 +152,7 @@ int pkv_select(const PkvIndex *ix, int D, const float *s, const float *q, int k,
     pkv_prepare_query(q, D, s, qt, &qnorm);
     pkv_bonus(qt, B, ix->count, n, rho, bonus);
     pkv_vote(ix->ids, n, B, bonus, score);
-    int C = pkv_ceil((double)n * beta);
+    int C = pkv_ceil((double)n * decimal(beta));
     if (C < k) C = k; // the final top-k is never short of candidates
     int nc = pkv_bucket_topc(score, n, max_score, C, hist, cand);
     for (int i = 0; i < nc; i++)

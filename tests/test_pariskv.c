@@ -219,7 +219,7 @@ static void test_bonus(void) {
             for (int d = 0; d < 256; d++)
                 if (sc[d] > sc[c] || (sc[d] == sc[c] && d < c)) before += count[b * 256 + d];
             int want = 0;
-            for (int t = 0; t < 6; t++) want += before < (long)ceil(n * rho * pkv_tier_frac[t] - 1e-9);
+            for (int t = 0; t < 6; t++) want += before < (long)ceil(n * 0.3 * pkv_tier_frac[t] - 1e-9); // rho as the decimal 0.3
             ok &= bonus[b * 256 + c] == want;
             top += want == 6;
         }
