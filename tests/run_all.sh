@@ -36,7 +36,9 @@ run() {
         skipped=$((skipped + 1)); skipped_names+=("$name"); echo "--- SKIP $name ($((SECONDS - t0)) s): $(grep -m3 '^SKIP' "$log" | tr '\n' ' ')"
     else
         failed=$((failed + 1)); failed_names+=("$name")
-        echo "--- FAIL $name ($((SECONDS - t0)) s; exit $rc${summary:+, '$summary'}${summary:- , no 'N passed, N failed' line})"
+        local why="'$summary'"
+        [ -n "$summary" ] || why="no 'N passed, N failed' line"
+        echo "--- FAIL $name ($((SECONDS - t0)) s; exit $rc, $why)"
     fi
 }
 for src in tests/test_*.c; do
