@@ -9,7 +9,7 @@
 #include <time.h>
 
 enum {
-    FIRST_ROUND = 2,  // timed passes with the most threads before the first probe
+    FIRST_ROUND = 1,  // timed passes with the most threads before the first probe
     PERIOD_MIN = 16,  // passes with the best count between probe rounds, while probes win
     PERIOD_MAX = 512, // ... doubling up to this while they lose clearly
     PROBE = 2,        // passes per probed count (one, when the first is clearly worse)
@@ -44,7 +44,9 @@ void tuner_init(ThreadTuner *t, int max_threads, int fixed) {
 int tuner_threads(const ThreadTuner *t) { return t->cand[t->best]; }
 
 void tuner_begin(ThreadTuner *t) {
-    t->running = t->probing >= 0 ? t->probing : t->best;
+    // The warm-up pass (page faults, cold caches: not timed) runs on one thread: on a busy
+    // machine one pass with too many threads can cost many passes' time.
+    t->running = t->since_probe < 0 ? t->n_cand - 1 : t->probing >= 0 ? t->probing : t->best;
     omp_set_num_threads(t->cand[t->running]);
     t->t0 = now();
 }
@@ -58,9 +60,10 @@ static int next_other(const ThreadTuner *t, int i) {
 
 static void start_probe(ThreadTuner *t, int i) { t->probing = i, t->probe_left = PROBE, t->probe_sum = 0; }
 
-void tuner_end(ThreadTuner *t, int tokens) {
+void tuner_end(ThreadTuner *t, int tokens) { tuner_record(t, (now() - t->t0) / (tokens > 0 ? tokens : 1)); }
+
+void tuner_record(ThreadTuner *t, double dt) {
     if (t->n_cand == 1) return;
-    double dt = (now() - t->t0) / (tokens > 0 ? tokens : 1);
     if (t->probing >= 0) {
         // A probe's cost is the mean of its passes (comparable with the best's running mean);
         // one pass is enough when it is clearly worse: probes must not cost much.
@@ -82,10 +85,10 @@ void tuner_end(ThreadTuner *t, int tokens) {
         return;
     }
     if (t->since_probe++ < 0) return; // the warm-up pass
+    // Conditions change (another process starts or ends): two passes in a row clearly slower than
+    // the best's running cost bring the next probe round forward.
+    t->slow = t->cost[t->best] > 0 && dt > CLEARLY_WORSE * t->cost[t->best] ? t->slow + 1 : 0;
+    if (t->slow >= 2) t->since_probe = t->period, t->slow = 0;
     t->cost[t->best] = t->cost[t->best] > 0 ? 0.75 * t->cost[t->best] + 0.25 * dt : dt;
-    // Conditions change (another process starts or ends): a pass far slower than another count
-    // measured brings the next probe round forward.
-    for (int j = 0; j < t->n_cand; j++)
-        if (j != t->best && t->cost[j] > 0 && dt > 2 * t->cost[j]) t->since_probe = t->period;
     if (t->since_probe >= t->period) start_probe(t, next_other(t, -1));
 }

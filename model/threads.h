@@ -21,6 +21,7 @@ typedef struct {
     double probe_sum;
     int since_probe;                     // passes run with the best since the last probe round
     int period;                          // passes between probe rounds (grows while probes lose)
+    int slow;                            // consecutive passes clearly slower than the best's cost
     int running;                         // index in use for the current pass
     double t0;
 } ThreadTuner;
@@ -33,6 +34,10 @@ void tuner_init(ThreadTuner *t, int max_threads, int fixed);
 // Around one forward pass of `tokens` tokens: begin sets OpenMP's thread count for the pass.
 void tuner_begin(ThreadTuner *t);
 void tuner_end(ThreadTuner *t, int tokens);
+// The thread count of the pass begun last.
+static inline int tuner_running(const ThreadTuner *t) { return t->cand[t->running]; }
+// tuner_end's second half: the pass just begun took dt seconds per token (tests drive it).
+void tuner_record(ThreadTuner *t, double dt);
 // The count the tuner currently prefers.
 int tuner_threads(const ThreadTuner *t);
 
