@@ -436,7 +436,7 @@ static int stop_feed(StopFilter *f, const char *text, size_t k) {
 }
 
 static void stop_flush(StopFilter *f) {
-    fwrite(f->held, 1, f->len, stdout);
+    if (f->len) fwrite(f->held, 1, f->len, stdout); // held is NULL until a stop string was given
     f->len = 0;
 }
 
