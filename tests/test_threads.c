@@ -55,8 +55,9 @@ int main(void) {
     n = simulate(&t, eight, 300, 7, &first);
     check(tuner_threads(&t) == 7 && n >= 280, "8 CPUs, one busy: 7 threads in %d of 300 passes", n);
     // --threads: fixed, never probes.
+    double four[4] = {0, 1.0, 0.7, 0.5};
     tuner_init(&t, 2, 3);
-    n = simulate(&t, busy, 50, 3, &first);
+    n = simulate(&t, four, 50, 3, &first);
     check(n == 50, "a fixed count is always used (%d of 50)", n);
     printf("%d passed, %d failed\n", passed, failed);
     return failed != 0;
