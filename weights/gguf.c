@@ -83,7 +83,15 @@ static int type_block(uint32_t type, uint64_t *bytes, uint64_t *elems) {
     case GGML_F16: case GGML_BF16: *bytes = 2, *elems = 1; return 0;
     case GGML_Q4_0: *bytes = 18, *elems = 32; return 0;
     case GGML_Q4_1: *bytes = 20, *elems = 32; return 0;
+    case GGML_Q5_0: *bytes = 22, *elems = 32; return 0;
+    case GGML_Q5_1: *bytes = 24, *elems = 32; return 0;
     case GGML_Q8_0: *bytes = 34, *elems = 32; return 0;
+    // K-quants (GGML's block_qN_K, QK_K = 256): the sizes are the structs' static_asserts.
+    case GGML_Q2_K: *bytes = 84, *elems = 256; return 0;
+    case GGML_Q3_K: *bytes = 110, *elems = 256; return 0;
+    case GGML_Q4_K: *bytes = 144, *elems = 256; return 0;
+    case GGML_Q5_K: *bytes = 176, *elems = 256; return 0;
+    case GGML_Q6_K: *bytes = 210, *elems = 256; return 0;
     default: return -1;
     }
 }
@@ -328,6 +336,105 @@ long gguf_get_i32_array(const GgufFile *g, const char *key, int32_t **out) {
 
 static uint16_t rd16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
 
+// ---- K-quants: one 256-element super-block each, laid out as GGML's block_qN_K (ggml-common.h)
+// and dequantized as its dequantize_row_qN_K (ggml-quants.c) does, in the same order of operations.
+// Every product there is exact in fp32: fp16 d has 11 significant bits, a scale's magnitude at
+// most 7 (Q6_K's int8), a quant's at most 5, so d * scale * q needs at most 23 of fp32's 24. The
+// only rounding is the final subtraction of the minimum, so the result is bit for bit GGML's (and
+// gguf-py's) whatever the association, with or without FMA contraction.
+
+// Q2_K (84 bytes): scales[16] (low nibble scale, high nibble min, per 16 elements), qs[64]
+// (2-bit quants), fp16 d, fp16 dmin. Element 128h + 32j + l comes from bits 2j of qs[32h + l].
+static void deq_q2_k(const uint8_t *b, float *y) {
+    const uint8_t *sc = b, *qs = b + 16;
+    float d = f16_to_f32(rd16(b + 80)), dmin = f16_to_f32(rd16(b + 82));
+    for (int s = 0; s < 16; s++) {
+        float dl = d * (float)(sc[s] & 15), ml = dmin * (float)(sc[s] >> 4);
+        const uint8_t *q = qs + 32 * (s / 8) + 16 * (s & 1);
+        int shift = 2 * ((s / 2) % 4);
+        for (int l = 0; l < 16; l++) y[16 * s + l] = dl * (float)((q[l] >> shift) & 3) - ml;
+    }
+}
+
+// Q3_K (110 bytes): hmask[32] (each quant's high bit), qs[64] (low 2 bits, placed as Q2_K's),
+// scales[12] (sixteen 6-bit scales, offset by 32), fp16 d. Scale s has its low 4 bits in byte s
+// (s < 8) or the high nibble of byte s - 8, its high 2 bits in byte 8 + s % 4 at bit 2 (s / 4):
+// GGML's kmask shuffle, done per byte here so it does not depend on the host's byte order.
+// Element 128h + 32j + l has high bit (4h + j) of hmask[l]; a clear bit subtracts 4.
+static void deq_q3_k(const uint8_t *b, float *y) {
+    const uint8_t *hm = b, *qs = b + 32, *sc = b + 96;
+    float d = f16_to_f32(rd16(b + 108));
+    for (int s = 0; s < 16; s++) {
+        int lo = s < 8 ? sc[s] & 15 : sc[s - 8] >> 4, hi = (sc[8 + s % 4] >> (2 * (s / 4))) & 3;
+        float dl = d * (float)((lo | hi << 4) - 32);
+        int h = s / 8, j = (s / 2) % 4, off = 16 * (s & 1);
+        for (int l = 0; l < 16; l++) {
+            int q = ((qs[32 * h + off + l] >> (2 * j)) & 3) - ((hm[off + l] >> (4 * h + j)) & 1 ? 0 : 4);
+            y[16 * s + l] = dl * (float)q;
+        }
+    }
+}
+
+// The 6-bit scale and minimum of sub-block j (0..7) of Q4_K / Q5_K (GGML's get_scale_min_k4):
+// j < 4 in the low 6 bits of bytes j and j + 4; j >= 4 has its low 4 bits in byte j + 4 (scale
+// in the low nibble, minimum in the high) and its high 2 bits in the top of bytes j - 4 and j.
+static void scale_min_k4(int j, const uint8_t *q, int *sc, int *m) {
+    if (j < 4) {
+        *sc = q[j] & 63, *m = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 15) | (q[j - 4] >> 6) << 4;
+        *m = (q[j + 4] >> 4) | (q[j] >> 6) << 4;
+    }
+}
+
+// Q4_K (144 bytes): fp16 d, fp16 dmin, scales[12], qs[128]. Sub-block s (32 elements) reads the
+// low nibbles (s even) or the high nibbles (s odd) of qs[32 (s / 2) ..]; value d sc q - dmin m.
+static void deq_q4_k(const uint8_t *b, float *y) {
+    const uint8_t *sc = b + 4, *qs = b + 16;
+    float d = f16_to_f32(rd16(b)), dmin = f16_to_f32(rd16(b + 2));
+    for (int s = 0; s < 8; s++) {
+        int scale, min;
+        scale_min_k4(s, sc, &scale, &min);
+        float dl = d * (float)scale, ml = dmin * (float)min;
+        const uint8_t *q = qs + 32 * (s / 2);
+        int shift = 4 * (s & 1);
+        for (int l = 0; l < 32; l++) y[32 * s + l] = dl * (float)((q[l] >> shift) & 15) - ml;
+    }
+}
+
+// Q5_K (176 bytes): fp16 d, fp16 dmin, scales[12], qh[32], qs[128]: Q4_K's nibbles plus a fifth
+// bit, bit s of qh[l] for element l of sub-block s.
+static void deq_q5_k(const uint8_t *b, float *y) {
+    const uint8_t *sc = b + 4, *qh = b + 16, *qs = b + 48;
+    float d = f16_to_f32(rd16(b)), dmin = f16_to_f32(rd16(b + 2));
+    for (int s = 0; s < 8; s++) {
+        int scale, min;
+        scale_min_k4(s, sc, &scale, &min);
+        float dl = d * (float)scale, ml = dmin * (float)min;
+        const uint8_t *q = qs + 32 * (s / 2);
+        int shift = 4 * (s & 1);
+        for (int l = 0; l < 32; l++)
+            y[32 * s + l] = dl * (float)(((q[l] >> shift) & 15) | ((qh[l] >> s) & 1) << 4) - ml;
+    }
+}
+
+// Q6_K (210 bytes): ql[128] (low 4 bits), qh[64] (high 2 bits), int8 scales[16] (per 16
+// elements), fp16 d; quants are offset by 32. Element 128h + 32k + l takes nibble (k / 2) of
+// ql[64h + 32 (k % 2) + l] and bits 2k of qh[32h + l].
+static void deq_q6_k(const uint8_t *b, float *y) {
+    const uint8_t *ql = b, *qh = b + 128, *sc = b + 192;
+    float d = f16_to_f32(rd16(b + 208));
+    for (int s = 0; s < 16; s++) {
+        float dl = d * (float)(int8_t)sc[s];
+        int h = s / 8, k = (s / 2) % 4, off = 16 * (s & 1);
+        const uint8_t *lo = ql + 64 * h + 32 * (k & 1) + off, *hi = qh + 32 * h + off;
+        for (int l = 0; l < 16; l++) {
+            int q = ((lo[l] >> (4 * (k >> 1))) & 15) | ((hi[l] >> (2 * k)) & 3) << 4;
+            y[16 * s + l] = dl * (float)(q - 32);
+        }
+    }
+}
+
 int gguf_dequantize(const GgufTensor *t, float *out, char *err) {
     const uint8_t *p = t->data;
     uint64_t n = t->n_elems;
@@ -365,8 +472,40 @@ int gguf_dequantize(const GgufTensor *t, float *out, char *err) {
             }
         }
         return 0;
+    // Q5_0 / Q5_1: Q4_0 / Q4_1 plus a fifth bit per element, bit j of the little-endian 32-bit qh
+    // for element j. llama.cpp's K-quant presets fall back to them for rows that are not whole
+    // super-blocks (SmolLM2-135M's 576), so a Q4_K_M / Q5_K_M file of such a model holds them.
+    case GGML_Q5_0: case GGML_Q5_1: { // fp16 d, [fp16 m,] qh[4], 16 bytes of nibbles
+        uint64_t bb = t->type == GGML_Q5_0 ? 22 : 24;
+        for (uint64_t b = 0; b < n / 32; b++, p += bb) {
+            float d = f16_to_f32(rd16(p)), m = t->type == GGML_Q5_1 ? f16_to_f32(rd16(p + 2)) : 0.0f;
+            const uint8_t *qh = p + bb - 20, *qs = p + bb - 16;
+            uint32_t h = (uint32_t)qh[0] | (uint32_t)qh[1] << 8 | (uint32_t)qh[2] << 16 | (uint32_t)qh[3] << 24;
+            for (int j = 0; j < 16; j++) {
+                int q0 = (qs[j] & 15) | ((h >> j) & 1) << 4, q1 = (qs[j] >> 4) | ((h >> (j + 16)) & 1) << 4;
+                if (t->type == GGML_Q5_0) { // (q - 16) d: exact in fp32
+                    out[b * 32 + j] = (float)(q0 - 16) * d;
+                    out[b * 32 + j + 16] = (float)(q1 - 16) * d;
+                } else { // q d + m: the product is exact, the sum rounds once, as in GGML
+                    out[b * 32 + j] = (float)q0 * d + m;
+                    out[b * 32 + j + 16] = (float)q1 * d + m;
+                }
+            }
+        }
+        return 0;
+    }
+    case GGML_Q2_K: case GGML_Q3_K: case GGML_Q4_K: case GGML_Q5_K: case GGML_Q6_K: {
+        // gguf_open checked that the row is whole super-blocks and n / 256 of them lie in the file.
+        static void (*const deq_k[])(const uint8_t *, float *) = {deq_q2_k, deq_q3_k, deq_q4_k, deq_q5_k, deq_q6_k};
+        void (*deq)(const uint8_t *, float *) = deq_k[t->type - GGML_Q2_K];
+        uint64_t bb, be;
+        type_block(t->type, &bb, &be);
+        for (uint64_t b = 0; b < n / 256; b++) deq(p + b * bb, out + b * 256);
+        return 0;
+    }
     default:
-        return fail(err, "tensor '%s' has type %s, which is not supported (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1)",
+        return fail(err, "tensor '%s' has type %s, which is not supported (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1, "
+                         "Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K)",
                     t->name, ggml_type_name(t->type));
     }
 }
