@@ -43,6 +43,7 @@ typedef struct {
     int n_stops;
     const char *device;       // --device cpu|gpu|auto
     int threads;              // --threads N, or OMP_NUM_THREADS (0: tuned, at most the CPUs we may use)
+    int threads_guess;        // the tuner's starting count (threads_guess at start-up)
     int bench;                // --bench
     const char *synthetic;    // --synthetic NAME
     const char *bench_ctx;    // --bench-ctx 4096,32768
@@ -287,7 +288,7 @@ static void print_summary(const Model *m, const RunState *s, const Options *o) {
 
 // The CPU pass's thread tuners (decode steps, chunks) for a run's state.
 static void attach_tuners(RunState *s, ThreadTuner tt[2], const Options *o) {
-    for (int i = 0; i < 2; i++) tuner_init(&tt[i], omp_get_max_threads(), o->threads);
+    for (int i = 0; i < 2; i++) tuner_init(&tt[i], omp_get_max_threads(), o->threads, o->threads_guess);
     s->threads = tt;
 }
 
@@ -1004,6 +1005,7 @@ int main(int argc, char **argv) {
     const char *omp_env = getenv("OMP_NUM_THREADS");
     if (!o.threads && omp_env && *omp_env) o.threads = omp_get_max_threads();
     omp_set_num_threads(o.threads ? o.threads : threads_available());
+    if (!o.threads) o.threads_guess = threads_guess(omp_get_max_threads()); // before any parallel region
 
     Model m;
     char err[MODEL_ERR_LEN];

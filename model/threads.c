@@ -5,11 +5,14 @@
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <sched.h>
 #include <time.h>
 
 enum {
-    FIRST_ROUND = 1,  // timed passes with the most threads before the first probe
+    FIRST_ROUND = 8,  // timed passes with the guessed count before the first probe (a short
+                      // prefill of a few chunks then runs without probes: the guess is good)
     PERIOD_MIN = 16,  // passes with the best count between probe rounds, while probes win
     PERIOD_MAX = 512, // ... doubling up to this while they lose clearly
     PROBE = 2,        // passes per probed count (one, when the first is clearly worse)
@@ -28,7 +31,25 @@ static double now(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-void tuner_init(ThreadTuner *t, int max_threads, int fixed) {
+int threads_guess(int max_threads) {
+    int least = -1;
+    for (int i = 0; i < 5; i++) {
+        FILE *f = fopen("/proc/stat", "r");
+        char line[256];
+        int running = -1;
+        while (f && fgets(line, sizeof line, f))
+            if (sscanf(line, "procs_running %d", &running) == 1) break;
+        if (f) fclose(f);
+        if (running > 0 && (least < 0 || running < least)) least = running;
+        struct timespec ts = {0, 1000000};
+        if (i < 4) nanosleep(&ts, NULL);
+    }
+    if (least < 0) return max_threads; // no /proc: assume idle
+    int guess = max_threads - (least - 1);
+    return guess < 1 ? 1 : guess;
+}
+
+void tuner_init(ThreadTuner *t, int max_threads, int fixed, int guess) {
     *t = (ThreadTuner){0};
     int n = fixed > 0 ? fixed : max_threads > 0 ? max_threads : 1;
     t->cand[t->n_cand++] = n;
@@ -36,6 +57,8 @@ void tuner_init(ThreadTuner *t, int max_threads, int fixed) {
         if (n - 1 > 1) t->cand[t->n_cand++] = n - 1;
         if (n > 1) t->cand[t->n_cand++] = 1;
     }
+    for (int j = 0; guess > 0 && j < t->n_cand; j++) // the candidate nearest the guess
+        if (abs(t->cand[j] - guess) < abs(t->cand[t->best] - guess)) t->best = j;
     t->probing = -1;
     t->since_probe = -1; // the first pass warms caches and page tables: not timed
     t->period = FIRST_ROUND;
@@ -44,9 +67,7 @@ void tuner_init(ThreadTuner *t, int max_threads, int fixed) {
 int tuner_threads(const ThreadTuner *t) { return t->cand[t->best]; }
 
 void tuner_begin(ThreadTuner *t) {
-    // The warm-up pass (page faults, cold caches: not timed) runs on one thread: on a busy
-    // machine one pass with too many threads can cost many passes' time.
-    t->running = t->since_probe < 0 ? t->n_cand - 1 : t->probing >= 0 ? t->probing : t->best;
+    t->running = t->probing >= 0 ? t->probing : t->best;
     omp_set_num_threads(t->cand[t->running]);
     t->t0 = now();
 }
