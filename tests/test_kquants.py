@@ -16,7 +16,6 @@ round-to-nearest-even bf16 of those values, and a file cut short inside a K-quan
 refused.
 
 Needs numpy and gguf (pip); without them it prints SKIP and exits 77. Takes about a second."""
-import json
 import os
 import struct
 import subprocess
@@ -31,6 +30,8 @@ try:
     import numpy as np
     import gguf
     from gguf import quants
+    sys.path.insert(0, os.path.join(ROOT, "tests", "fuzz"))
+    from make_seeds import hf_tokens  # the seed generator reads tokenizer.json the same way
 except ImportError as e:
     print(f"SKIP K-quant reference check (python package missing: {e.name}; pip install gguf)")
     print("0 passed, 0 failed")
@@ -88,26 +89,9 @@ def random_blocks(rng, qtype, rows, cols):
     return raw.reshape(rows, nb * size)
 
 
-def hf_tokens(tok_dir):
-    """tokens (byte-level strings in id order), GGUF token types, merges, bos, eos of a tokenizer.json."""
-    tj = json.load(open(os.path.join(tok_dir, "tokenizer.json")))
-    tc = json.load(open(os.path.join(tok_dir, "tokenizer_config.json")))
-    vocab = dict(tj["model"]["vocab"])
-    n = max(list(vocab.values()) + [a["id"] for a in tj["added_tokens"]]) + 1
-    tokens, types = ["[UNUSED%d]" % i for i in range(n)], [5] * n
-    for s, i in vocab.items():
-        tokens[i], types[i] = s, 1
-    for a in tj["added_tokens"]:
-        tokens[a["id"]], types[a["id"]] = a["content"], 3 if a["special"] else 4
-    merges = [m if isinstance(m, str) else " ".join(m) for m in tj["model"]["merges"]]
-    text = lambda v: v if isinstance(v, str) or v is None else v["content"]
-    bos, eos = text(tc.get("bos_token")), text(tc.get("eos_token"))
-    return tokens, types, merges, tokens.index(bos) if bos else None, tokens.index(eos)
-
-
 def write_gguf(path, rng):
     """A qwen3 GGUF whose matrices cycle through the types. Returns {model.bin name: (qtype, raw)}."""
-    tokens, types, merges, bos, eos = hf_tokens(TOK_DIR)
+    tokens, types, merges, bos, eos, _template = hf_tokens(TOK_DIR)
     dim, heads, kv, hd, hidden, layers = 256, 4, 2, 64, 512, 2
     w = gguf.GGUFWriter(path, "qwen3")
     w.add_block_count(layers)
