@@ -527,21 +527,27 @@ def make_llama31(corpus, tok, base):
     print("%-18s identical scores and greedy ids to %s" % (name + "-tf4", name))
 
 
-def make_qwen3(corpus, tok, base):
-    name = "tiny-qwen3"
-    d = os.path.join(DATA, name)
-    fresh_dir(d)
-    ntok = tok.get_vocab_size()
+def tiny_qwen3_config(tok):
+    """The tiny Qwen3 shape of tiny-qwen3 and tiny-qwen3-f32: vocabulary padded to 448 rows."""
     V = 448
-    assert V > ntok
+    assert V > tok.get_vocab_size()
     eos_txt, im_end = tok.token_to_id("<|endoftext|>"), tok.token_to_id("<|im_end|>")
-    cfg = Qwen3Config(
+    return Qwen3Config(
         vocab_size=V, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, head_dim=32, hidden_act="silu",
         max_position_embeddings=2048, rms_norm_eps=1e-6, tie_word_embeddings=False,
         rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
         attention_bias=False, use_sliding_window=False, max_window_layers=2,
         bos_token_id=eos_txt, eos_token_id=im_end, pad_token_id=None)
+
+
+def make_qwen3(corpus, tok, base):
+    name = "tiny-qwen3"
+    d = os.path.join(DATA, name)
+    fresh_dir(d)
+    ntok = tok.get_vocab_size()
+    cfg = tiny_qwen3_config(tok)
+    V, eos_txt, im_end = cfg.vocab_size, cfg.bos_token_id, cfg.eos_token_id
     torch.manual_seed(0)
     model = Qwen3ForCausalLM(cfg).float()
     g = torch.Generator().manual_seed(202)
@@ -647,15 +653,8 @@ def make_qwen3_f32(corpus, tok, base):
     d = os.path.join(DATA, name)
     fresh_dir(d)
     ntok = tok.get_vocab_size()
-    V = 448
-    eos_txt, im_end = tok.token_to_id("<|endoftext|>"), tok.token_to_id("<|im_end|>")
-    cfg = Qwen3Config(
-        vocab_size=V, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=32, hidden_act="silu",
-        max_position_embeddings=2048, rms_norm_eps=1e-6, tie_word_embeddings=False,
-        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
-        attention_bias=False, use_sliding_window=False, max_window_layers=2,
-        bos_token_id=eos_txt, eos_token_id=im_end, pad_token_id=None)
+    cfg = tiny_qwen3_config(tok)
+    V, eos_txt, im_end = cfg.vocab_size, cfg.bos_token_id, cfg.eos_token_id
     torch.manual_seed(0)
     model = Qwen3ForCausalLM(cfg).float()
     g = torch.Generator().manual_seed(404)
