@@ -389,23 +389,10 @@ static void scale_min_k4(int j, const uint8_t *q, int *sc, int *m) {
 
 // Q4_K (144 bytes): fp16 d, fp16 dmin, scales[12], qs[128]. Sub-block s (32 elements) reads the
 // low nibbles (s even) or the high nibbles (s odd) of qs[32 (s / 2) ..]; value d sc q - dmin m.
-static void deq_q4_k(const uint8_t *b, float *y) {
-    const uint8_t *sc = b + 4, *qs = b + 16;
-    float d = f16_to_f32(rd16(b)), dmin = f16_to_f32(rd16(b + 2));
-    for (int s = 0; s < 8; s++) {
-        int scale, min;
-        scale_min_k4(s, sc, &scale, &min);
-        float dl = d * (float)scale, ml = dmin * (float)min;
-        const uint8_t *q = qs + 32 * (s / 2);
-        int shift = 4 * (s & 1);
-        for (int l = 0; l < 32; l++) y[32 * s + l] = dl * (float)((q[l] >> shift) & 15) - ml;
-    }
-}
-
-// Q5_K (176 bytes): fp16 d, fp16 dmin, scales[12], qh[32], qs[128]: Q4_K's nibbles plus a fifth
-// bit, bit s of qh[l] for element l of sub-block s.
-static void deq_q5_k(const uint8_t *b, float *y) {
-    const uint8_t *sc = b + 4, *qh = b + 16, *qs = b + 48;
+// Q5_K (176 bytes): the same with qh[32] before qs: a fifth bit, bit s of qh[l] for element l of
+// sub-block s. One routine for both: qh NULL for Q4_K.
+static void deq_q45_k(const uint8_t *b, const uint8_t *qh, const uint8_t *qs, float *y) {
+    const uint8_t *sc = b + 4;
     float d = f16_to_f32(rd16(b)), dmin = f16_to_f32(rd16(b + 2));
     for (int s = 0; s < 8; s++) {
         int scale, min;
@@ -414,9 +401,12 @@ static void deq_q5_k(const uint8_t *b, float *y) {
         const uint8_t *q = qs + 32 * (s / 2);
         int shift = 4 * (s & 1);
         for (int l = 0; l < 32; l++)
-            y[32 * s + l] = dl * (float)(((q[l] >> shift) & 15) | ((qh[l] >> s) & 1) << 4) - ml;
+            y[32 * s + l] = dl * (float)(((q[l] >> shift) & 15) | (qh ? ((qh[l] >> s) & 1) << 4 : 0)) - ml;
     }
 }
+
+static void deq_q4_k(const uint8_t *b, float *y) { deq_q45_k(b, NULL, b + 16, y); }
+static void deq_q5_k(const uint8_t *b, float *y) { deq_q45_k(b, b + 16, b + 48, y); }
 
 // Q6_K (210 bytes): ql[128] (low 4 bits), qh[64] (high 2 bits), int8 scales[16] (per 16
 // elements), fp16 d; quants are offset by 32. Element 128h + 32k + l takes nibble (k / 2) of
