@@ -43,7 +43,6 @@ typedef struct {
     int n_stops;
     const char *device;       // --device cpu|gpu|auto
     int threads;              // --threads N, or OMP_NUM_THREADS (0: tuned, at most the CPUs we may use)
-    int threads_guess;        // the tuner's starting count (threads_guess at start-up)
     int bench;                // --bench
     const char *synthetic;    // --synthetic NAME
     const char *bench_ctx;    // --bench-ctx 4096,32768
@@ -281,14 +280,18 @@ static void print_summary(const Model *m, const RunState *s, const Options *o) {
     double per_layer = attn + 3.0 * c->dim * c->hidden_dim + 2.0 * c->dim + (c->qk_norm ? 2.0 * c->head_dim : 0);
     double params = c->n_layers * per_layer + (c->tied_embeddings ? 1.0 : 2.0) * c->vocab_size * c->dim + c->dim;
     char thr[48] = "";
-    if (!s->dev) snprintf(thr, sizeof thr, ", %d thread%s%s", omp_get_max_threads(), plural(omp_get_max_threads()), o->threads ? "" : " (tuned)");
+    if (!s->dev) snprintf(thr, sizeof thr, ", %s%d thread%s%s", o->threads ? "" : "up to ", omp_get_max_threads(), plural(omp_get_max_threads()),
+                          o->threads ? "" : " (tuned)");
     fprintf(stderr, "%s, %.1fM parameters, %s weights, context %d (trained %u), %s%s\n", c->arch == ARCH_QWEN3 ? "qwen3" : "llama",
             params / 1e6, c->weight_dtype == DTYPE_BF16 ? "bf16" : "f32", s->ctx, c->max_seq_len, s->dev ? "gpu" : "cpu", thr);
 }
 
 // The CPU pass's thread tuners (decode steps, chunks) for a run's state.
+// Called before the run's first parallel region (OpenMP's idle threads would count as running
+// in threads_guess), and only by the modes that run the model.
 static void attach_tuners(RunState *s, ThreadTuner tt[2], const Options *o) {
-    for (int i = 0; i < 2; i++) tuner_init(&tt[i], omp_get_max_threads(), o->threads, o->threads_guess);
+    int guess = o->threads || s->dev ? 0 : threads_guess(omp_get_max_threads()); // the GPU pass has no tuner
+    for (int i = 0; i < 2; i++) tuner_init(&tt[i], omp_get_max_threads(), o->threads, guess);
     s->threads = tt;
 }
 
@@ -1005,7 +1008,6 @@ int main(int argc, char **argv) {
     const char *omp_env = getenv("OMP_NUM_THREADS");
     if (!o.threads && omp_env && *omp_env) o.threads = omp_get_max_threads();
     omp_set_num_threads(o.threads ? o.threads : threads_available());
-    if (!o.threads) o.threads_guess = threads_guess(omp_get_max_threads()); // before any parallel region
 
     Model m;
     char err[MODEL_ERR_LEN];

@@ -95,13 +95,17 @@ static void policy_reset(AttnPolicy *ap) {
     for (int l = 0; l < P->n_layers; l++) reset_layer(P, l), P->seen_end[l] = 0;
 }
 
+// Threads for a parallel region: what the runner allows now (its thread tuner may lower the
+// count), never more than the per-thread scratch was allocated for.
+static int team_size(const Policy *P) { return omp_get_max_threads() < P->n_threads ? omp_get_max_threads() : P->n_threads; }
+
 // Grows the layer's index to the zone [sink, zone_end): the keys leaving the local window are
 // encoded while still in the working window, then evicted to the host store.
 static void index_to(Policy *P, int layer, KVStore *st, int zone_end) {
     int need = zone_end - P->cfg.sink, from = P->indexed[layer];
     if (from > need) reset_layer(P, layer), from = 0; // the zone never shrinks within a sequence
     if (need <= from) return;
-#pragma omp parallel for schedule(static) num_threads(omp_get_max_threads() < P->n_threads ? omp_get_max_threads() : P->n_threads)
+#pragma omp parallel for schedule(static) num_threads(team_size(P))
     for (int h = 0; h < P->n_kv_heads; h++) P->sel->extend(P->sel, layer, h, st, P->cfg.sink, from, need);
     st->evict(st, P->cfg.sink + from, need - from);
     P->indexed[layer] = need;
@@ -186,7 +190,7 @@ static void policy_attend(AttnPolicy *ap, int layer, float *out, const float *q,
         while (t1 < T && attn_zone_end(&P->cfg, pos0 + t1) == zone_end) t1++;
         index_to(P, layer, &st, zone_end);
         int tasks = (t1 - t0) * n_kv_heads;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(omp_get_max_threads() < P->n_threads ? omp_get_max_threads() : P->n_threads)
+#pragma omp parallel for schedule(dynamic, 1) num_threads(team_size(P))
         for (int i = 0; i < tasks; i++) {
             Scratch s = thread_scratch(P, omp_get_thread_num());
             int t = t0 + i / n_kv_heads;
