@@ -33,7 +33,8 @@ endif
 DEB_DEPS = gcc g++ make clang valgrind libcjson-dev libutf8proc-dev libsentencepiece-dev sentencepiece python3 python3-pip
 
 # The C libraries the build needs (make deps installs them): say so before the first compile fails.
-ifeq ($(filter deps demo check clean,$(MAKECMDGOALS)),)
+# Checked by the make a user runs, not again by each make it runs in turn.
+ifeq ($(filter deps demo check clean,$(MAKECMDGOALS))$(MAKELEVEL),0)
 HASH := \#
 MISSING_HDRS := $(strip $(foreach h,cjson/cJSON.h utf8proc.h sentencepiece_processor.h,$(if $(shell printf '$(HASH)include <$(h)>\n' | $(CXX) -E -x c++ - >/dev/null 2>&1 && echo ok),,$(h))))
 ifneq ($(MISSING_HDRS),)
