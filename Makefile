@@ -21,7 +21,7 @@ ifeq ($(NVCC)$(NO_CUDA),)
 $(warning *** nvcc not found (looked on PATH and in $(CUDA_HOME)/bin): building WITHOUT the CUDA path: ./run will be CPU-only ***)
 endif
 ifneq ($(NVCC),)
-CUDA_SRC  = $(filter-out kernels/test_%.cu,$(wildcard kernels/*.cu))
+CUDA_SRC  = $(filter-out kernels/test_%.cu,$(wildcard kernels/*.cu)) $(wildcard offload/*.cu)
 CUDA_OBJ  = $(patsubst %.cu,$(BUILD)/%.o,$(CUDA_SRC))
 CUDA_LIBS = -L$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
 else

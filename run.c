@@ -94,7 +94,8 @@ static void usage(FILE *f) {
             "                   the generation prompt\n"
             "scoring and tokens:\n"
             "  --score FILE     teacher-forced scoring of FILE's text (no BOS), or of its ids with\n"
-            "                   --ids: one line 'i next_id nll' per position, then 'mean_nll X ppl Y'\n"
+            "                   --ids: one line 'i next_id nll top1' per position (top1: the most\n"
+            "                   likely next id), then 'mean_nll X ppl Y'\n"
             "  --tokenize -f FILE   print the token ids of FILE's text (no BOS)\n"
             "memory and device:\n"
             "  --ctx N          KV cache positions (default: what the run needs, at most the model's)\n"
@@ -109,13 +110,18 @@ static void usage(FILE *f) {
             "  --bench-ctx LIST contexts to fill, e.g. 4096,32768,131072 (default 4096,32768,131072)\n"
             "  --bench-steps N  timed decode steps per context (default 64, at least 64)\n"
             "  --bench-prefill  fill by a real prefill of random tokens (timed) instead of random K/V\n"
+            "  --bench --attn pariskv  the ParisKV step (zone of random K/V, --kv-store, --topk), its\n"
+            "                   index update and its floor\n"
             "attention (dense while the sequence is shorter than max(2000, sink + local + 2 topk)):\n"
-            "  --attn A         pariskv (default), full, or a peer: streaming, quest, fier, kmeans, oracle\n"
+            "  --attn A         pariskv (default), full, or a peer (CPU only): streaming, quest, fier, kmeans, oracle\n"
             "  --topk K         retrieval-zone keys attended per step and KV head (default 100)\n"
             "  --sink S         first tokens, always attended (default 4)\n"
             "  --local L        most recent tokens, always attended (default 256)\n"
             "  --update U       update buffer: after U decode steps the oldest U recent tokens join\n"
             "                   the retrieval zone (default 512)\n"
+            "  --kv-store S     GPU, pariskv: the retrieval zone's K/V in gpu memory, in pinned host\n"
+            "                   memory (read through PCIe, top-k rows a step), or auto (default: gpu\n"
+            "                   when the whole context fits there, else host)\n"
             "  --version        the version, and whether this build has the CUDA backend\n"
             "  -h, --help       this text\n");
 }
@@ -261,8 +267,8 @@ static AttnPolicy *make_attn(const Options *o, const Model *m, const RunState *s
     AttnConfig c = o->attn;
     c.prefill_len = prefill_len;
     if (c.method == ATTN_FULL || s->ctx < attn_dense_threshold(&c) || s->ctx <= prefill_len) return NULL;
-    if (s->dev) { // the GPU pass has no selection policies yet
-        if (o->attn_set) die("--attn %s runs on the CPU only for now (add --device cpu)", attn_method_name(c.method));
+    if (s->dev) { // the GPU pass runs its policy itself (it was given o->attn at creation)
+        if (s->be->set_prefill_len) s->be->set_prefill_len(s->dev, prefill_len);
         return NULL;
     }
     char err[ATTN_ERR_LEN];
@@ -343,22 +349,25 @@ static void score_chunk(const float *logits, int first, int T, void *p) {
     int n = first + T < sc->n ? T : sc->n - 1 - first; // the last token has no successor
     if (n <= 0) return;
     double *nll = malloc((size_t)n * sizeof(double));
-    if (!nll) die("out of memory");
+    int *top = malloc((size_t)n * sizeof(int));
+    if (!nll || !top) die("out of memory");
     // log-softmax over the vocabulary for each row: the rows are independent
 #pragma omp parallel for schedule(static)
     for (int t = 0; t < n; t++) {
         const float *l = logits + (size_t)t * sc->vocab;
-        float mx = l[argmax(l, sc->vocab)];
+        top[t] = argmax(l, sc->vocab);
+        float mx = l[top[t]];
         double sum = 0.0;
         for (int j = 0; j < sc->vocab; j++) sum += exp((double)l[j] - mx);
         nll[t] = log(sum) + mx - l[sc->tokens[first + t + 1]];
     }
     for (int t = 0; t < n; t++) {
         sc->total += nll[t];
-        printf("%d\t%d\t%.6f\n", first + t, sc->tokens[first + t + 1], nll[t]);
+        printf("%d\t%d\t%.6f\t%d\n", first + t, sc->tokens[first + t + 1], nll[t], top[t]);
     }
     flush_out();
     free(nll);
+    free(top);
 }
 
 static void run_score(const Model *m, const Tokenizer *tok, const Options *o) {
@@ -374,7 +383,7 @@ static void run_score(const Model *m, const Tokenizer *tok, const Options *o) {
     char err[MODEL_ERR_LEN];
     int chunk = m->be->create ? SCORE_CHUNK_GPU : m->be->max_chunk;
     // Checked with the tokens freed first, so a sanitizer build sees no leak on these exits.
-    if (n < 2 || n > ctx || run_state_init(&s, m, ctx, chunk, 1, err) != 0) {
+    if (n < 2 || n > ctx || run_state_init_attn(&s, m, ctx, chunk, 1, &o->attn, err) != 0) {
         free(tokens);
         if (n < 2) die("--score needs at least 2 tokens, '%s' has %d", o->score_file, n);
         if (n > ctx) die("'%s' has %d tokens, more than the context of %d", o->score_file, n, ctx);
@@ -476,7 +485,7 @@ static void run_generate(const Model *m, const Tokenizer *tok, const Options *o)
             n_prompt, ctx, c->max_seq_len);
     RunState s;
     char err[MODEL_ERR_LEN];
-    if (run_state_init(&s, m, ctx, m->be->max_chunk, 0, err) != 0) die("%s", err);
+    if (run_state_init_attn(&s, m, ctx, m->be->max_chunk, 0, &o->attn, err) != 0) die("%s", err);
     s.attn = make_attn(o, m, &s, n_prompt);
     ThreadTuner tt[2];
     attach_tuners(&s, tt, o);
@@ -818,7 +827,7 @@ static void run_chat(const Model *m, const Tokenizer *tok, const Options *o) {
     if (tokenizer_chat(tok) == TOK_CHAT_NONE) die("the model has no chat template this runner renders (Llama 3, Qwen3, ChatML)");
     Chat c = {.m = m, .tok = tok, .o = o};
     char err[MODEL_ERR_LEN];
-    if (run_state_init(&c.s, m, pick_ctx(o, &m->c, CHAT_CTX_DEFAULT), m->be->max_chunk, 0, err) != 0) die("%s", err);
+    if (run_state_init_attn(&c.s, m, pick_ctx(o, &m->c, CHAT_CTX_DEFAULT), m->be->max_chunk, 0, &o->attn, err) != 0) die("%s", err);
     ThreadTuner tt[2];
     attach_tuners(&c.s, tt, o);
     print_summary(m, &c.s, o);
@@ -875,8 +884,10 @@ static int run_bench(const Options *o) {
     char err[MODEL_ERR_LEN];
     // The benchmark times the GPU's dense decode: say so rather than print dense figures under
     // another method's name.
-    if (o->attn_set && o->attn.method != ATTN_FULL)
-        die("--bench --attn %s: the GPU benchmark runs full attention only for now (give --attn full or no --attn)", attn_method_name(o->attn.method));
+    // Dense decode unless --attn pariskv is given; the peers run on the CPU only.
+    if (o->attn_set && o->attn.method != ATTN_FULL && o->attn.method != ATTN_PARISKV)
+        die("--bench --attn %s: the GPU benchmark runs full and pariskv (%s runs on the CPU only)", attn_method_name(o->attn.method),
+            attn_method_name(o->attn.method));
     if (o->synthetic) {
         if (o->model_path) die("give either a model file or --synthetic NAME, not both");
         if (model_synthetic(&m, o->synthetic) != 0)
@@ -897,7 +908,8 @@ static int run_bench(const Options *o) {
         ctxs[n++] = (int)v;
         p = *end ? end + 1 : end;
     }
-    int rc = m.be->bench(&m, ctxs, n, o->bench_steps ? o->bench_steps : 64, o->bench_prefill, m.be->max_chunk);
+    int pkv = o->attn_set && o->attn.method == ATTN_PARISKV;
+    int rc = m.be->bench(&m, ctxs, n, o->bench_steps ? o->bench_steps : 64, o->bench_prefill, m.be->max_chunk, pkv ? &o->attn : NULL);
     model_free(&m);
     return rc;
 }
@@ -975,6 +987,12 @@ int main(int argc, char **argv) {
             NEEDS_VALUE(); o.bench_steps = (int)parse_long(v, a, 64, 100000);
         } else if (strcmp(a, "--bench-prefill") == 0) {
             o.bench_prefill = 1;
+        } else if (strcmp(a, "--kv-store") == 0) {
+            NEEDS_VALUE();
+            if (strcmp(v, "auto") == 0) o.attn.store = KV_STORE_AUTO;
+            else if (strcmp(v, "gpu") == 0) o.attn.store = KV_STORE_GPU;
+            else if (strcmp(v, "host") == 0) o.attn.store = KV_STORE_HOST;
+            else die("--kv-store must be gpu, host or auto, not '%s'", v);
         } else if (attn_option(&o, a, v)) {
             i++;
         } else if ((chat_consumed = chat_option(&o, a, v)) >= 0) {

@@ -40,7 +40,9 @@ struct AttnPolicy {
 // max(dense_min, sink + local + 2 topk).
 typedef enum { ATTN_FULL, ATTN_PARISKV, ATTN_STREAMING, ATTN_QUEST, ATTN_FIER, ATTN_KMEANS, ATTN_ORACLE, ATTN_N_METHODS } AttnMethod;
 
-typedef struct {
+enum { KV_STORE_AUTO, KV_STORE_GPU, KV_STORE_HOST }; // where the GPU path keeps the retrieval zone's K/V
+
+typedef struct AttnConfig {
     int method;      // AttnMethod
     int topk;        // retrieval-zone keys attended per step and KV head (100)
     int sink;        // S (4)
@@ -49,6 +51,7 @@ typedef struct {
     int dense_min;   // dense below max(dense_min, S + L + 2 topk) tokens (2000)
     int prefill_len; // positions below it are the prompt (0: every position is a decode step)
     float beta, rho; // ParisKV candidate ratio and tier fraction; 0: the adaptive schedule by zone size
+    int store;       // KV_STORE_*: the GPU path's zone in device memory, in the host store, or host when the GPU is short
 } AttnConfig;
 
 #define ATTN_ERR_LEN 256

@@ -21,7 +21,110 @@ static float percentile(float *v, int n, double p) {
     return v[i];
 }
 
-extern "C" int gpu_bench(const Model *m, const int *ctx_list, int n_ctx, int steps, int real_prefill, int chunk) {
+// Host-to-device bandwidth of a bulk copy from pinned memory (bytes/s): the ceiling of the top-k
+// fetches from a host store.
+static double h2d_bandwidth(void) {
+    size_t n = (size_t)256 << 20;
+    void *h = NULL, *d = NULL;
+    if (cudaMallocHost(&h, n) != cudaSuccess) return 0;
+    if (cudaMalloc(&d, n) != cudaSuccess) {
+        cudaFreeHost(h);
+        return 0;
+    }
+    memset(h, 1, n);
+    cudaEvent_t a, b;
+    cudaEventCreate(&a), cudaEventCreate(&b);
+    float t[7];
+    for (int i = 0; i < 7; i++) {
+        cudaEventRecord(a, 0);
+        cudaMemcpyAsync(d, h, n, cudaMemcpyHostToDevice, 0);
+        cudaEventRecord(b, 0);
+        cudaEventSynchronize(b);
+        cudaEventElapsedTime(&t[i], a, b);
+    }
+    std::sort(t, t + 7);
+    cudaEventDestroy(a), cudaEventDestroy(b);
+    cudaFree(d), cudaFreeHost(h);
+    return (double)n / (t[3] * 1e-3);
+}
+
+// ParisKV: for each context N, the zone filled as after an N-token prompt (random K/V), then
+// decode steps from a position chosen so that one index update (U new zone keys) falls inside
+// the timed steps. TPOT is the median of the steps without an update; the update's extra cost
+// is shown apart and amortized over U steps.
+static int bench_pariskv(const Model *m, const int *ctx_list, int n_ctx, int steps, int chunk, const AttnConfig *attn, double bw) {
+    const Config *c = &m->c;
+    double pcie = h2d_bandwidth();
+    size_t step_wbytes = gpu_weight_bytes(c) - (c->tied_embeddings ? 0 : (size_t)c->vocab_size * c->dim * 2);
+    printf("pariskv: k %d, sink %d, local %d, update %d, zone in %s; host-to-device bulk copy %.1f GB/s\n", attn->topk, attn->sink,
+           attn->local, attn->update, attn->store == KV_STORE_HOST ? "pinned host memory" : attn->store == KV_STORE_GPU ? "GPU memory" : "auto", pcie / 1e9);
+    printf("floor = (weights + index, window and selection bytes) / HBM bandwidth + top-k rows from host / bulk PCIe bandwidth\n");
+    printf("%9s | %5s | %4s | %8s | %17s | %9s | %8s | %10s | %9s | %8s | %8s\n", "context", "k", "zone", "TPOT ms", "p10-p90 ms", "floor ms",
+           "TPOT/flr", "update ms", "+per step", "fill s", "index s");
+    printf("----------+-------+------+----------+-------------------+-----------+----------+------------+-----------+----------+---------\n");
+    int warmup = 8, U = attn->update, rc = 0;
+    int n_all = warmup + steps;
+    float *ms = (float *)malloc(sizeof(float) * (size_t)n_all), *steady = (float *)malloc(sizeof(float) * (size_t)n_all);
+    int *upd = (int *)malloc(sizeof(int) * (size_t)n_all);
+    for (int i = 0; i < n_ctx && rc == 0; i++) {
+        int N = ctx_list[i];
+        // steps start at pos0 so that the update at N + U (zone_end moves by U) is in the middle
+        int pos0 = N + U - warmup - steps / 2, ctx = pos0 + n_all + 1;
+        if (pos0 < N) pos0 = N, ctx = N + U + n_all + 1;
+        char err[512] = "";
+        void *g = gpu_create_bench(m, ctx, chunk, attn, err);
+        if (!g) {
+            printf("%9d | %s\n", N, err);
+            rc = 1;
+            break;
+        }
+        double fill_s = 0, index_s = 0;
+        cudaError_t e = gpu_pkv_fill(g, N, &fill_s, &index_s, err);
+        if (e == cudaSuccess && attn->store == KV_STORE_HOST) {
+            FILE *f = fopen("/proc/self/smaps_rollup", "r"); // did the store get huge pages?
+            char line[256];
+            double kb = -1;
+            while (f && fgets(line, sizeof line, f))
+                if (sscanf(line, "AnonHugePages: %lf kB", &kb) == 1) break;
+            if (f) fclose(f);
+            if (kb >= 0) fprintf(stderr, "host memory in transparent huge pages: %.1f GiB\n", kb / 1048576.0);
+        }
+        if (e == cudaSuccess) e = gpu_pkv_time(g, pos0, n_all, ms, upd, err);
+        if (e != cudaSuccess) {
+            printf("%9d | failed: %s %s\n", N, cudaGetErrorString(e), err);
+            rc = 1;
+        } else {
+            int ns = 0;
+            float upd_ms = -1;
+            for (int j = warmup; j < n_all; j++) {
+                if (upd[j]) upd_ms = ms[j];
+                else steady[ns++] = ms[j];
+            }
+            float med = percentile(steady, ns, 0.5), p10 = percentile(steady, ns, 0.1), p90 = percentile(steady, ns, 0.9);
+            double dev_b, host_b;
+            gpu_pkv_step_bytes(g, pos0 + warmup + steps / 2, &dev_b, &host_b);
+            double floor_ms = ((step_wbytes + dev_b) / bw + (pcie > 0 ? host_b / pcie : 0)) * 1e3;
+            char u1[32] = "-", u2[32] = "-";
+            if (upd_ms >= 0) snprintf(u1, sizeof u1, "%.3f", upd_ms), snprintf(u2, sizeof u2, "%.4f", (upd_ms - med) / U);
+            printf("%9d | %5d | %4s | %8.3f | %8.3f-%-8.3f | %9.3f | %8.3f | %10s | %9s | %8.2f | %8.2f\n", N, attn->topk,
+                   attn->store == KV_STORE_HOST ? "host" : "gpu", med, p10, p90, floor_ms, med / floor_ms, u1, u2, fill_s, index_s);
+            // Where the time goes: the same step with stages left out (PKV_DECODE_SKIP bits).
+            float t_all, t_noatt, t_nosel, t_none;
+            int at = pos0 + warmup - 1;
+            if (gpu_pkv_time_skip(g, at, 0, 15, &t_all, err) == cudaSuccess && gpu_pkv_time_skip(g, at, 4, 15, &t_noatt, err) == cudaSuccess &&
+                gpu_pkv_time_skip(g, at, 6, 15, &t_nosel, err) == cudaSuccess && gpu_pkv_time_skip(g, at, 1, 15, &t_none, err) == cudaSuccess)
+                printf("%9s   stages ms: weights and the rest %.3f | qkv post-processing %.3f | query + selection %.3f | attention over "
+                       "sink + top-k + window %.3f (weights floor %.3f)\n", "", t_none, t_nosel - t_none, t_noatt - t_nosel, t_all - t_noatt,
+                       step_wbytes / bw * 1e3);
+            fflush(stdout);
+        }
+        gpu_destroy(g);
+    }
+    free(ms), free(steady), free(upd);
+    return rc;
+}
+
+extern "C" int gpu_bench(const Model *m, const int *ctx_list, int n_ctx, int steps, int real_prefill, int chunk, const AttnConfig *attn) {
     const Config *c = &m->c;
     double bw = gpu_read_bandwidth();
     if (bw <= 0) {
@@ -38,6 +141,13 @@ extern "C" int gpu_bench(const Model *m, const int *ctx_list, int n_ctx, int ste
     printf("device: %s, measured read bandwidth %.2f TB/s\n", prop.name, bw / 1e12);
     printf("model: %u layers, dim %u, %u heads / %u KV heads x %u, FFN %u, vocab %u; weights read per step %.2f GB\n",
            c->n_layers, c->dim, c->n_heads, c->n_kv_heads, c->head_dim, c->hidden_dim, c->vocab_size, step_wbytes / 1e9);
+    if (attn && attn->method == ATTN_PARISKV) {
+        if (real_prefill) {
+            fprintf(stderr, "error: --bench-prefill times dense attention; the ParisKV benchmark fills the zone with random K/V\n");
+            return 1;
+        }
+        return bench_pariskv(m, ctx_list, n_ctx, steps, chunk, attn, bw);
+    }
     printf("%9s | %10s | %17s | %8s | %9s | %10s | %11s\n", "context", "TPOT ms", "p10-p90 ms", "tok/s", "floor ms",
            "TPOT/floor", "prefill s");
     printf("----------+------------+-------------------+----------+-----------+------------+------------\n");
@@ -48,7 +158,7 @@ extern "C" int gpu_bench(const Model *m, const int *ctx_list, int n_ctx, int ste
         int N = ctx_list[i];
         int ctx = N + warmup + steps + 1;
         char err[512];
-        void *g = gpu_create(m, ctx, chunk, 0, err);
+        void *g = gpu_create(m, ctx, chunk, 0, NULL, err);
         if (!g) {
             printf("%9d | %s\n", N, err);
             rc = 1;

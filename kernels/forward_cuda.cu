@@ -11,8 +11,12 @@
 #include "forward_cuda.h"
 #include "kernels.h"
 #include "flash_prefill.h"
+#include "pariskv_attend.h"
+#include "pariskv_gpu.h"
+#include "../offload/host_store.h"
 
 extern "C" {
+#include "../attention/attention.h"
 #include "../model/bf16.h"
 }
 
@@ -35,6 +39,31 @@ typedef struct {
     float *q_norm;      // (hd) or NULL
     float *k_norm;      // (hd) or NULL
 } GpuLayer;
+
+// ParisKV past the dense threshold (attention/attention.h has the regions and the protocol,
+// attention/policy.c the CPU reference). Every step: select, fetch, attend, captured in one
+// graph that reads the position and the zone from memory; every U steps, before that step's
+// graph: encode the keys entering the zone (their rows are already in the store: written
+// through by each step, or copied after a prefill).
+typedef struct {
+    int on;
+    AttnConfig cfg;
+    GpuKV kv;           // the device cache (sink + ring) and the zone's store
+    HostStore hs;       // the zone's rows when kv.host is set
+    PkvGpuIndex ix;
+    PkvGpuScratch sc;
+    float *q;           // (n_heads, hd) the step's queries, fp32
+    float *partial;     // pkv_attend scratch
+    unsigned *counters; // (n_kv)
+    int *d_meta;        // zone_end, zone slots: device copy of h_meta
+    int *h_meta;        // pinned
+    int indexed;        // zone slots in the index
+    int synced;         // host store: rows of positions [sink, synced) are in it
+    int seen_end;       // end of the last call's positions (an earlier start is a rewind)
+    int ring_hi;        // one past the highest position written to the device cache since position 0
+    cudaGraphExec_t graph;
+    int graph_ready;
+} Pkv;
 
 struct GpuState {
     Config c;
@@ -68,15 +97,28 @@ struct GpuState {
     int *h_pos;         // pinned (1)
     float *h_logits;    // pinned (chunk, vocab)
     int skip;           // PKV_DECODE_SKIP: decode stages left out, for timing breakdowns only
+    float *h_step;      // pinned (vocab): the logits of a decode step
     cudaGraphExec_t decode_graph;
     int graph_ready;
+    int dcap;           // positions of the device cache kcache/vcache (== ctx unless the zone is in the host store)
+    Pkv pkv;
 };
 
 static size_t align256(size_t x) { return (x + 255) & ~(size_t)255; }
 
+static void pkv_free(Pkv *p) {
+    if (p->graph_ready) cudaGraphExecDestroy(p->graph);
+    pkv_gpu_index_free(&p->ix);
+    pkv_gpu_scratch_free(&p->sc);
+    cudaFree(p->q), cudaFree(p->partial), cudaFree(p->counters), cudaFree(p->d_meta);
+    cudaFreeHost(p->h_meta);
+    host_store_close(&p->hs);
+}
+
 static void gpu_free(GpuState *g) {
     if (!g) return;
     if (g->graph_ready) cudaGraphExecDestroy(g->decode_graph);
+    pkv_free(&g->pkv);
     if (g->layers) {
         for (uint32_t l = 0; l < g->c.n_layers; l++) {
             GpuLayer *w = &g->layers[l];
@@ -91,7 +133,7 @@ static void gpu_free(GpuState *g) {
     cudaFree(g->x), cudaFree(g->xb), cudaFree(g->proj), cudaFree(g->q), cudaFree(g->att), cudaFree(g->hb);
     cudaFree(g->logits);
     cudaFree(g->partial), cudaFree(g->counters), cudaFree(g->sumsq_a), cudaFree(g->sumsq_b), cudaFree(g->d_tokens), cudaFree(g->d_pos);
-    cudaFreeHost(g->h_tokens), cudaFreeHost(g->h_pos), cudaFreeHost(g->h_logits);
+    cudaFreeHost(g->h_tokens), cudaFreeHost(g->h_pos), cudaFreeHost(g->h_logits), cudaFreeHost(g->h_step);
     if (g->blas) cublasDestroy(g->blas);
     if (g->st) cudaStreamDestroy(g->st);
     free(g);
@@ -236,7 +278,27 @@ static const char *unsupported_shape(const Config *c) {
     return NULL;
 }
 
-extern "C" void *gpu_create(const Model *m, int ctx, int chunk, int all_logits, char *err) {
+static double gib(size_t b) { return (double)b / (1 << 30); }
+
+// Device memory of ParisKV besides the K/V cache: the index, the selection's scratch, the
+// attention's scratch.
+static size_t pkv_device_bytes(const Config *c, const AttnConfig *a, int ctx) {
+    int cap = ctx - a->sink, nkv = c->n_kv_heads;
+    return pkv_gpu_index_bytes(c->n_layers, nkv, c->head_dim, cap) + (size_t)nkv * cap * 12 +
+           (size_t)nkv * (a->topk + 64) * 8 + pkv_attend_scratch_floats(c->n_heads, nkv, c->head_dim) * 4 +
+           (size_t)c->n_heads * c->head_dim * 4 + (4u << 20);
+}
+
+// The positions the device cache needs at least under ParisKV with the zone in the host store:
+// the dense phase, the ring (sink + local window + update buffer + the new token), a prefill chunk.
+static int pkv_min_positions(const AttnConfig *a, int chunk) {
+    int ring = a->sink + a->local + a->update + 1, t = attn_dense_threshold(a);
+    return (t > ring ? t : ring) + chunk;
+}
+
+// create with the device cache's size under a host store chosen by the caller (dcap_want > 0,
+// the benchmark: no prompt to hold) or from the memory left (0).
+static void *gpu_create_ex(const Model *m, int ctx, int chunk, int all_logits, const AttnConfig *attn, int dcap_want, char *err) {
     int n_dev = 0;
     if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
         set_err(err, "no CUDA device found (use --device cpu)");
@@ -249,19 +311,62 @@ extern "C" void *gpu_create(const Model *m, int ctx, int chunk, int all_logits, 
                 c->head_dim, c->n_heads, c->n_kv_heads, c->dim, c->hidden_dim, why);
         return NULL;
     }
+    if (attn && attn->method != ATTN_FULL && attn->method != ATTN_PARISKV) {
+        set_err(err, "--attn %s runs on the CPU only (add --device cpu); the GPU runs full and pariskv", attn_method_name(attn->method));
+        return NULL;
+    }
+    int pkv = attn && attn->method == ATTN_PARISKV && ctx >= attn_dense_threshold(attn);
+    if (pkv && attn->topk > 4096) {
+        set_err(err, "--attn pariskv on the GPU takes --topk up to 4096, not %d", attn->topk);
+        return NULL;
+    }
+    if (pkv && c->head_dim != 64 && c->head_dim != 128) {
+        set_err(err, "--attn pariskv on the GPU needs head_dim 64 or 128 (this model: %u); use --device cpu", c->head_dim);
+        return NULL;
+    }
     int logit_rows = all_logits ? chunk : 1;
-    size_t need_w = gpu_weight_bytes(c), need_kv = gpu_kv_bytes(c, ctx), need_a = activation_bytes(c, ctx, chunk, logit_rows);
     size_t free_b = 0, total_b = 0;
     if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
         set_err(err, "cannot query GPU memory");
         return NULL;
     }
-    size_t need = need_w + need_kv + need_a + (256u << 20); // cuBLAS workspace and slack
+    size_t slack = 256u << 20; // cuBLAS workspace and slack
+    size_t need_w = gpu_weight_bytes(c), need_a = activation_bytes(c, ctx, chunk, logit_rows);
+    size_t need_p = pkv ? pkv_device_bytes(c, attn, ctx) : 0, per_pos = gpu_kv_bytes(c, 1);
+    int dcap = ctx, host = 0;
+    if (pkv) {
+        int fits_all = need_w + need_a + need_p + per_pos * (size_t)ctx + slack <= free_b;
+        host = attn->store == KV_STORE_HOST || (attn->store == KV_STORE_AUTO && !fits_all);
+        if (host) {
+            int least = pkv_min_positions(attn, chunk);
+            size_t rest = free_b > need_w + need_a + need_p + slack + (1u << 30) ? free_b - need_w - need_a - need_p - slack - (1u << 30) : 0;
+            long fit = (long)(rest / per_pos);
+            const char *env = getenv("PKV_DEVICE_POSITIONS"); // tests: a small device cache, so the ring wraps
+            long want = dcap_want > 0 ? dcap_want : env ? atol(env) : fit;
+            if (want < least) want = least;
+            dcap = want < ctx ? (int)want : ctx;
+            if (dcap > fit && dcap_want <= 0 && !env) dcap = (int)fit; // never above what fits
+            if (dcap < least && dcap < ctx) {
+                set_err(err, "GPU memory: weights %.2f GiB + ParisKV index %.2f GiB + activations %.2f GiB leave room for %ld cached positions, "
+                        "but the host-store mode needs at least %d: lower --ctx",
+                        gib(need_w), gib(need_p), gib(need_a), fit, least);
+                return NULL;
+            }
+        }
+    }
+    size_t need_kv = per_pos * (size_t)dcap;
+    size_t need = need_w + need_kv + need_a + need_p + slack;
     if (need > free_b) {
-        set_err(err, "GPU memory: weights %.2f GiB + KV cache for %d positions %.2f GiB + activations %.2f GiB = %.2f GiB, "
-                     "but only %.2f GiB of %.2f GiB is free: lower --ctx",
-                (double)need_w / (1 << 30), ctx, (double)need_kv / (1 << 30), (double)need_a / (1 << 30),
-                (double)need / (1 << 30), (double)free_b / (1 << 30), (double)total_b / (1 << 30));
+        if (pkv)
+            set_err(err, "GPU memory: weights %.2f GiB + KV cache for %d positions %.2f GiB + ParisKV index %.2f GiB + activations %.2f GiB = %.2f GiB, "
+                         "but only %.2f GiB of %.2f GiB is free: lower --ctx%s",
+                    gib(need_w), dcap, gib(need_kv), gib(need_p), gib(need_a), gib(need), gib(free_b), gib(total_b),
+                    host ? "" : " or use --kv-store host");
+        else
+            set_err(err, "GPU memory: weights %.2f GiB + KV cache for %d positions %.2f GiB + activations %.2f GiB = %.2f GiB, "
+                         "but only %.2f GiB of %.2f GiB is free: lower --ctx%s",
+                    gib(need_w), ctx, gib(need_kv), gib(need_a), gib(need), gib(free_b), gib(total_b),
+                    attn && attn->method == ATTN_FULL ? "" : " (--attn pariskv keeps the long context in host memory)");
         return NULL;
     }
     GpuState *g = (GpuState *)calloc(1, sizeof(GpuState));
@@ -271,9 +376,14 @@ extern "C" void *gpu_create(const Model *m, int ctx, int chunk, int all_logits, 
     }
     g->c = *c;
     g->ctx = ctx;
+    g->dcap = dcap;
     g->chunk = chunk;
     g->logit_rows = logit_rows;
     g->weight_bytes = need_w;
+    if (host && host_store_open(&g->pkv.hs, c->n_layers, c->n_kv_heads, c->head_dim, ctx - attn->sink, err) != 0) {
+        free(g);
+        return NULL;
+    }
     const char *skip = getenv("PKV_DECODE_SKIP");
     g->skip = skip ? atoi(skip) : 0;
     size_t hd = c->head_dim, dim = c->dim, q = c->n_heads * hd, kv = c->n_kv_heads * hd, h = c->hidden_dim;
@@ -298,7 +408,7 @@ extern "C" void *gpu_create(const Model *m, int ctx, int chunk, int all_logits, 
     ALLOC(g->att, T * q * 2);
     ALLOC(g->hb, T * h * 2);
     ALLOC(g->logits, (size_t)logit_rows * c->vocab_size * 4);
-    ALLOC(g->partial, attn_decode_scratch_floats(c->n_heads, c->n_kv_heads, hd, ctx) * 4);
+    ALLOC(g->partial, attn_decode_scratch_floats(c->n_heads, c->n_kv_heads, hd, dcap) * 4);
     ALLOC(g->counters, c->n_kv_heads * sizeof(unsigned));
     if (e == cudaSuccess) e = cudaMemset(g->counters, 0, c->n_kv_heads * sizeof(unsigned));
     ALLOC(g->d_tokens, T * 4);
@@ -306,17 +416,47 @@ extern "C" void *gpu_create(const Model *m, int ctx, int chunk, int all_logits, 
     ALLOC(g->rope_cs, hd * 4);
     ALLOC(g->sumsq_a, gemv_sumsq_count(dim) * 4);
     ALLOC(g->sumsq_b, gemv_sumsq_count(dim) * 4);
+    if (pkv) {
+        Pkv *p = &g->pkv;
+        p->on = 1;
+        p->cfg = *attn;
+        p->cfg.store = host ? KV_STORE_HOST : KV_STORE_GPU;
+        if (e == cudaSuccess) e = pkv_gpu_index_alloc(&p->ix, c->n_layers, c->n_kv_heads, hd, ctx - attn->sink, g->st);
+        if (e == cudaSuccess) e = pkv_gpu_scratch_alloc(&p->sc, &p->ix, attn->topk);
+        if (e == cudaSuccess) e = cudaMemset(p->sc.nsel, 0, c->n_kv_heads * sizeof(int)); // read by timing runs without the selection
+        ALLOC(p->q, q * 4);
+        ALLOC(p->partial, pkv_attend_scratch_floats(c->n_heads, c->n_kv_heads, hd) * 4);
+        ALLOC(p->counters, c->n_kv_heads * sizeof(unsigned));
+        if (e == cudaSuccess) e = cudaMemset(p->counters, 0, c->n_kv_heads * sizeof(unsigned));
+        ALLOC(p->d_meta, 2 * sizeof(int));
+        if (e == cudaSuccess) e = cudaMallocHost((void **)&p->h_meta, 2 * sizeof(int));
+        p->kv = (GpuKV){g->kcache, g->vcache, host ? (bf16 *)p->hs.base : NULL, (int)c->n_layers, (int)c->n_kv_heads, (int)hd, dcap, attn->sink,
+                        host ? p->hs.alias_slots : 0};
+    }
 #undef ALLOC
     if (e == cudaSuccess) e = cudaMallocHost((void **)&g->h_tokens, T * 4);
     if (e == cudaSuccess) e = cudaMallocHost((void **)&g->h_pos, 4);
     if (e == cudaSuccess) e = cudaMallocHost((void **)&g->h_logits, (size_t)logit_rows * c->vocab_size * 4);
+    if (e == cudaSuccess) e = cudaMallocHost((void **)&g->h_step, (size_t)c->vocab_size * 4);
     if (e == cudaSuccess) e = cudaStreamSynchronize(g->st);
     if (e != cudaSuccess) {
         set_err(err, "GPU setup failed: %s", cudaGetErrorString(e));
         gpu_free(g);
         return NULL;
     }
+    if (pkv && dcap_want <= 0)
+        fprintf(stderr, "pariskv on the GPU: retrieval zone in %s (%.2f GiB at %d positions), index %.2f GiB, device KV cache %d positions\n",
+                host ? "pinned host memory" : "GPU memory", gib(per_pos * (size_t)(ctx - attn->sink)), ctx, gib(need_p), dcap);
     return g;
+}
+
+extern "C" void *gpu_create(const Model *m, int ctx, int chunk, int all_logits, const AttnConfig *attn, char *err) {
+    return gpu_create_ex(m, ctx, chunk, all_logits, attn, 0, err);
+}
+
+extern "C" void gpu_set_prefill_len(void *dev, int prefill_len) {
+    GpuState *g = (GpuState *)dev;
+    g->pkv.cfg.prefill_len = prefill_len;
 }
 
 extern "C" void gpu_destroy(void *dev) { gpu_free((GpuState *)dev); }
@@ -336,11 +476,15 @@ static cudaError_t gemm(GpuState *g, float *y, const bf16 *x, const bf16 *W, int
 // (which divides by the rms; the norm weights are folded into its columns at load time), and
 // the QKV post-processing rides on the attention kernel. PKV_DECODE_SKIP=1 leaves the
 // attention out (timing breakdowns only).
-static cudaError_t enqueue_decode(GpuState *g) {
+// Under ParisKV (pkv) the attention is four stages instead: QKV post-processing (the new row
+// written through to the store), the group query's transform, the selection, the attention over
+// sink + top-k + window.
+static cudaError_t enqueue_decode(GpuState *g, int pkv) {
+    Pkv *p = &g->pkv;
     const Config *c = &g->c;
     int hd = c->head_dim, dim = c->dim, hidden = c->hidden_dim, nh = c->n_heads, nkv = c->n_kv_heads;
     int q_dim = nh * hd, kv_dim = nkv * hd, n_sums = gemv_sumsq_count(dim), n_a = 1;
-    size_t layer_kv = (size_t)nkv * g->ctx * hd;
+    size_t layer_kv = (size_t)nkv * g->dcap * hd;
     cudaStream_t st = g->st;
     float eps = c->norm_eps;
     CU_TRY(embed_stats(g->x, g->xb, g->sumsq_a, g->embd, g->d_tokens, dim, st));
@@ -349,8 +493,18 @@ static cudaError_t enqueue_decode(GpuState *g) {
         GpuLayer *w = &g->layers[l];
         bf16 *kc = g->kcache + l * layer_kv, *vc = g->vcache + l * layer_kv;
         CU_TRY(gemv_bf16_normed(g->proj, w->wqkv, g->xb, dim, q_dim + 2 * kv_dim, GEMV_STORE, g->sumsq_a, n_a, eps, st));
-        if (!(g->skip & 1))
-            CU_TRY(attn_decode(g->att, g->proj, w->q_norm, w->k_norm, g->rope_cs, kc, vc, g->d_pos, nh, nkv, hd, g->ctx,
+        if (pkv && !(g->skip & 1)) {
+            CU_TRY(pkv_qkv_decode(p->q, g->proj, w->q_norm, w->k_norm, g->rope_cs, p->kv, (int)l, g->d_pos, nh, eps, st));
+            if (!(g->skip & 2)) { // timing breakdowns: 2 leaves the selection out (nsel stays 0), 4 the attention
+                CU_TRY(pkv_gpu_query(&p->sc, &p->ix, p->q, nh, st));
+                CU_TRY(pkv_gpu_select(&p->sc, &p->ix, (int)l, p->d_meta + 1, p->cfg.topk, p->cfg.beta, p->cfg.rho, st));
+                CU_TRY(pkv_sort_sel(p->sc.sel, p->sc.nsel, p->sc.kmax, nkv, st));
+            }
+            if (!(g->skip & 4))
+                CU_TRY(pkv_attend(g->att, p->q, p->sc.sel, p->sc.nsel, p->sc.kmax, p->kv, (int)l, g->d_pos, p->d_meta, nh,
+                                  p->partial, p->counters, st));
+        } else if (!(g->skip & 1))
+            CU_TRY(attn_decode(g->att, g->proj, w->q_norm, w->k_norm, g->rope_cs, kc, vc, g->d_pos, nh, nkv, hd, g->dcap,
                                eps, g->partial, g->counters, st));
         CU_TRY(gemv_bf16_add_stats(g->x, w->wo, g->att, q_dim, dim, g->xb, g->sumsq_b, st));
         CU_TRY(gemv_bf16_normed(g->hb, w->wgu, g->xb, dim, 2 * hidden, GEMV_SWIGLU, g->sumsq_b, n_sums, eps, st));
@@ -359,7 +513,7 @@ static cudaError_t enqueue_decode(GpuState *g) {
     }
     CU_TRY(rmsnorm_bf16(g->xb, g->x, g->out_norm, 1, dim, eps, st));
     CU_TRY(gemv_bf16(g->logits, g->head, g->xb, dim, c->vocab_size, GEMV_STORE, st));
-    return cudaMemcpyAsync(g->h_logits, g->logits, (size_t)c->vocab_size * 4, cudaMemcpyDeviceToHost, st);
+    return cudaMemcpyAsync(g->h_step, g->logits, (size_t)c->vocab_size * 4, cudaMemcpyDeviceToHost, st);
 }
 
 // Enqueues one forward pass for T tokens (already in d_tokens, position in d_pos / pos): a
@@ -368,7 +522,7 @@ static cudaError_t enqueue_forward(GpuState *g, int T, int pos, int all_logits) 
     const Config *c = &g->c;
     int hd = c->head_dim, dim = c->dim, hidden = c->hidden_dim, nh = c->n_heads, nkv = c->n_kv_heads;
     int q_dim = nh * hd, kv_dim = nkv * hd;
-    size_t layer_kv = (size_t)nkv * g->ctx * hd;
+    size_t layer_kv = (size_t)nkv * g->dcap * hd;
     cudaStream_t st = g->st;
     CU_TRY(embed_rows(g->x, g->embd, g->d_tokens, T, dim, st));
     for (uint32_t l = 0; l < c->n_layers; l++) {
@@ -376,10 +530,10 @@ static cudaError_t enqueue_forward(GpuState *g, int T, int pos, int all_logits) 
         bf16 *kc = g->kcache + l * layer_kv, *vc = g->vcache + l * layer_kv;
         CU_TRY(rmsnorm_bf16(g->xb, g->x, NULL, T, dim, c->norm_eps, st)); // weights folded into wqkv
         CU_TRY(gemm(g, g->proj, g->xb, w->wqkv, T, dim, q_dim + 2 * kv_dim, 0));
-        CU_TRY(qkv_rope_store(g->q, kc, vc, g->proj, w->q_norm, w->k_norm, g->inv_freq, g->d_pos, T, nh, nkv, hd, g->ctx,
+        CU_TRY(qkv_rope_store(g->q, kc, vc, g->proj, w->q_norm, w->k_norm, g->inv_freq, g->d_pos, T, nh, nkv, hd, g->dcap,
                               c->norm_eps, st));
-        if (hd == 64 || hd == 128) CU_TRY(flash_prefill(g->att, g->q, kc, vc, pos, T, nh, nkv, hd, g->ctx, st));
-        else CU_TRY(attn_prefill_simple(g->att, g->q, kc, vc, pos, T, nh, nkv, hd, g->ctx, st)); // other head sizes
+        if (hd == 64 || hd == 128) CU_TRY(flash_prefill(g->att, g->q, kc, vc, pos, T, nh, nkv, hd, g->dcap, st));
+        else CU_TRY(attn_prefill_simple(g->att, g->q, kc, vc, pos, T, nh, nkv, hd, g->dcap, st)); // other head sizes
         CU_TRY(gemm(g, g->x, g->att, w->wo, T, q_dim, dim, 1));
         CU_TRY(rmsnorm_bf16(g->xb, g->x, NULL, T, dim, c->norm_eps, st)); // weights folded into wgu
         CU_TRY(gemm(g, g->proj, g->xb, w->wgu, T, dim, 2 * hidden, 0));
@@ -393,33 +547,164 @@ static cudaError_t enqueue_forward(GpuState *g, int T, int pos, int all_logits) 
     return cudaMemcpyAsync(g->h_logits, g->logits, (size_t)n * c->vocab_size * 4, cudaMemcpyDeviceToHost, st);
 }
 
-// The decode step as a graph: it reads the token and position from pinned host memory when
-// replayed, so one capture serves every step.
-static cudaError_t decode_step(GpuState *g) {
-    if (!g->graph_ready) {
+// The decode step as a graph: it reads the token, the position (and ParisKV's zone) from pinned
+// host memory when replayed, so one capture serves every step. Logits land in h_step.
+static cudaError_t decode_step(GpuState *g, int pkv) {
+    cudaGraphExec_t *exec = pkv ? &g->pkv.graph : &g->decode_graph;
+    int *ready = pkv ? &g->pkv.graph_ready : &g->graph_ready;
+    if (!*ready) {
         cudaGraph_t graph;
         CU_TRY(cudaStreamBeginCapture(g->st, cudaStreamCaptureModeThreadLocal));
         cudaError_t e = cudaMemcpyAsync(g->d_tokens, g->h_tokens, 4, cudaMemcpyHostToDevice, g->st);
         if (e == cudaSuccess) e = cudaMemcpyAsync(g->d_pos, g->h_pos, 4, cudaMemcpyHostToDevice, g->st);
-        if (e == cudaSuccess) e = enqueue_decode(g);
+        if (e == cudaSuccess && pkv) e = cudaMemcpyAsync(g->pkv.d_meta, g->pkv.h_meta, 2 * sizeof(int), cudaMemcpyHostToDevice, g->st);
+        if (e == cudaSuccess) e = enqueue_decode(g, pkv);
         cudaError_t e2 = cudaStreamEndCapture(g->st, &graph);
         CU_TRY(e);
         CU_TRY(e2);
-        e = cudaGraphInstantiate(&g->decode_graph, graph, 0);
+        e = cudaGraphInstantiate(exec, graph, 0);
         cudaGraphDestroy(graph);
         CU_TRY(e);
-        g->graph_ready = 1;
+        *ready = 1;
     }
-    return cudaGraphLaunch(g->decode_graph, g->st);
+    return cudaGraphLaunch(*exec, g->st);
+}
+
+// ---- ParisKV's protocol on the host side (attention/policy.c is the CPU reference) ----
+
+static void pkv_reset(GpuState *g, int pos) {
+    Pkv *p = &g->pkv;
+    p->indexed = 0;
+    if (p->synced > pos) p->synced = pos;
+    if (pos == 0) p->ring_hi = 0, p->synced = 0;
+}
+
+// Makes the index cover the zone [sink, zone_end) before a step that sees it. The keys entering
+// it are read from the store: with a host store, rows of positions not yet written through
+// (a prefill, dense steps) are copied there first.
+static cudaError_t pkv_index_to(GpuState *g, int zone_end, int pos, char *err) {
+    Pkv *p = &g->pkv;
+    int S = p->cfg.sink, n = zone_end - S;
+    if (p->kv.host) {
+        if (p->synced < pos) {
+            int from = p->synced > S ? p->synced : S;
+            // Those positions were written by the prefill or dense steps, all below dcap: still in the cache.
+            if (pos > g->dcap) {
+                set_err(err, "internal: positions %d..%d are not in the host store and no longer in the device cache", from, pos);
+                return cudaErrorInvalidValue;
+            }
+            if (host_store_grow(&p->hs, pos - S, err) != 0) return cudaErrorMemoryAllocation;
+            CU_TRY(pkv_rows_to_host(p->kv, from, pos, g->st));
+            p->synced = pos;
+        }
+        if (host_store_grow(&p->hs, pos - S + 1, err) != 0) return cudaErrorMemoryAllocation; // this step writes pos through
+    }
+    if (n < p->indexed) p->indexed = 0; // the zone never shrinks within a sequence
+    if (n > p->indexed) {
+        if (p->indexed == 0) CU_TRY(pkv_gpu_index_reset(&p->ix, -1, g->st));
+        size_t hd = p->kv.hd;
+        PkvKeySource src;
+        if (p->kv.host)
+            src = (PkvKeySource){p->kv.host, (size_t)p->kv.n_kv * 2 * hd, 2 * hd, (size_t)p->kv.n_layers * p->kv.n_kv * 2 * hd};
+        else
+            src = (PkvKeySource){p->kv.kc + (size_t)S * hd, (size_t)p->kv.n_kv * g->dcap * hd, (size_t)g->dcap * hd, hd};
+        // A folded (aliased) store: encode piece by piece, each read from the folded rows.
+        long A = p->kv.host && p->kv.alias_slots ? p->kv.alias_slots : 0;
+        for (int from = p->indexed; from < n;) {
+            int to = A ? (int)((from / A + 1) * A < n ? (from / A + 1) * A : n) : n;
+            PkvKeySource piece = src;
+            if (A) piece.base -= (size_t)(from / A * A) * src.slot_stride;
+            CU_TRY(pkv_gpu_encode(&p->ix, piece, from, to, g->st));
+            from = to;
+        }
+        p->indexed = n;
+    }
+    return cudaSuccess;
+}
+
+// One ParisKV decode step at pos: the index update it needs, then its graph. Logits in h_step.
+static cudaError_t pkv_step(GpuState *g, int token, int pos, char *err) {
+    Pkv *p = &g->pkv;
+    int zone_end = attn_zone_end(&p->cfg, pos);
+    CU_TRY(pkv_index_to(g, zone_end, pos, err));
+    *g->h_tokens = token;
+    *g->h_pos = pos;
+    p->h_meta[0] = zone_end, p->h_meta[1] = zone_end - p->cfg.sink;
+    CU_TRY(decode_step(g, 1));
+    if (pos + 1 > p->ring_hi) p->ring_hi = pos + 1;
+    if (p->kv.host && pos >= p->synced) p->synced = pos + 1; // written through
+    return cudaSuccess;
+}
+
+static float *forward_failed(GpuState *g, cudaError_t e, char *err) {
+    if (e != cudaErrorMemoryAllocation || !err[0]) set_err(err, "GPU forward pass failed: %s", cudaGetErrorString(e));
+    (void)g;
+    return NULL;
+}
+
+// The positions [pos, pos + T) under ParisKV: those the protocol attends densely (the prompt, a
+// short sequence) as one chunk through the device cache, every later one as a decode step --
+// alone or inside a chunk, each query selects for itself, as on the CPU.
+static float *pkv_forward(GpuState *g, const int *tokens, int T, int pos, int all_logits, char *err) {
+    Pkv *p = &g->pkv;
+    const AttnConfig *cf = &p->cfg;
+    err[0] = 0;
+    if (pos == 0 || pos < p->seen_end) { // a new sequence, or a rewind
+        int wrapped = p->ring_hi > g->dcap;
+        int nd0 = attn_is_dense(cf, pos);
+        if (pos > 0 && wrapped && (nd0 || attn_zone_end(cf, pos) < p->ring_hi - (g->dcap - cf->sink))) {
+            set_err(err, "cannot go back to position %d: the device cache no longer holds its window (%d positions); start over", pos, g->dcap);
+            return NULL;
+        }
+        pkv_reset(g, pos);
+    }
+    p->seen_end = pos + T;
+    size_t V = g->c.vocab_size;
+    int nd = 0;
+    while (nd < T && attn_is_dense(cf, pos + nd)) nd++;
+    cudaError_t e = cudaSuccess;
+    if (nd > 0) {
+        if (pos + nd > g->dcap) {
+            set_err(err, "the prompt reaches position %d, but the GPU holds a prompt's K/V for %d positions (the rest of the context is in host memory): "
+                    "shorten the prompt", pos + nd, g->dcap);
+            return NULL;
+        }
+        if (nd == 1 && T == 1) {
+            *g->h_tokens = tokens[0];
+            *g->h_pos = pos;
+            e = decode_step(g, 0);
+            if (e == cudaSuccess) e = cudaStreamSynchronize(g->st);
+            if (e != cudaSuccess) return forward_failed(g, e, err);
+            if (pos + 1 > p->ring_hi) p->ring_hi = pos + 1;
+            return g->h_step;
+        }
+        memcpy(g->h_tokens, tokens, (size_t)nd * sizeof(int));
+        *g->h_pos = pos;
+        e = cudaMemcpyAsync(g->d_tokens, g->h_tokens, (size_t)nd * 4, cudaMemcpyHostToDevice, g->st);
+        if (e == cudaSuccess) e = cudaMemcpyAsync(g->d_pos, g->h_pos, 4, cudaMemcpyHostToDevice, g->st);
+        if (e == cudaSuccess) e = enqueue_forward(g, nd, pos, all_logits);
+        if (e == cudaSuccess) e = cudaStreamSynchronize(g->st);
+        if (e != cudaSuccess) return forward_failed(g, e, err);
+        if (pos + nd > p->ring_hi) p->ring_hi = pos + nd;
+    }
+    for (int t = nd; t < T; t++) {
+        e = pkv_step(g, tokens[t], pos + t, err);
+        if (e == cudaSuccess) e = cudaStreamSynchronize(g->st);
+        if (e != cudaSuccess) return forward_failed(g, e, err);
+        if (all_logits) memcpy(g->h_logits + (size_t)t * V, g->h_step, V * sizeof(float));
+        else if (t == T - 1) memcpy(g->h_logits, g->h_step, V * sizeof(float));
+    }
+    return g->h_logits;
 }
 
 extern "C" float *gpu_forward(void *dev, const int *tokens, int T, int pos, int all_logits, char *err) {
     GpuState *g = (GpuState *)dev;
+    if (g->pkv.on) return pkv_forward(g, tokens, T, pos, all_logits, err);
     memcpy(g->h_tokens, tokens, (size_t)T * sizeof(int));
     *g->h_pos = pos;
     cudaError_t e;
     if (T == 1) {
-        e = decode_step(g);
+        e = decode_step(g, 0);
     } else {
         e = cudaMemcpyAsync(g->d_tokens, g->h_tokens, (size_t)T * 4, cudaMemcpyHostToDevice, g->st);
         if (e == cudaSuccess) e = cudaMemcpyAsync(g->d_pos, g->h_pos, 4, cudaMemcpyHostToDevice, g->st);
@@ -430,7 +715,7 @@ extern "C" float *gpu_forward(void *dev, const int *tokens, int T, int pos, int 
         set_err(err, "GPU forward pass failed: %s", cudaGetErrorString(e));
         return NULL;
     }
-    return g->h_logits;
+    return T == 1 ? g->h_step : g->h_logits;
 }
 
 // ---- for the benchmark ----
@@ -438,7 +723,7 @@ extern "C" float *gpu_forward(void *dev, const int *tokens, int T, int pos, int 
 extern "C" cudaError_t gpu_fill_kv_random(void *dev, int n_tokens) {
     GpuState *g = (GpuState *)dev;
     const Config *c = &g->c;
-    size_t per_head = (size_t)n_tokens * c->head_dim, stride = (size_t)g->ctx * c->head_dim;
+    size_t per_head = (size_t)n_tokens * c->head_dim, stride = (size_t)g->dcap * c->head_dim;
     for (uint32_t l = 0; l < c->n_layers; l++)
         for (uint32_t h = 0; h < c->n_kv_heads; h++) {
             size_t off = ((size_t)l * c->n_kv_heads + h) * stride;
@@ -458,7 +743,7 @@ extern "C" cudaError_t gpu_time_decode(void *dev, int pos, int warmup, int n, fl
     *g->h_pos = pos;
     for (int i = 0; i < warmup + n; i++) {
         CU_TRY(cudaEventRecord(a, g->st));
-        CU_TRY(decode_step(g));
+        CU_TRY(decode_step(g, 0));
         CU_TRY(cudaEventRecord(b, g->st));
         CU_TRY(cudaEventSynchronize(b));
         if (i >= warmup) CU_TRY(cudaEventElapsedTime(&ms_out[i - warmup], a, b));
@@ -506,13 +791,112 @@ extern "C" double gpu_read_bandwidth(void) {
 
 extern "C" size_t gpu_state_weight_bytes(void *dev) { return ((GpuState *)dev)->weight_bytes; }
 
+// ---- the ParisKV benchmark ----
+
+extern "C" void *gpu_create_bench(const Model *m, int ctx, int chunk, const AttnConfig *attn, char *err) {
+    return gpu_create_ex(m, ctx, chunk, 0, attn, attn && attn->store == KV_STORE_HOST ? pkv_min_positions(attn, chunk) : 0, err);
+}
+
+// As after a prompt of n tokens: random K/V in every zone slot of the context and every device
+// cache slot, then the index of the zone [sink, zone_end(n)) built. *fill_s, *index_s: seconds.
+extern "C" cudaError_t gpu_pkv_fill(void *dev, int n, double *fill_s, double *index_s, char *err) {
+    GpuState *g = (GpuState *)dev;
+    Pkv *p = &g->pkv;
+    if (!p->on) return cudaErrorInvalidValue;
+    int slots = g->ctx - p->cfg.sink;
+    cudaEvent_t a, b, c;
+    CU_TRY(cudaEventCreate(&a));
+    CU_TRY(cudaEventCreate(&b));
+    CU_TRY(cudaEventCreate(&c));
+    CU_TRY(cudaEventRecord(a, g->st));
+    if (p->kv.host && host_store_grow(&p->hs, slots, err) != 0) return cudaErrorMemoryAllocation;
+    CU_TRY(pkv_fill_random(p->kv, slots, 4242, g->st));
+    CU_TRY(cudaEventRecord(b, g->st));
+    p->cfg.prefill_len = n;
+    p->seen_end = n, p->ring_hi = n, p->synced = g->ctx, p->indexed = 0;
+    CU_TRY(pkv_index_to(g, attn_zone_end(&p->cfg, n), n, err));
+    CU_TRY(cudaEventRecord(c, g->st));
+    CU_TRY(cudaEventSynchronize(c));
+    float ab, bc;
+    cudaEventElapsedTime(&ab, a, b), cudaEventElapsedTime(&bc, b, c);
+    *fill_s = ab * 1e-3, *index_s = bc * 1e-3;
+    cudaEventDestroy(a), cudaEventDestroy(b), cudaEventDestroy(c);
+    return cudaSuccess;
+}
+
+// Times steps at positions pos0, pos0 + 1, ... (each with the index update it needs, outside
+// its graph but inside its timing): ms_out[i], and updated[i] = 1 where step i updated the index.
+extern "C" cudaError_t gpu_pkv_time(void *dev, int pos0, int n, float *ms_out, int *updated, char *err) {
+    GpuState *g = (GpuState *)dev;
+    Pkv *p = &g->pkv;
+    cudaEvent_t a, b;
+    CU_TRY(cudaEventCreate(&a));
+    CU_TRY(cudaEventCreate(&b));
+    p->seen_end = pos0;
+    for (int i = 0; i < n; i++) {
+        int before = p->indexed;
+        CU_TRY(cudaEventRecord(a, g->st));
+        CU_TRY(pkv_step(g, 1, pos0 + i, err));
+        CU_TRY(cudaEventRecord(b, g->st));
+        CU_TRY(cudaEventSynchronize(b));
+        CU_TRY(cudaEventElapsedTime(&ms_out[i], a, b));
+        updated[i] = p->indexed != before;
+        p->seen_end = pos0 + i + 1;
+    }
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    return cudaSuccess;
+}
+
+// Bytes one ParisKV step reads at pos: from device memory (index, window and sink rows, the
+// selection's own arrays) and through PCIe (the top-k rows from a host store).
+extern "C" void gpu_pkv_step_bytes(void *dev, int pos, double *device_bytes, double *host_bytes) {
+    GpuState *g = (GpuState *)dev;
+    Pkv *p = &g->pkv;
+    const AttnConfig *cf = &p->cfg;
+    double n = attn_zone_end(cf, pos) - cf->sink, B = g->c.head_dim / 8.0, row = 4.0 * g->c.head_dim;
+    float beta = cf->beta; // as pkv_schedule
+    if (beta <= 0) beta = n < 5000 ? 0.5f : n < 10000 ? 0.25f : n < 30000 ? 0.2f : 0.1f;
+    double C = n * beta < cf->topk ? cf->topk : n * beta, k = cf->topk < n ? cf->topk : n;
+    double window = pos - attn_zone_end(cf, pos) + 1 + cf->sink;
+    double per_head = n * B + n + C * (6.0 * B + 8) + (window + (p->kv.host ? 0 : k)) * row;
+    *device_bytes = per_head * g->c.n_layers * g->c.n_kv_heads;
+    *host_bytes = p->kv.host ? k * row * g->c.n_layers * g->c.n_kv_heads : 0;
+}
+
+extern "C" int gpu_pkv_device_positions(void *dev) { return ((GpuState *)dev)->dcap; }
+
+// Median of n steps at one position (no index update) with the stages in `skip` left out
+// (PKV_DECODE_SKIP's bits): the per-stage breakdown of the benchmark.
+extern "C" cudaError_t gpu_pkv_time_skip(void *dev, int pos, int skip, int n, float *median_ms, char *err) {
+    GpuState *g = (GpuState *)dev;
+    Pkv *p = &g->pkv;
+    int keep = g->skip;
+    if (p->graph_ready) cudaGraphExecDestroy(p->graph), p->graph_ready = 0;
+    g->skip = skip;
+    float *t = (float *)malloc(sizeof(float) * (size_t)n);
+    int *u = (int *)malloc(sizeof(int) * (size_t)n);
+    cudaError_t e = t && u ? cudaSuccess : cudaErrorMemoryAllocation;
+    for (int i = 0; i < n && e == cudaSuccess; i++) e = gpu_pkv_time(dev, pos, 1, &t[i], &u[i], err);
+    if (e == cudaSuccess) {
+        for (int i = 0; i < n; i++)
+            for (int j = i + 1; j < n; j++)
+                if (t[j] < t[i]) { float x = t[i]; t[i] = t[j], t[j] = x; }
+        *median_ms = t[n / 2];
+    }
+    free(t), free(u);
+    if (p->graph_ready) cudaGraphExecDestroy(p->graph), p->graph_ready = 0;
+    g->skip = keep;
+    return e;
+}
+
 static int gpu_available(void) {
     int n = 0;
     return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
 }
 
 static const Backend backend_cuda = {
-    "cuda", NULL, NULL, NULL, NULL, NULL, NULL, gpu_available, gpu_create, gpu_forward, gpu_destroy, gpu_bench, 4096,
+    "cuda", NULL, NULL, NULL, NULL, NULL, NULL, gpu_available, gpu_create, gpu_set_prefill_len, gpu_forward, gpu_destroy, gpu_bench, 4096,
 };
 
 extern "C" const Backend *backend_cuda_get(void) { return &backend_cuda; }

@@ -9,10 +9,12 @@
 extern "C" {
 #endif
 #include "../model/model.h"
+#include "../attention/attention.h"
 
 typedef struct GpuState GpuState;
 
-void *gpu_create(const Model *m, int ctx, int chunk, int all_logits, char *err);
+void *gpu_create(const Model *m, int ctx, int chunk, int all_logits, const AttnConfig *attn, char *err);
+void gpu_set_prefill_len(void *dev, int prefill_len);
 float *gpu_forward(void *dev, const int *tokens, int T, int pos, int all_logits, char *err);
 void gpu_destroy(void *dev);
 size_t gpu_weight_bytes(const Config *c);   // bytes of weights a decode step reads
@@ -26,7 +28,17 @@ cudaError_t gpu_time_decode(void *dev, int pos, int warmup, int n, float *ms_out
 double gpu_read_bandwidth(void);
 // ./run --bench: for each context, fill (real prefill of random tokens in chunks, or random
 // K/V), time `steps` decode steps and print a table with the bandwidth floor. 0 on success.
-int gpu_bench(const Model *m, const int *ctx_list, int n_ctx, int steps, int real_prefill, int chunk);
+int gpu_bench(const Model *m, const int *ctx_list, int n_ctx, int steps, int real_prefill, int chunk, const AttnConfig *attn);
+
+// The ParisKV benchmark (forward_cuda.cu): a state with the smallest device cache; the zone filled
+// with random K/V as after an n-token prompt and its index built; steps timed from pos0 on; the
+// bytes a step reads (device memory, PCIe); the device cache's positions.
+void *gpu_create_bench(const Model *m, int ctx, int chunk, const AttnConfig *attn, char *err);
+cudaError_t gpu_pkv_fill(void *dev, int n, double *fill_s, double *index_s, char *err);
+cudaError_t gpu_pkv_time(void *dev, int pos0, int n, float *ms_out, int *updated, char *err);
+void gpu_pkv_step_bytes(void *dev, int pos, double *device_bytes, double *host_bytes);
+int gpu_pkv_device_positions(void *dev);
+cudaError_t gpu_pkv_time_skip(void *dev, int pos, int skip, int n, float *median_ms, char *err);
 
 #ifdef __cplusplus
 }

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Here (no GPU): build x86-64-v3 binaries for the GPU machine into .dev/ with the shared
-# libraries it lacks, so a device call needs no compiler or packages there.
+# libraries it lacks, so a device call needs no compiler or packages there; carry .devz
+# (`carry: [".devz"]`), which gpu_checks.sh unpacks.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 make -j2 BUILD=build-dev OPT="-O3 -march=x86-64-v3" run export build-dev/kernels/test_kernels $(ls kernels/test_*.cu | sed 's#kernels/\(.*\)\.cu#build-dev/kernels/\1#')
@@ -9,4 +10,8 @@ cp run export .dev/
 for t in kernels/test_*.cu; do cp "build-dev/kernels/$(basename "$t" .cu)" .dev/; done
 for l in libutf8proc.so.2 libcjson.so.1 libgomp.so.1 libsentencepiece.so.0 libstdc++.so.6; do cp -L /lib/x86_64-linux-gnu/$l .dev/lib/; done
 touch -d '2000-01-01' run export   # the next plain `make` relinks the native build
+# What a device call carries (the working tree may travel 64 MiB at most): .devz, compressed;
+# gpu_checks.sh unpacks it into .dev there.
+mkdir -p .devz && (cd .dev && tar cf - run export test_* lib | xz -6 -T2 > ../.devz/dev.tar.xz)
+grep -qs '^/.devz/' .git/info/exclude || echo '/.devz/' >> .git/info/exclude
 ls -la .dev .dev/lib

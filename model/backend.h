@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 struct Model;
+struct AttnConfig;
 
 typedef struct Backend {
     const char *name;
@@ -31,12 +32,16 @@ typedef struct Backend {
     // positions and activations for chunk tokens (logits for all of them when all_logits),
     // after checking they fit device memory.
     int (*available)(void);
-    void *(*create)(const struct Model *m, int ctx, int chunk, int all_logits, char *err);
+    // attn: the attention policy the pass runs (NULL or ATTN_FULL: dense), with its store.
+    void *(*create)(const struct Model *m, int ctx, int chunk, int all_logits, const struct AttnConfig *attn, char *err);
+    // The prompt's length: positions below it are attended densely (AttnConfig.prefill_len).
+    void (*set_prefill_len)(void *dev, int prefill_len);
     // As model_forward; the logits returned are in host memory. NULL (err filled) on failure.
     float *(*forward)(void *dev, const int *tokens, int T, int pos, int all_logits, char *err);
     void (*destroy)(void *dev);
     // ./run --bench (see kernels/bench_cuda.cu); 0 on success.
-    int (*bench)(const struct Model *m, const int *ctx_list, int n_ctx, int steps, int real_prefill, int chunk);
+    // attn: NULL or full for dense attention, or ParisKV (its store, k, ...).
+    int (*bench)(const struct Model *m, const int *ctx_list, int n_ctx, int steps, int real_prefill, int chunk, const struct AttnConfig *attn);
     int max_chunk; // preferred prefill chunk
 } Backend;
 

@@ -120,13 +120,17 @@ size_t run_state_bytes(const Config *c, int ctx, int chunk) {
 }
 
 int run_state_init(RunState *s, const Model *m, int ctx, int chunk, int all_logits, char *err) {
+    return run_state_init_attn(s, m, ctx, chunk, all_logits, NULL, err);
+}
+
+int run_state_init_attn(RunState *s, const Model *m, int ctx, int chunk, int all_logits, const struct AttnConfig *attn, char *err) {
     memset(s, 0, sizeof *s);
     const Config *c = &m->c;
     s->be = m->be;
     s->ctx = ctx;
     s->chunk = chunk;
     if (m->be->create) {
-        s->dev = m->be->create(m, ctx, chunk, all_logits, err);
+        s->dev = m->be->create(m, ctx, chunk, all_logits, attn, err);
         return s->dev ? 0 : -1;
     }
     size_t need = run_state_bytes(c, ctx, chunk);

@@ -62,6 +62,10 @@ size_t run_state_bytes(const Config *c, int ctx, int chunk);
 // names both).
 // all_logits: the run wants logits for every token of a chunk (scoring), not only the last.
 int run_state_init(RunState *s, const Model *m, int ctx, int chunk, int all_logits, char *err);
+// The same, for a device backend that runs an attention policy itself (attn: NULL for dense; the
+// CPU backend ignores it: its policy is an AttnPolicy attached to the state).
+struct AttnConfig;
+int run_state_init_attn(RunState *s, const Model *m, int ctx, int chunk, int all_logits, const struct AttnConfig *attn, char *err);
 void run_state_free(RunState *s);
 
 // Runs tokens[0..T) (T <= chunk) at positions pos .. pos+T-1, writing their K/V into the cache.

@@ -4,7 +4,7 @@
 it), never dropped; a bad id is quoted alone; progress redraws only on a terminal and is named for
 what it counts; a sampled run without --seed prints its seed, and that seed repeats it; the
 summary line at load; --version; ./export --help on stdout; "1 token"; --threads; --bench
-refuses a method it does not run."""
+refuses a method it does not run; --kv-store takes gpu, host or auto."""
 import os
 import re
 import subprocess
@@ -130,8 +130,11 @@ def main():
     p = subprocess.run([RUN, model, "--chat", "-n", "3", "--temp", "0", "--ignore-eos"], input=b"Hello\n", capture_output=True, timeout=60)
     check("a chat reply cut by -n is marked", p.returncode == 0 and b"[the reply was cut at -n 3 tokens]" in p.stderr, p.stderr[-200:])
 
-    # The GPU benchmark runs full attention only: another method is refused, not mislabelled.
-    refused("--bench --attn pariskv is refused", run("--bench", "--synthetic", "qwen3-8b", "--attn", "pariskv"), "--bench --attn pariskv")
+    # The GPU benchmark runs full attention and ParisKV: a peer is refused, not mislabelled; a
+    # store that does not exist is named.
+    refused("--bench --attn quest is refused", run("--bench", "--synthetic", "qwen3-8b", "--attn", "quest"),
+            "--bench --attn quest: the GPU benchmark runs full and pariskv")
+    refused("--kv-store disk is refused", run(model, "-p", "Hi", "--kv-store", "disk"), "--kv-store must be gpu, host or auto, not 'disk'")
 
     for f in os.listdir(tmp):
         os.unlink(os.path.join(tmp, f))

@@ -163,7 +163,7 @@ def parse_score(text):
             except (IndexError, ValueError):
                 pass
             continue
-        if len(parts) == 3:
+        if len(parts) in (3, 4):  # i next_id nll [top1]
             try:
                 rows.append((int(parts[0]), int(parts[1]), float(parts[2])))
             except ValueError:

@@ -1,0 +1,356 @@
+// ParisKV decode attention (pariskv_attend.h): the QKV post-processing that also writes the new
+// row through to the host store, and exact attention over the selected rows.
+//
+// pkv_attend: grid (n_kv, splits). A KV head's rows -- sink, selected zone slots, window -- form
+// one list; split s takes a contiguous share of it. Inside a block a "stream" of HD/8 lanes owns
+// one row at a time (16 bytes of K and of V a lane) and keeps its own online softmax for the G
+// query heads of the group (log2 domain), so each row is read once per step for the whole group.
+// Zone rows come from the host store through UVA: each stream issues U rows' loads before using
+// any, so that enough PCIe reads are in flight to cover their latency (~1-2 us). Streams are
+// combined in shared memory, each block writes (o, m, l), and the last block of a head merges.
+#include "cuda_common.h"
+#include "pariskv_attend.h"
+
+#define PA_THREADS 128
+#define PA_WARPS (PA_THREADS / 32)
+#define PA_MAX_SPLITS 32
+#define PA_U 8 // rows per stream in flight
+#define LOG2E 1.4426950408889634f
+
+static int sm_count(void) {
+    int dev = 0, sms = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+        return 132;
+    return sms;
+}
+
+// One block an SM: a split then holds enough rows (~50 at k = 100) to keep a few dozen host
+// reads in flight, and the merge stays short.
+extern "C" int pkv_attend_splits(int n_kv) {
+    int s = (sm_count() + n_kv - 1) / n_kv;
+    return s < 4 ? 4 : s > PA_MAX_SPLITS ? PA_MAX_SPLITS : s;
+}
+
+extern "C" size_t pkv_attend_scratch_floats(int n_heads, int n_kv, int hd) {
+    return (size_t)n_heads * pkv_attend_splits(n_kv) * (hd + 4);
+}
+
+__device__ __forceinline__ int dev_slot(const GpuKV &kv, int p) {
+    return p < kv.sink ? p : kv.sink + (p - kv.sink) % (kv.dcap - kv.sink);
+}
+
+__device__ __forceinline__ size_t cache_off(const GpuKV &kv, int layer, int h, int p) {
+    return (((size_t)layer * kv.n_kv + h) * kv.dcap + dev_slot(kv, p)) * kv.hd;
+}
+
+__device__ __forceinline__ const bf16 *host_row(const GpuKV &kv, int layer, int h, int slot) {
+    size_t s = kv.alias_slots ? (size_t)(slot % kv.alias_slots) : (size_t)slot;
+    return kv.host + ((s * kv.n_layers + layer) * kv.n_kv + h) * 2 * kv.hd;
+}
+
+// ---- QKV post-processing ----
+
+// Block b < n_heads: query head b; block n_heads + h: key and value of KV head h. HD threads,
+// thread j owns element j. The same arithmetic as attn_decode's head_norm_rope.
+template <int HD>
+__global__ void pkv_qkv_kernel(float *q, const float *qkv, const float *q_norm, const float *k_norm, const float *rope_cs,
+                               GpuKV kv, int layer, const int *d_pos, int n_heads, float eps) {
+    __shared__ float x[HD], red[32];
+    int b = blockIdx.x, j = threadIdx.x, pos = *d_pos;
+    bool is_q = b < n_heads;
+    float v = qkv[(size_t)b * HD + j]; // q heads, then k heads: (n_heads + n_kv) rows of HD
+    const float *nw = is_q ? q_norm : k_norm;
+    if (nw) {
+        float ss = block_sum(v * v, red);
+        v = nw[j] * (v * rsqrtf(ss / (float)HD + eps));
+    }
+    x[j] = v;
+    __syncthreads();
+    int f = j % (HD / 2);
+    float c = rope_cs[f], s = rope_cs[HD / 2 + f], other = x[j ^ (HD / 2)];
+    float r = j < HD / 2 ? v * c - other * s : v * c + other * s;
+    if (is_q) {
+        q[(size_t)b * HD + j] = r;
+        return;
+    }
+    int h = b - n_heads;
+    bf16 kb = __float2bfloat16(r), vb = __float2bfloat16(qkv[(size_t)(n_heads + kv.n_kv + h) * HD + j]);
+    size_t off = cache_off(kv, layer, h, pos) + j;
+    kv.kc[off] = kb, kv.vc[off] = vb;
+    if (kv.host && pos >= kv.sink) {
+        bf16 *row = (bf16 *)host_row(kv, layer, h, pos - kv.sink);
+        row[j] = kb, row[HD + j] = vb;
+    }
+}
+
+extern "C" cudaError_t pkv_qkv_decode(float *q, const float *qkv, const float *q_norm, const float *k_norm,
+                                      const float *rope_cs, GpuKV kv, int layer, const int *d_pos, int n_heads, float eps,
+                                      cudaStream_t st) {
+    int blocks = n_heads + kv.n_kv;
+    if (kv.hd == 64) pkv_qkv_kernel<64><<<blocks, 64, 0, st>>>(q, qkv, q_norm, k_norm, rope_cs, kv, layer, d_pos, n_heads, eps);
+    else if (kv.hd == 128) pkv_qkv_kernel<128><<<blocks, 128, 0, st>>>(q, qkv, q_norm, k_norm, rope_cs, kv, layer, d_pos, n_heads, eps);
+    else if (kv.hd == 256) pkv_qkv_kernel<256><<<blocks, 256, 0, st>>>(q, qkv, q_norm, k_norm, rope_cs, kv, layer, d_pos, n_heads, eps);
+    else return cudaErrorInvalidValue;
+    return cudaGetLastError();
+}
+
+// ---- attention over the selected rows ----
+
+template <int LPK> __device__ __forceinline__ float stream_sum(float v) {
+#pragma unroll
+    for (int o = LPK / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ void bf16x8(uint4 u, float *f) {
+    const __nv_bfloat162 *h = (const __nv_bfloat162 *)&u;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float2 v = __bfloat1622float2(h[i]);
+        f[2 * i] = v.x, f[2 * i + 1] = v.y;
+    }
+}
+
+template <int G, int HD>
+__global__ void __launch_bounds__(PA_THREADS) pkv_attend_kernel(bf16 *out, const float *q, const int *sel, const int *nsel,
+                                                               int kmax, GpuKV kv, int layer, const int *d_pos,
+                                                               const int *meta, float *partial, unsigned *counters) {
+    constexpr int LPK = HD / 8, SPW = 32 / LPK, NS = PA_WARPS * SPW, PSTRIDE = HD + 4;
+    __shared__ float st_m[NS][G], st_l[NS][G];
+    __shared__ __align__(16) float st_o[NS][G][HD];
+    __shared__ int is_last;
+    __shared__ float mw[G][PA_MAX_SPLITS], Lsum[G]; // the merge: each split's weight, each head's sum
+    int h = blockIdx.x, split = blockIdx.y, n_splits = gridDim.y;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, part = lane % LPK, stream = warp * SPW + lane / LPK;
+    int pos = *d_pos, zone_end = meta[0];
+    int ns = min(kv.sink, pos + 1), nz = nsel[h], nw = pos - zone_end + 1;
+    const int *hsel = sel + (size_t)h * kmax;
+    // Split s takes rows s, s + n_splits, ...: the zone's host rows spread over every block, so
+    // all of them are in flight at once instead of queueing in the first few blocks.
+    int m = ns + nz + nw, cnt = split < m ? (m - split + n_splits - 1) / n_splits : 0;
+
+    const float scale = rsqrtf((float)HD) * LOG2E;
+    float qr[G][8];
+#pragma unroll
+    for (int g = 0; g < G; g++) {
+        const float *qp = q + (size_t)(h * G + g) * HD + part * 8;
+        float4 a = *(const float4 *)qp, b = *(const float4 *)(qp + 4);
+        qr[g][0] = a.x * scale, qr[g][1] = a.y * scale, qr[g][2] = a.z * scale, qr[g][3] = a.w * scale;
+        qr[g][4] = b.x * scale, qr[g][5] = b.y * scale, qr[g][6] = b.z * scale, qr[g][7] = b.w * scale;
+    }
+    float mx[G], l[G], acc[G][8];
+#pragma unroll
+    for (int g = 0; g < G; g++) {
+        mx[g] = -INFINITY, l[g] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 8; i++) acc[g][i] = 0.0f;
+    }
+    for (int b0 = 0; b0 < cnt; b0 += NS * PA_U) { // the same trip count for every lane
+        uint4 kr[PA_U], vr[PA_U];
+        bool ok[PA_U];
+#pragma unroll
+        for (int u = 0; u < PA_U; u++) { // all loads first: they are in flight together
+            int jj = b0 + u * NS + stream, r = split + jj * n_splits;
+            ok[u] = jj < cnt;
+            const bf16 *kp, *vp;
+            if (r < ns) {
+                size_t o = cache_off(kv, layer, h, r);
+                kp = kv.kc + o, vp = kv.vc + o;
+            } else if (r < ns + nz) {
+                int slot = hsel[r - ns];
+                if (kv.host) kp = host_row(kv, layer, h, slot), vp = kp + HD;
+                else {
+                    size_t o = cache_off(kv, layer, h, kv.sink + slot);
+                    kp = kv.kc + o, vp = kv.vc + o;
+                }
+            } else {
+                size_t o = cache_off(kv, layer, h, zone_end + (r - ns - nz));
+                kp = kv.kc + o, vp = kv.vc + o;
+            }
+            if (ok[u]) kr[u] = ((const uint4 *)kp)[part], vr[u] = ((const uint4 *)vp)[part];
+            else kr[u] = make_uint4(0, 0, 0, 0), vr[u] = kr[u];
+        }
+#pragma unroll
+        for (int u = 0; u < PA_U; u++) {
+            float kf[8], vf[8];
+            bf16x8(kr[u], kf), bf16x8(vr[u], vf);
+#pragma unroll
+            for (int g = 0; g < G; g++) {
+                float s = 0.0f;
+#pragma unroll
+                for (int i = 0; i < 8; i++) s += qr[g][i] * kf[i];
+                s = stream_sum<LPK>(s); // every lane of the warp takes part in the shuffles
+                if (ok[u]) {
+                    float mn = fmaxf(mx[g], s), a = exp2f(mx[g] - mn), p = exp2f(s - mn);
+                    l[g] = l[g] * a + p;
+#pragma unroll
+                    for (int i = 0; i < 8; i++) acc[g][i] = acc[g][i] * a + p * vf[i];
+                    mx[g] = mn;
+                }
+            }
+        }
+    }
+    // Combine the block's streams, then write this split's (o, m, l).
+#pragma unroll
+    for (int g = 0; g < G; g++) {
+        if (part == 0) st_m[stream][g] = mx[g], st_l[stream][g] = l[g];
+#pragma unroll
+        for (int i = 0; i < 8; i++) st_o[stream][g][part * 8 + i] = acc[g][i];
+    }
+    __syncthreads();
+    float *pbase = partial + (size_t)h * G * n_splits * PSTRIDE;
+    for (int e = threadIdx.x; e < G * HD; e += PA_THREADS) {
+        int g = e / HD, d = e % HD;
+        float M = -INFINITY, L = 0.0f, o = 0.0f;
+        for (int s = 0; s < NS; s++) M = fmaxf(M, st_m[s][g]);
+        if (M != -INFINITY)
+            for (int s = 0; s < NS; s++) {
+                float w = exp2f(st_m[s][g] - M);
+                L += st_l[s][g] * w;
+                o += st_o[s][g][d] * w;
+            }
+        float *p = pbase + ((size_t)g * n_splits + split) * PSTRIDE;
+        p[d] = o;
+        if (d == 0) p[HD] = M, p[HD + 1] = L;
+    }
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) is_last = atomicAdd(&counters[h], 1u) == (unsigned)n_splits - 1;
+    __syncthreads();
+    if (!is_last) return;
+    __threadfence();
+    // The merge is on the step's critical path: load every split's (m, l) at once, then each
+    // output element's n_splits values with independent loads -- a few L2 round trips in all.
+    for (int e = threadIdx.x; e < G * n_splits; e += PA_THREADS) {
+        int g = e / n_splits, sp = e % n_splits;
+        mw[g][sp] = __ldcg(pbase + ((size_t)g * n_splits + sp) * PSTRIDE + HD);
+    }
+    __syncthreads();
+    if (threadIdx.x < G) {
+        int g = threadIdx.x;
+        float M = -INFINITY, L = 0.0f;
+        for (int sp = 0; sp < n_splits; sp++) M = fmaxf(M, mw[g][sp]);
+        for (int sp = 0; sp < n_splits; sp++) {
+            float w = mw[g][sp] == -INFINITY ? 0.0f : exp2f(mw[g][sp] - M); // a split with no rows weighs 0
+            L += w * __ldcg(pbase + ((size_t)g * n_splits + sp) * PSTRIDE + HD + 1);
+            mw[g][sp] = w;
+        }
+        Lsum[g] = L;
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < G * HD; e += PA_THREADS) {
+        int g = e / HD, d = e % HD;
+        const float *pg = pbase + (size_t)g * n_splits * PSTRIDE + d;
+        float o = 0.0f;
+#pragma unroll 8
+        for (int sp = 0; sp < n_splits; sp++) o += mw[g][sp] * __ldcg(pg + (size_t)sp * PSTRIDE);
+        out[(size_t)(h * G + g) * HD + d] = __float2bfloat16(o / Lsum[g]); // the new token is always a row: L > 0
+    }
+    if (threadIdx.x == 0) counters[h] = 0;
+}
+
+extern "C" cudaError_t pkv_attend(bf16 *out, const float *q, const int *sel, const int *nsel, int kmax, GpuKV kv,
+                                  int layer, const int *d_pos, const int *meta, int n_heads, float *partial,
+                                  unsigned *counters, cudaStream_t st) {
+    int G = n_heads / kv.n_kv;
+    dim3 grid(kv.n_kv, pkv_attend_splits(kv.n_kv));
+#define CASE(g, d)                                                                                                    \
+    if (G == g && kv.hd == d) {                                                                                       \
+        pkv_attend_kernel<g, d><<<grid, PA_THREADS, 0, st>>>(out, q, sel, nsel, kmax, kv, layer, d_pos, meta, partial, \
+                                                             counters);                                              \
+        return cudaGetLastError();                                                                                    \
+    }
+#define CASES(g) CASE(g, 64) CASE(g, 128)
+    CASES(1) CASES(2) CASES(3) CASES(4) CASES(5) CASES(6) CASES(7) CASES(8)
+#undef CASES
+#undef CASE
+    return cudaErrorInvalidValue;
+}
+
+// ---- the selection's order ----
+
+// Bitonic sort of each head's nsel slots in shared memory (n2: a power of two >= kmax; the
+// padding sorts last). The top-k's order depends on atomics; sorted, the attention sums its rows
+// in one order and a step's result is the same in every run, as on the CPU.
+__global__ void sort_sel_kernel(int *sel, const int *nsel, int kmax, int n2) {
+    extern __shared__ int v[];
+    int h = blockIdx.x, n = nsel[h];
+    int *hs = sel + (size_t)h * kmax;
+    for (int i = threadIdx.x; i < n2; i += blockDim.x) v[i] = i < n ? hs[i] : 0x7fffffff;
+    __syncthreads();
+    for (int size = 2; size <= n2; size <<= 1)
+        for (int stride = size >> 1; stride > 0; stride >>= 1) {
+            for (int i = threadIdx.x; i < n2 / 2; i += blockDim.x) {
+                int lo = 2 * i - (i & (stride - 1)), hi = lo + stride;
+                bool up = (lo & size) == 0;
+                int a = v[lo], b = v[hi];
+                if ((a > b) == up) v[lo] = b, v[hi] = a;
+            }
+            __syncthreads();
+        }
+    for (int i = threadIdx.x; i < n; i += blockDim.x) hs[i] = v[i];
+}
+
+extern "C" cudaError_t pkv_sort_sel(int *sel, const int *nsel, int kmax, int n_kv, cudaStream_t st) {
+    int n2 = 1;
+    while (n2 < kmax) n2 <<= 1;
+    if (n2 > 8192) return cudaErrorInvalidValue; // 32 KB of shared memory
+    int threads = n2 / 2 < 1024 ? (n2 / 2 < 32 ? 32 : n2 / 2) : 1024;
+    sort_sel_kernel<<<n_kv, threads, (size_t)n2 * sizeof(int), st>>>(sel, nsel, kmax, n2);
+    return cudaGetLastError();
+}
+
+// ---- moving and filling rows ----
+
+// One thread per 16 bytes: (position, layer, head, K or V, 16-byte part).
+__global__ void rows_to_host_kernel(GpuKV kv, int p0, long n_items) {
+    int parts = kv.hd / 8;
+    for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n_items; i += (long)gridDim.x * blockDim.x) {
+        long t = i;
+        int part = (int)(t % parts);
+        t /= parts;
+        int isv = (int)(t % 2);
+        t /= 2;
+        int h = (int)(t % kv.n_kv);
+        t /= kv.n_kv;
+        int layer = (int)(t % kv.n_layers);
+        int p = p0 + (int)(t / kv.n_layers);
+        size_t o = cache_off(kv, layer, h, p);
+        const uint4 *src = (const uint4 *)((isv ? kv.vc : kv.kc) + o);
+        uint4 *dst = (uint4 *)((bf16 *)host_row(kv, layer, h, p - kv.sink) + isv * kv.hd);
+        dst[part] = src[part];
+    }
+}
+
+extern "C" cudaError_t pkv_rows_to_host(GpuKV kv, int p0, int p1, cudaStream_t st) {
+    if (p0 < kv.sink) p0 = kv.sink;
+    if (!kv.host || p1 <= p0) return cudaSuccess;
+    long n = (long)(p1 - p0) * kv.n_layers * kv.n_kv * 2 * (kv.hd / 8);
+    long blocks = (n + 255) / 256;
+    rows_to_host_kernel<<<(unsigned)(blocks < 4096 ? blocks : 4096), 256, 0, st>>>(kv, p0, n);
+    return cudaGetLastError();
+}
+
+__device__ __forceinline__ unsigned hash32(unsigned long long x) {
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ULL;
+    x ^= x >> 33;
+    return (unsigned)x;
+}
+
+__global__ void fill_bf16_kernel(bf16 *p, size_t n, unsigned long long seed) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        p[i] = __float2bfloat16((float)(hash32(seed * 0x9e3779b97f4a7c15ULL + i) >> 8) * (2.0f / 16777216.0f) - 1.0f);
+}
+
+extern "C" cudaError_t pkv_fill_random(GpuKV kv, int n_slots, unsigned long long seed, cudaStream_t st) {
+    size_t cache = (size_t)kv.n_layers * kv.n_kv * kv.dcap * kv.hd;
+    fill_bf16_kernel<<<4096, 256, 0, st>>>(kv.kc, cache, seed);
+    fill_bf16_kernel<<<4096, 256, 0, st>>>(kv.vc, cache, seed + 1);
+    if (kv.alias_slots && n_slots > kv.alias_slots) n_slots = (int)kv.alias_slots;
+    if (kv.host && n_slots > 0)
+        fill_bf16_kernel<<<4096, 256, 0, st>>>(kv.host, (size_t)n_slots * kv.n_layers * kv.n_kv * 2 * kv.hd, seed + 2);
+    return cudaGetLastError();
+}

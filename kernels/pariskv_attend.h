@@ -1,0 +1,64 @@
+// ParisKV's decode attention on the GPU: the K/V of a run as the GPU sees it (a device cache of
+// sink + ring, the retrieval zone in the host store or the device cache), the step's QKV
+// post-processing, and exact attention over sink U top-k U local window U buffer.
+#ifndef PARISKV_ATTEND_H
+#define PARISKV_ATTEND_H
+
+#include <cuda_runtime.h>
+#include <stddef.h>
+
+#include "kernels.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// Where the K/V rows of position p live.
+//   device cache kc, vc (n_layers, n_kv, dcap, hd): positions p < sink at slot p, later ones at
+//     slot sink + (p - sink) % (dcap - sink) -- a ring that holds the local window and the
+//     update buffer (and, while nothing has wrapped, every position: the prefill's cache).
+//   zone (positions sink .. zone_end - 1, slot i = p - sink): host != NULL: the host store's row
+//     host + ((i * n_layers + l) * n_kv + h) * 2 hd (key, then value; offload/host_store.h);
+//     host == NULL: the device cache at position p (then dcap covers the whole context).
+typedef struct {
+    bf16 *kc, *vc;
+    bf16 *host;
+    int n_layers, n_kv, hd, dcap, sink;
+    long alias_slots; // > 0: zone slot i's host row is that of slot i % alias_slots (offload/host_store.h; timing only)
+} GpuKV;
+
+// The decode step's QKV post-processing: qkv ((n_heads + 2 n_kv) hd) fp32 from the projection;
+// q (n_heads, hd) fp32 = q with the optional q_norm and RoPE (rope_cs from rope_table()); the
+// new key (k_norm, RoPE) and value stored as bf16 in the device cache at *d_pos's slot and, with
+// a host store and *d_pos >= sink, written through to its zone row (so eviction moves nothing).
+cudaError_t pkv_qkv_decode(float *q, const float *qkv, const float *q_norm, const float *k_norm, const float *rope_cs,
+                           GpuKV kv, int layer, const int *d_pos, int n_heads, float eps, cudaStream_t st);
+
+// Sorts each head's selected slots sel[h * kmax .. + nsel[h]) ascending (kmax <= 8192), so that
+// the attention's sum runs in one order: results repeat exactly from run to run.
+cudaError_t pkv_sort_sel(int *sel, const int *nsel, int kmax, int n_kv, cudaStream_t st);
+
+// Splits per KV head of pkv_attend (fixed by the device), and its scratch in floats.
+int pkv_attend_splits(int n_kv);
+size_t pkv_attend_scratch_floats(int n_heads, int n_kv, int hd);
+
+// out (n_heads, hd) bf16 = exact attention of q (n_heads, hd) fp32 over, per KV head h: the sink
+// positions, the zone slots sel[h * kmax .. + nsel[h]), and positions meta[0] (zone_end) ..
+// *d_pos (the local window, the update buffer and the new token). Scale 1/sqrt(hd).
+// partial: pkv_attend_scratch_floats(); counters: n_kv zeroed unsigned ints (left zeroed).
+cudaError_t pkv_attend(bf16 *out, const float *q, const int *sel, const int *nsel, int kmax, GpuKV kv, int layer,
+                       const int *d_pos, const int *meta, int n_heads, float *partial, unsigned *counters, cudaStream_t st);
+
+// Copies positions [p0, p1) of every layer from the device cache to their host-store rows (the
+// prompt's rows after a prefill; positions written by dense steps). kv.host must be set.
+cudaError_t pkv_rows_to_host(GpuKV kv, int p0, int p1, cudaStream_t st);
+
+// Random K/V for a benchmark: zone slots [0, n_slots) in the host store (or the device cache),
+// and every device-cache slot. Values uniform in [-1, 1].
+cudaError_t pkv_fill_random(GpuKV kv, int n_slots, unsigned long long seed, cudaStream_t st);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

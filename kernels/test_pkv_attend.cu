@@ -1,0 +1,463 @@
+// ParisKV's decode attention kernels (pariskv_attend.cu) and the host store (offload/) against
+// CPU references on fresh random inputs, then timed: the QKV post-processing with its
+// write-through, the attention over sink + selected + window with the zone in pinned host memory
+// (UVA) or in the device cache, the ring of the device cache past its wrap, the row copy to the
+// host store. Needs a GPU.
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "cuda_common.h"
+#include "kernels.h"
+#include "pariskv_attend.h"
+#include "../offload/host_store.h"
+extern "C" {
+#include "../model/bf16.h"
+}
+
+static int passed, failed;
+static unsigned long long rng = 0x9E3779B97F4A7C15ull;
+
+static float frand(void) { // uniform [-1, 1)
+    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+    return (float)(rng >> 40) / 8388608.0f - 1.0f;
+}
+
+static void check(bool ok, const char *fmt, double a, double b) {
+    printf("%s ", ok ? "ok  " : "FAIL");
+    printf(fmt, a, b);
+    printf("\n");
+    ok ? passed++ : failed++;
+}
+
+static float bf(uint16_t b) { return bf16_to_f32(b); }
+
+// The device cache's slot of position p (pariskv_attend.h).
+static int slot_of(int p, int S, int dcap) { return p < S ? p : S + (p - S) % (dcap - S); }
+
+// ---- QKV post-processing ----
+// Tolerances: q is fp32 from the same fp32 inputs (a sum of hd squares and a few products):
+// 4 hd u32 relative = 3e-5 at hd 128. The stored bf16 K/V: the device rounds its fp32 value,
+// which differs from the double reference by the same 3e-5 relative: at most one bf16 step
+// (2^-8 relative) apart from bf16(reference).
+static void test_qkv(int hd, int n_heads, int n_kv, int qk_norm, int host, int pos) {
+    int S = 4, dcap = 64, L = 3, layer = 1;
+    size_t nq = (size_t)(n_heads + 2 * n_kv) * hd;
+    std::vector<float> qkv(nq), qn(hd), kn(hd), inv(hd / 2), cs(hd);
+    for (auto &x : qkv) x = 2 * frand();
+    for (int j = 0; j < hd; j++) qn[j] = 1 + 0.5f * frand(), kn[j] = 1 + 0.5f * frand();
+    for (int j = 0; j < hd / 2; j++) inv[j] = powf(10000.0f, -2.0f * j / hd);
+    for (int j = 0; j < hd / 2; j++) cs[j] = cosf(pos * inv[j]), cs[hd / 2 + j] = sinf(pos * inv[j]);
+    float *d_qkv, *d_qn, *d_kn, *d_cs, *d_q;
+    int *d_pos;
+    bf16 *kc, *vc;
+    size_t cache = (size_t)L * n_kv * dcap * hd;
+    CU_CHECK(cudaMalloc(&d_qkv, nq * 4));
+    CU_CHECK(cudaMalloc(&d_qn, hd * 4));
+    CU_CHECK(cudaMalloc(&d_kn, hd * 4));
+    CU_CHECK(cudaMalloc(&d_cs, hd * 4));
+    CU_CHECK(cudaMalloc(&d_q, (size_t)n_heads * hd * 4));
+    CU_CHECK(cudaMalloc(&d_pos, 4));
+    CU_CHECK(cudaMalloc(&kc, cache * 2));
+    CU_CHECK(cudaMalloc(&vc, cache * 2));
+    CU_CHECK(cudaMemset(kc, 0, cache * 2));
+    CU_CHECK(cudaMemset(vc, 0, cache * 2));
+    CU_CHECK(cudaMemcpy(d_qkv, qkv.data(), nq * 4, cudaMemcpyHostToDevice));
+    CU_CHECK(cudaMemcpy(d_qn, qn.data(), hd * 4, cudaMemcpyHostToDevice));
+    CU_CHECK(cudaMemcpy(d_kn, kn.data(), hd * 4, cudaMemcpyHostToDevice));
+    CU_CHECK(cudaMemcpy(d_cs, cs.data(), hd * 4, cudaMemcpyHostToDevice));
+    CU_CHECK(cudaMemcpy(d_pos, &pos, 4, cudaMemcpyHostToDevice));
+    HostStore hs;
+    char err[256];
+    bf16 *hrows = NULL;
+    if (host) {
+        if (host_store_open(&hs, L, n_kv, hd, pos + 8, err) != 0 || host_store_grow(&hs, pos + 1, err) != 0) {
+            printf("FAIL host store: %s\n", err);
+            failed++;
+            return;
+        }
+        hrows = (bf16 *)hs.base;
+    }
+    GpuKV kv = {kc, vc, hrows, L, n_kv, hd, dcap, S, 0};
+    CU_CHECK(pkv_qkv_decode(d_q, d_qkv, qk_norm ? d_qn : NULL, qk_norm ? d_kn : NULL, d_cs, kv, layer, d_pos, n_heads, 1e-6f, 0));
+    CU_CHECK(cudaDeviceSynchronize());
+    std::vector<float> q((size_t)n_heads * hd);
+    std::vector<uint16_t> kh(cache), vh(cache);
+    CU_CHECK(cudaMemcpy(q.data(), d_q, q.size() * 4, cudaMemcpyDeviceToHost));
+    CU_CHECK(cudaMemcpy(kh.data(), kc, cache * 2, cudaMemcpyDeviceToHost));
+    CU_CHECK(cudaMemcpy(vh.data(), vc, cache * 2, cudaMemcpyDeviceToHost));
+    // reference, double
+    auto post = [&](const float *x, const float *w, std::vector<double> &o) {
+        o.assign(hd, 0);
+        double ss = 0;
+        for (int j = 0; j < hd; j++) ss += (double)x[j] * x[j];
+        double r = 1 / sqrt(ss / hd + 1e-6);
+        std::vector<double> y(hd);
+        for (int j = 0; j < hd; j++) y[j] = w ? w[j] * (x[j] * r) : x[j];
+        for (int j = 0; j < hd; j++) {
+            int f = j % (hd / 2);
+            double c = cs[f], s = cs[hd / 2 + f], other = y[j ^ (hd / 2)];
+            o[j] = j < hd / 2 ? y[j] * c - other * s : y[j] * c + other * s;
+        }
+    };
+    double eq = 0, mq = 1e-30;
+    std::vector<double> o;
+    for (int h = 0; h < n_heads; h++) {
+        post(&qkv[(size_t)h * hd], qk_norm ? qn.data() : NULL, o);
+        for (int j = 0; j < hd; j++) eq = fmax(eq, fabs(q[(size_t)h * hd + j] - o[j])), mq = fmax(mq, fabs(o[j]));
+    }
+    char what[160];
+    snprintf(what, sizeof what, "pkv_qkv_decode hd %d, %d/%d heads, qk_norm %d, pos %d: q rel err %%.2e (tol %%.0e)", hd, n_heads, n_kv, qk_norm, pos);
+    check(eq / mq <= 4 * hd * 6e-8, what, eq / mq, 4 * hd * 6e-8);
+    int bad = 0, bad_host = 0;
+    int sl = slot_of(pos, S, dcap);
+    for (int h = 0; h < n_kv; h++) {
+        post(&qkv[(size_t)(n_heads + h) * hd], qk_norm ? kn.data() : NULL, o);
+        const float *v = &qkv[(size_t)(n_heads + n_kv + h) * hd];
+        size_t off = (((size_t)layer * n_kv + h) * dcap + sl) * hd;
+        for (int j = 0; j < hd; j++) {
+            bad += fabs(bf(kh[off + j]) - o[j]) > fabs(o[j]) * (1.0 / 128) + 1e-30;
+            bad += fabs(bf(vh[off + j]) - v[j]) > fabs(v[j]) * (1.0 / 128) + 1e-30;
+            if (host && pos >= S) {
+                const uint16_t *row = hs.base + (((size_t)(pos - S) * L + layer) * n_kv + h) * 2 * hd;
+                bad_host += row[j] != kh[off + j] || row[hd + j] != vh[off + j];
+            }
+        }
+    }
+    snprintf(what, sizeof what, "pkv_qkv_decode hd %d pos %d (slot %d of %d): stored K/V beyond one bf16 step: %%.0f; host row != cache row: %%.0f",
+             hd, pos, sl, dcap);
+    check(bad == 0 && bad_host == 0, what, bad, bad_host);
+    if (host) host_store_close(&hs);
+    cudaFree(d_qkv), cudaFree(d_qn), cudaFree(d_kn), cudaFree(d_cs), cudaFree(d_q), cudaFree(d_pos), cudaFree(kc), cudaFree(vc);
+}
+
+// ---- attention over sink + selected + window ----
+// Tolerance, relative to max|V|: the rows are the same bf16 values on both sides; the device
+// sums m <= ~3000 terms in fp32 in another order (online softmax: m rescalings, each one u32
+// relative): 4 m u32; the output is rounded to bf16: 2^-9 of |out| <= max|V|. Total 2^-9 + 4 m u32.
+struct AttnCase {
+    int hd, n_heads, n_kv, k, host, dcap, pos, zone_end;
+};
+
+static void test_attend(AttnCase c, int timed) {
+    int S = 4, L = 2, layer = 1, G = c.n_heads / c.n_kv, n_zone = c.zone_end - S, kmax = c.k;
+    size_t cache = (size_t)L * c.n_kv * c.dcap * c.hd;
+    std::vector<uint16_t> kh(cache), vh(cache);
+    for (size_t i = 0; i < cache; i++) kh[i] = f32_to_bf16(frand()), vh[i] = f32_to_bf16(frand());
+    bf16 *kc, *vc;
+    CU_CHECK(cudaMalloc(&kc, cache * 2));
+    CU_CHECK(cudaMalloc(&vc, cache * 2));
+    CU_CHECK(cudaMemcpy(kc, kh.data(), cache * 2, cudaMemcpyHostToDevice));
+    CU_CHECK(cudaMemcpy(vc, vh.data(), cache * 2, cudaMemcpyHostToDevice));
+    HostStore hs;
+    memset(&hs, 0, sizeof hs);
+    char err[256];
+    if (c.host) {
+        if (host_store_open(&hs, L, c.n_kv, c.hd, n_zone + 16, err) != 0 || host_store_grow(&hs, n_zone, err) != 0) {
+            printf("FAIL host store: %s\n", err);
+            failed++;
+            return;
+        }
+        size_t n = (size_t)n_zone * L * c.n_kv * 2 * c.hd;
+        for (size_t i = 0; i < n; i++) hs.base[i] = f32_to_bf16(frand());
+    }
+    GpuKV kv = {kc, vc, c.host ? (bf16 *)hs.base : NULL, L, c.n_kv, c.hd, c.dcap, S, 0};
+    // a random selection of distinct zone slots per head
+    std::vector<int> sel((size_t)c.n_kv * kmax), nsel(c.n_kv);
+    for (int h = 0; h < c.n_kv; h++) {
+        int cnt = std::min(c.k - (h % 2) * 3, n_zone); // heads with fewer rows too
+        nsel[h] = cnt;
+        std::vector<int> all(n_zone);
+        for (int i = 0; i < n_zone; i++) all[i] = i;
+        for (int i = 0; i < cnt; i++) std::swap(all[i], all[i + (int)((frand() + 1) * 0.5f * (n_zone - i - 1))]);
+        for (int i = 0; i < cnt; i++) sel[(size_t)h * kmax + i] = all[i];
+    }
+    std::vector<float> q((size_t)c.n_heads * c.hd);
+    for (auto &x : q) x = 2 * frand();
+    int *d_sel = NULL, *d_nsel, *d_pos, *d_meta;
+    float *d_q, *partial;
+    unsigned *counters;
+    bf16 *d_out;
+    CU_CHECK(cudaMalloc(&d_sel, sel.size() * 4));
+    CU_CHECK(cudaMalloc(&d_nsel, nsel.size() * 4));
+    CU_CHECK(cudaMalloc(&d_pos, 4));
+    CU_CHECK(cudaMalloc(&d_meta, 8));
+    CU_CHECK(cudaMalloc(&d_q, q.size() * 4));
+    CU_CHECK(cudaMalloc(&d_out, q.size() * 2));
+    CU_CHECK(cudaMalloc(&partial, pkv_attend_scratch_floats(c.n_heads, c.n_kv, c.hd) * 4));
+    CU_CHECK(cudaMalloc(&counters, c.n_kv * 4));
+    CU_CHECK(cudaMemset(counters, 0, c.n_kv * 4));
+    int meta[2] = {c.zone_end, n_zone};
+    CU_CHECK(cudaMemcpy(d_sel, sel.data(), sel.size() * 4, cudaMemcpyHostToDevice));
+    CU_CHECK(cudaMemcpy(d_nsel, nsel.data(), nsel.size() * 4, cudaMemcpyHostToDevice));
+    CU_CHECK(cudaMemcpy(d_pos, &c.pos, 4, cudaMemcpyHostToDevice));
+    CU_CHECK(cudaMemcpy(d_meta, meta, 8, cudaMemcpyHostToDevice));
+    CU_CHECK(cudaMemcpy(d_q, q.data(), q.size() * 4, cudaMemcpyHostToDevice));
+    CU_CHECK(cudaMemset(d_out, 0xff, q.size() * 2)); // poisoned: NaN
+    CU_CHECK(pkv_attend(d_out, d_q, d_sel, d_nsel, kmax, kv, layer, d_pos, d_meta, c.n_heads, partial, counters, 0));
+    CU_CHECK(cudaDeviceSynchronize());
+    std::vector<uint16_t> out(q.size());
+    CU_CHECK(cudaMemcpy(out.data(), d_out, out.size() * 2, cudaMemcpyDeviceToHost));
+    // reference: rows in the kernel's list order, softmax in double
+    double err_max = 0;
+    int m_rows = 0;
+    for (int h = 0; h < c.n_kv; h++) {
+        std::vector<const uint16_t *> kr, vr;
+        for (int p = 0; p < S && p <= c.pos; p++) {
+            size_t o = (((size_t)layer * c.n_kv + h) * c.dcap + slot_of(p, S, c.dcap)) * c.hd;
+            kr.push_back(&kh[o]), vr.push_back(&vh[o]);
+        }
+        for (int i = 0; i < nsel[h]; i++) {
+            int s = sel[(size_t)h * kmax + i];
+            if (c.host) {
+                const uint16_t *r = hs.base + (((size_t)s * L + layer) * c.n_kv + h) * 2 * c.hd;
+                kr.push_back(r), vr.push_back(r + c.hd);
+            } else {
+                size_t o = (((size_t)layer * c.n_kv + h) * c.dcap + slot_of(S + s, S, c.dcap)) * c.hd;
+                kr.push_back(&kh[o]), vr.push_back(&vh[o]);
+            }
+        }
+        for (int p = c.zone_end; p <= c.pos; p++) {
+            size_t o = (((size_t)layer * c.n_kv + h) * c.dcap + slot_of(p, S, c.dcap)) * c.hd;
+            kr.push_back(&kh[o]), vr.push_back(&vh[o]);
+        }
+        int m = (int)kr.size();
+        m_rows = std::max(m_rows, m);
+        for (int g = 0; g < G; g++) {
+            const float *qh = &q[(size_t)(h * G + g) * c.hd];
+            std::vector<double> s(m);
+            double mx = -1e300, sum = 0;
+            for (int i = 0; i < m; i++) {
+                double d = 0;
+                for (int j = 0; j < c.hd; j++) d += (double)qh[j] * bf(kr[i][j]);
+                s[i] = d / sqrt((double)c.hd);
+                mx = fmax(mx, s[i]);
+            }
+            for (int i = 0; i < m; i++) s[i] = exp(s[i] - mx), sum += s[i];
+            for (int j = 0; j < c.hd; j++) {
+                double o = 0;
+                for (int i = 0; i < m; i++) o += s[i] / sum * bf(vr[i][j]);
+                double got = bf(out[(size_t)(h * G + g) * c.hd + j]);
+                err_max = isfinite(got) ? fmax(err_max, fabs(got - o)) : INFINITY;
+            }
+        }
+    }
+    double tol = 1.0 / 512 + 4.0 * m_rows / 16777216.0; // max|V| = 1
+    char what[200];
+    snprintf(what, sizeof what, "pkv_attend hd %d, %d/%d heads, k %d, zone %s, pos %d (device cache %d: %s), up to %d rows: err %%.2e (tol %%.2e)",
+             c.hd, c.n_heads, c.n_kv, c.k, c.host ? "host" : "gpu", c.pos, c.dcap, c.pos >= c.dcap ? "wrapped" : "no wrap", m_rows);
+    check(err_max <= tol, what, err_max, tol);
+    if (timed) {
+        cudaEvent_t a, b;
+        cudaEventCreate(&a), cudaEventCreate(&b);
+        std::vector<float> t(50);
+        for (int i = 0; i < 60; i++) {
+            cudaEventRecord(a, 0);
+            pkv_attend(d_out, d_q, d_sel, d_nsel, kmax, kv, layer, d_pos, d_meta, c.n_heads, partial, counters, 0);
+            cudaEventRecord(b, 0);
+            cudaEventSynchronize(b);
+            if (i >= 10) cudaEventElapsedTime(&t[i - 10], a, b);
+        }
+        std::sort(t.begin(), t.end());
+        double zone_bytes = 0;
+        for (int h = 0; h < c.n_kv; h++) zone_bytes += nsel[h] * 4.0 * c.hd;
+        printf("time pkv_attend %s k %d, %d KV heads: %.1f us (median of 50); zone rows %.0f KB -> %.1f GB/s\n", c.host ? "host" : "gpu",
+               c.k, c.n_kv, t[25] * 1e3, zone_bytes / 1e3, zone_bytes / (t[25] * 1e-3) / 1e9);
+        cudaEventDestroy(a), cudaEventDestroy(b);
+    }
+    if (c.host) host_store_close(&hs);
+    cudaFree(kc), cudaFree(vc), cudaFree(d_sel), cudaFree(d_nsel), cudaFree(d_pos), cudaFree(d_meta), cudaFree(d_q), cudaFree(d_out);
+    cudaFree(partial), cudaFree(counters);
+}
+
+// ---- rows to the host store: an exact copy ----
+static void test_rows_to_host(void) {
+    int S = 4, L = 3, n_kv = 2, hd = 64, dcap = 300, p0 = 2, p1 = 257;
+    size_t cache = (size_t)L * n_kv * dcap * hd;
+    std::vector<uint16_t> kh(cache), vh(cache);
+    for (size_t i = 0; i < cache; i++) kh[i] = f32_to_bf16(frand()), vh[i] = f32_to_bf16(frand());
+    bf16 *kc, *vc;
+    CU_CHECK(cudaMalloc(&kc, cache * 2));
+    CU_CHECK(cudaMalloc(&vc, cache * 2));
+    CU_CHECK(cudaMemcpy(kc, kh.data(), cache * 2, cudaMemcpyHostToDevice));
+    CU_CHECK(cudaMemcpy(vc, vh.data(), cache * 2, cudaMemcpyHostToDevice));
+    HostStore hs;
+    char err[256];
+    if (host_store_open(&hs, L, n_kv, hd, dcap, err) != 0 || host_store_grow(&hs, p1, err) != 0) {
+        printf("FAIL host store: %s\n", err);
+        failed++;
+        return;
+    }
+    GpuKV kv = {kc, vc, (bf16 *)hs.base, L, n_kv, hd, dcap, S, 0};
+    CU_CHECK(pkv_rows_to_host(kv, p0, p1, 0));
+    CU_CHECK(cudaDeviceSynchronize());
+    long bad = 0;
+    for (int p = S; p < p1; p++)
+        for (int l = 0; l < L; l++)
+            for (int h = 0; h < n_kv; h++) {
+                const uint16_t *r = hs.base + (((size_t)(p - S) * L + l) * n_kv + h) * 2 * hd;
+                size_t o = (((size_t)l * n_kv + h) * dcap + p) * hd;
+                for (int j = 0; j < hd; j++) bad += r[j] != kh[o + j] || r[hd + j] != vh[o + j];
+            }
+    check(bad == 0, "pkv_rows_to_host: positions 4..256 of 3 layers: %.0f values differ (of %.0f)", (double)bad,
+          (double)(p1 - S) * L * n_kv * 2 * hd);
+    printf("host store: %ld slots of %zu bytes per chunk registration\n", hs.chunk_slots, hs.slot_bytes);
+    host_store_close(&hs);
+    cudaFree(kc), cudaFree(vc);
+}
+
+// ---- the selection's order: sorted ascending, the same slots ----
+static void test_sort_sel(void) {
+    for (int kmax : {7, 100, 2048, 4096}) {
+        int n_kv = 5;
+        std::vector<int> sel((size_t)n_kv * kmax, -1), nsel(n_kv);
+        for (int h = 0; h < n_kv; h++) {
+            nsel[h] = h == 0 ? 0 : h == 1 ? 1 : h == 2 ? kmax : kmax - 3 * h;
+            if (nsel[h] < 0) nsel[h] = 0;
+            for (int i = 0; i < nsel[h]; i++) sel[(size_t)h * kmax + i] = (int)((frand() + 1) * 500000);
+        }
+        int *d_sel, *d_nsel;
+        CU_CHECK(cudaMalloc(&d_sel, sel.size() * 4));
+        CU_CHECK(cudaMalloc(&d_nsel, n_kv * 4));
+        CU_CHECK(cudaMemcpy(d_sel, sel.data(), sel.size() * 4, cudaMemcpyHostToDevice));
+        CU_CHECK(cudaMemcpy(d_nsel, nsel.data(), n_kv * 4, cudaMemcpyHostToDevice));
+        CU_CHECK(pkv_sort_sel(d_sel, d_nsel, kmax, n_kv, 0));
+        std::vector<int> got(sel.size());
+        CU_CHECK(cudaMemcpy(got.data(), d_sel, got.size() * 4, cudaMemcpyDeviceToHost));
+        int bad = 0;
+        for (int h = 0; h < n_kv; h++) {
+            std::vector<int> want(sel.begin() + (size_t)h * kmax, sel.begin() + (size_t)h * kmax + nsel[h]);
+            std::sort(want.begin(), want.end());
+            for (int i = 0; i < kmax; i++) bad += i < nsel[h] ? got[(size_t)h * kmax + i] != want[i] : got[(size_t)h * kmax + i] != -1;
+        }
+        char what[120];
+        snprintf(what, sizeof what, "pkv_sort_sel kmax %d, 5 heads (0, 1, kmax, fewer): %%.0f entries wrong (of %%.0f)", kmax);
+        check(bad == 0, what, bad, (double)sel.size());
+        cudaFree(d_sel), cudaFree(d_nsel);
+    }
+}
+
+// ---- where the host store's memory comes from: registered THP mapping vs cudaHostAlloc ----
+// Timing only: the k = 2048 fetch of one layer (8 KV heads) from random rows of a 16 GiB store,
+// the GPU's page-table reach being what a long context stresses and a small store does not.
+static double huge_pages_gib(void) {
+    FILE *f = fopen("/proc/self/smaps_rollup", "r");
+    if (!f) return -1;
+    char line[256];
+    double kb = -1;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "AnonHugePages: %lf kB", &kb) == 1) break;
+    fclose(f);
+    return kb / 1048576.0;
+}
+
+static void time_big_store(int use_host_alloc) {
+    int S = 4, L = 2, n_kv = 8, hd = 128, n_heads = 32, k = 2048, dcap = 1300, pos = 20784, zone_end = 20084;
+    long slots = (16L << 30) / ((long)L * n_kv * 2 * hd * 2);
+    HostStore hs;
+    memset(&hs, 0, sizeof hs);
+    char err[256];
+    bf16 *rows = NULL;
+    double t0 = 0;
+    cudaEvent_t a, b;
+    cudaEventCreate(&a), cudaEventCreate(&b);
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    t0 = ts.tv_sec + ts.tv_nsec * 1e-9;
+    if (use_host_alloc) {
+        if (cudaHostAlloc((void **)&rows, (size_t)slots * L * n_kv * 2 * hd * 2, cudaHostAllocMapped | cudaHostAllocPortable) != cudaSuccess) {
+            printf("note: cudaHostAlloc of 16 GiB failed\n");
+            return;
+        }
+    } else {
+        if (host_store_open(&hs, L, n_kv, hd, slots, err) != 0 || host_store_grow(&hs, slots, err) != 0) {
+            printf("note: host store of 16 GiB: %s\n", err);
+            return;
+        }
+        rows = (bf16 *)hs.base;
+    }
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    double alloc_s = ts.tv_sec + ts.tv_nsec * 1e-9 - t0;
+    size_t cache = (size_t)L * n_kv * dcap * hd;
+    bf16 *kc, *vc;
+    CU_CHECK(cudaMalloc(&kc, cache * 2));
+    CU_CHECK(cudaMalloc(&vc, cache * 2));
+    GpuKV kv = {kc, vc, rows, L, n_kv, hd, dcap, S, 0};
+    CU_CHECK(pkv_fill_random(kv, (int)slots, 77, 0));
+    std::vector<int> sel((size_t)n_kv * k), nsel(n_kv, k);
+    for (auto &x : sel) x = (int)((frand() + 1) * 0.5 * (slots - 1));
+    std::vector<float> q((size_t)n_heads * hd);
+    for (auto &x : q) x = frand();
+    int *d_sel, *d_nsel, *d_pos, *d_meta;
+    float *d_q, *partial;
+    unsigned *counters;
+    bf16 *d_out;
+    int meta[2] = {zone_end, zone_end - S};
+    CU_CHECK(cudaMalloc(&d_sel, sel.size() * 4));
+    CU_CHECK(cudaMalloc(&d_nsel, n_kv * 4));
+    CU_CHECK(cudaMalloc(&d_pos, 4));
+    CU_CHECK(cudaMalloc(&d_meta, 8));
+    CU_CHECK(cudaMalloc(&d_q, q.size() * 4));
+    CU_CHECK(cudaMalloc(&d_out, q.size() * 2));
+    CU_CHECK(cudaMalloc(&partial, pkv_attend_scratch_floats(n_heads, n_kv, hd) * 4));
+    CU_CHECK(cudaMalloc(&counters, n_kv * 4));
+    CU_CHECK(cudaMemset(counters, 0, n_kv * 4));
+    CU_CHECK(cudaMemcpy(d_nsel, nsel.data(), n_kv * 4, cudaMemcpyHostToDevice));
+    CU_CHECK(cudaMemcpy(d_pos, &pos, 4, cudaMemcpyHostToDevice));
+    CU_CHECK(cudaMemcpy(d_meta, meta, 8, cudaMemcpyHostToDevice));
+    CU_CHECK(cudaMemcpy(d_q, q.data(), q.size() * 4, cudaMemcpyHostToDevice));
+    std::vector<float> t(40);
+    for (int i = 0; i < 50; i++) {
+        for (auto &x : sel) x = (int)((frand() + 1) * 0.5 * (slots - 1)); // fresh rows each time, as each step
+        CU_CHECK(cudaMemcpy(d_sel, sel.data(), sel.size() * 4, cudaMemcpyHostToDevice));
+        cudaEventRecord(a, 0);
+        pkv_attend(d_out, d_q, d_sel, d_nsel, k, kv, 1, d_pos, d_meta, n_heads, partial, counters, 0);
+        cudaEventRecord(b, 0);
+        cudaEventSynchronize(b);
+        if (i >= 10) cudaEventElapsedTime(&t[i - 10], a, b);
+    }
+    std::sort(t.begin(), t.end());
+    double bytes = (double)n_kv * k * 4 * hd;
+    printf("time 16 GiB store from %s (set up in %.1f s; huge pages in this process %.1f GiB): k 2048 x 8 heads, fresh random rows: "
+           "%.1f us, %.1f GB/s\n", use_host_alloc ? "cudaHostAlloc" : "mmap + MADV_HUGEPAGE + cudaHostRegister", alloc_s,
+           huge_pages_gib(), t[20] * 1e3, bytes / (t[20] * 1e-3) / 1e9);
+    if (use_host_alloc) cudaFreeHost(rows);
+    else host_store_close(&hs);
+    cudaFree(kc), cudaFree(vc), cudaFree(d_sel), cudaFree(d_nsel), cudaFree(d_pos), cudaFree(d_meta), cudaFree(d_q), cudaFree(d_out);
+    cudaFree(partial), cudaFree(counters);
+    cudaEventDestroy(a), cudaEventDestroy(b);
+}
+
+int main(void) {
+    int quick = getenv("PKV_TEST_QUICK") != NULL;
+    printf("seed %llu\n", rng);
+    for (int hd : {64, 128})
+        for (int host : {0, 1}) {
+            test_qkv(hd, 9, 3, 0, host, 40);  // SmolLM2's grouping, no wrap
+            test_qkv(hd, 8, 2, 1, host, 131); // Qwen3-style QK norms, past the ring's wrap (dcap 64)
+        }
+    test_rows_to_host();
+    test_sort_sel();
+    // SmolLM2 (9 / 3 x 64) and Llama-3.1-8B (32 / 8 x 128) groupings; zone in the host store or
+    // the device cache; positions before and after the ring wraps.
+    test_attend({64, 9, 3, 100, 1, 1200, 3000, 2600}, 0);
+    test_attend({64, 9, 3, 100, 0, 3001, 3000, 2600}, 0);
+    test_attend({128, 32, 8, 100, 1, 1200, 5000, 4300}, 0);
+    test_attend({128, 32, 8, 2048, 1, 1200, 9000, 8300}, 0);
+    test_attend({128, 32, 8, 100, 0, 5001, 5000, 4300}, 0);
+    test_attend({128, 16, 8, 7, 1, 900, 700, 200}, 0); // few rows, G = 2, no wrap
+    if (!quick) {
+        printf("-- timing (Llama-3.1-8B shape, one layer)\n");
+        test_attend({128, 32, 8, 100, 1, 1300, 20784, 20084}, 1);
+        test_attend({128, 32, 8, 2048, 1, 1300, 20784, 20084}, 1);
+        test_attend({128, 32, 8, 100, 0, 20800, 20700, 20100}, 1);
+        if (getenv("PKV_TEST_BIG_STORE")) time_big_store(0), time_big_store(1);
+    }
+    printf("%d passed, %d failed\n", passed, failed);
+    return failed ? 1 : 0;
+}
