@@ -104,6 +104,22 @@ if want pkvrand; then
     OMP_NUM_THREADS=16 timeout 400 python3 tests/bench/pkv_gpu_vs_cpu.py $D/run /dev/shm/smolrand.bin /dev/shm/ids6k.txt --ids \
         --random-model /dev/shm/smolrand 2>&1 | grep -v -i warn | tee "$OUT/pkvrand.txt" || status=1
 fi
+if want pkvchat; then
+    # A chat under ParisKV on the GPU (the random SmolLM2-shaped model of pkvrand): a first message of
+    # ~3,000 tokens (prefilled densely), then turns whose tokens are decode steps past the dense
+    # threshold, with the rewinds a re-rendered conversation makes. Both stores must write the same
+    # transcript, and the turns must run under ParisKV.
+    [ -f /dev/shm/smolrand.bin ] || { echo "FAIL pkvchat needs pkvrand first"; status=1; }
+    { tr '\n' ' ' < ../shared/papers/000_6344a563c06c180c.txt 2>/dev/null | head -c 12000 || head -c 12000 .pkvcpu/text8k.txt | tr '\n' ' '; echo;
+      echo "Summarize that in one line."; echo "And now in three words."; } > /tmp/chat.in
+    for store in host gpu; do
+        timeout 120 $D/run /dev/shm/smolrand.bin --chat --ctx 8192 -n 40 --temp 0 --ignore-eos --kv-store $store < /tmp/chat.in \
+            > /tmp/chat.$store 2> "$OUT/chat.$store.err" || { echo "FAIL chat --kv-store $store"; tail -n 3 "$OUT/chat.$store.err"; status=1; }
+        echo "chat --kv-store $store: $(grep -c . /tmp/chat.$store) lines; $(grep -h 'pariskv on the GPU' "$OUT/chat.$store.err")"
+    done
+    cmp -s /tmp/chat.host /tmp/chat.gpu && [ -s /tmp/chat.host ] && echo "ok   chat of 3 turns under ParisKV: host store == GPU store" ||
+        { echo "FAIL chat transcripts differ between the stores"; status=1; }
+fi
 if want pkvsmol; then
     # The real SmolLM2 (assembled as for smollm2 below) over the 8K-token text whose CPU scores
     # came with the call (.pkvcpu/: cpu_full.score, cpu_pkv.score, text8k.txt, made on the CPU machine).
