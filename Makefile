@@ -5,6 +5,11 @@ OPT     ?= -O3 -march=native
 CFLAGS  += -std=c11 -D_GNU_SOURCE $(OPT) -fopenmp -Wall -Wextra -g
 CXXFLAGS += -std=c++17 $(OPT) -Wall -Wextra -g
 LDLIBS  += -lm -fopenmp
+ifeq ($(NO_BLAS),1) # prefill's products row by row instead of OpenBLAS's sgemm (the sanitizer builds)
+CFLAGS  += -DNO_BLAS
+else
+LDLIBS  += -lopenblas
+endif
 TOKLIBS  = -lutf8proc -lsentencepiece -lstdc++
 JSONLIBS = -lcjson
 
@@ -30,13 +35,13 @@ CUDA_LIBS =
 endif
 
 # What `make deps` installs (Debian; apt needs root).
-DEB_DEPS = gcc g++ make clang valgrind libcjson-dev libutf8proc-dev libsentencepiece-dev sentencepiece python3 python3-pip
+DEB_DEPS = gcc g++ make clang valgrind libcjson-dev libutf8proc-dev libsentencepiece-dev sentencepiece libopenblas-openmp-dev python3 python3-pip
 
 # The C libraries the build needs (make deps installs them): say so before the first compile fails.
 # Checked by the make a user runs, not again by each make it runs in turn.
 ifeq ($(filter deps demo check clean,$(MAKECMDGOALS))$(MAKELEVEL),0)
 HASH := \#
-MISSING_HDRS := $(strip $(foreach h,cjson/cJSON.h utf8proc.h sentencepiece_processor.h,$(if $(shell printf '$(HASH)include <$(h)>\n' | $(CXX) -E -x c++ - >/dev/null 2>&1 && echo ok),,$(h))))
+MISSING_HDRS := $(strip $(foreach h,cjson/cJSON.h utf8proc.h sentencepiece_processor.h $(if $(filter 1,$(NO_BLAS)),,cblas.h),$(if $(shell printf '$(HASH)include <$(h)>\n' | $(CXX) -E -x c++ - >/dev/null 2>&1 && echo ok),,$(h))))
 ifneq ($(MISSING_HDRS),)
 $(error missing $(MISSING_HDRS): run `make deps` first (as root: installs $(DEB_DEPS)))
 endif
@@ -143,7 +148,7 @@ test-march:
 # valgrind over generate, score and chat (tests/valgrind.sh): a CPU-only x86-64-v3 build in
 # build-vg/, since valgrind cannot decode AVX-512 (-march=native here).
 test-valgrind:
-	$(MAKE) BUILD=build-vg NO_CUDA=1 OPT="-O2 -g -march=x86-64-v3" build-vg/run build-vg/export
+	$(MAKE) BUILD=build-vg NO_CUDA=1 NO_BLAS=1 OPT="-O2 -g -march=x86-64-v3" build-vg/run build-vg/export
 	bash tests/valgrind.sh
 
 # ---- set-up on a fresh machine (Debian; apt needs root) ----

@@ -457,8 +457,11 @@ static void run_generate(const Model *m, const Tokenizer *tok, const Options *o)
     if (o->ids && o->n_stops) die("--stop applies to text output, not --ids");
     const Config *c = &m->c;
     int n_prompt = 0, *prompt;
-    if (o->ids) {
-        prompt = parse_ids(o->prompt ? o->prompt : "", (int)c->vocab_size, &n_prompt);
+    if (o->ids) { // ids from -p, or from the file of -f
+        size_t len = 0;
+        char *text = o->prompt_file ? read_file(o->prompt_file, &len) : NULL;
+        prompt = parse_ids(text ? text : o->prompt ? o->prompt : "", (int)c->vocab_size, &n_prompt);
+        free(text);
     } else {
         size_t len = 0;
         char *text = o->prompt_file ? read_file(o->prompt_file, &len) : NULL;

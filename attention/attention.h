@@ -3,14 +3,19 @@
 #ifndef ATTENTION_H
 #define ATTENTION_H
 
+#include <stddef.h>
+
 // Causal grouped-query attention: query t (at position pos0 + t) attends to cache positions
 // 0 .. pos0 + t. Query head h reads KV head h / (n_heads / n_kv_heads). Scale 1/sqrt(head_dim).
 //   out     (T, n_heads * head_dim)
 //   q       (T, n_heads * head_dim)
 //   k_cache (ctx, n_kv_heads * head_dim), v_cache likewise; positions 0 .. pos0 + T - 1 filled
-//   scratch (omp_get_max_threads(), pos0 + T) floats
+//   scratch (omp_get_max_threads(), attention_dense_scratch(n_heads, n_kv_heads, pos0 + T)) floats
+// The query heads of a KV group are attended together, so each K and V row is read once per group.
 void attention_dense(float *out, const float *q, const float *k_cache, const float *v_cache, int pos0, int T,
                      int n_heads, int n_kv_heads, int head_dim, float *scratch);
+// Scratch floats per thread for n_keys positions: min(group size, 8) score rows.
+size_t attention_dense_scratch(int n_heads, int n_kv_heads, int n_keys);
 
 // A selection policy (ParisKV, its peers) plugs in here. The forward pass calls attend() for
 // every layer once that layer's K/V for positions pos0 .. pos0+T-1 are in the cache; the policy

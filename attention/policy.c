@@ -3,6 +3,7 @@
 // comes from a Selector: ParisKV or one of its peers, all on the same keys and the same budget.
 #include "attention.h"
 #include "selector.h"
+#include "softmax_exp.h"
 
 #include <math.h>
 #include <omp.h>
@@ -132,8 +133,9 @@ static void attend_rows(float *o, const float *qh, const float *const *krow, con
         if (score[i] > mx) mx = score[i];
     }
     float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
     for (int i = 0; i < m; i++) {
-        score[i] = expf(score[i] - mx);
+        score[i] = softmax_exp(score[i] - mx);
         sum += score[i];
     }
     memset(o, 0, (size_t)hd * sizeof(float));

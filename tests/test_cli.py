@@ -134,6 +134,12 @@ def main():
     # store that does not exist is named.
     refused("--bench --attn quest is refused", run("--bench", "--synthetic", "qwen3-8b", "--attn", "quest"),
             "--bench --attn quest: the GPU benchmark runs full and pariskv")
+    # --ids takes its ids from -f as from -p.
+    with open(os.path.join(tmp, "ids.txt"), "w") as f:
+        f.write("1 2 3 4")
+    p, q = run(model, "--ids", "-f", os.path.join(tmp, "ids.txt"), "-n", "4", "--temp", "0"), run(model, "--ids", "-p", "1 2 3 4", "-n", "4", "--temp", "0")
+    check("--ids -f FILE reads the ids of FILE (as -p does)", p.returncode == 0 and p.stdout == q.stdout and len(p.stdout.split()) == 4,
+          f"exit {p.returncode}, {p.stdout[:80]!r} vs {q.stdout[:80]!r}, {p.stderr[-200:]!r}")
     refused("--kv-store disk is refused", run(model, "-p", "Hi", "--kv-store", "disk"), "--kv-store must be gpu, host or auto, not 'disk'")
 
     for f in os.listdir(tmp):

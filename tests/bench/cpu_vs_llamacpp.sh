@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# CPU speed against llama.cpp on this machine (issue 13): SmolLM2-135M in bf16, the same weights
+# in both runners, side by side, interleaved repetitions, medians. By hand, not in CI.
+#
+#   bash tests/bench/cpu_vs_llamacpp.sh          # after `make` and `make smollm2`
+#
+# 1. Builds llama.cpp's llama-bench and llama-quantize (CPU only) from the llama.cpp that the
+#    PyPI sdist of llama-cpp-python ($LC_VER, default 0.3.36) vendors, under $LC_WORK (default
+#    /tmp/llamacpp_cpu; a kquant_check.sh build in /tmp/kquant_check is reused); nothing is written
+#    inside the repository. About 25 minutes the first time on two cores.
+# 2. SmolLM2-135M-Instruct.Q4_1.gguf -> F16 -> BF16 with llama-quantize; ./export of that BF16
+#    file gives our model.bin: both runners read the same bf16 weights.
+# 3. For each thread count ($LC_THREADS, default "1 2"), $LC_REPS times (default 3), alternating:
+#      prefill 512   llama-bench -p 512 -n 0 (random tokens) / ./run -n 0 on 512 ids: tokens per second
+#      decode @512   llama-bench -n 64 -d 512 / ./run with a 512-id prompt, -n 64: ms per token
+#      decode @4096  the same after 4096 tokens
+#    (ours with --attn full: the dense attention llama.cpp computes)
+#    and prints one table of medians with the ratios (targets of the issue: prefill >= 0.6x
+#    llama.cpp's, decode <= 1.0x llama.cpp's time).
+# The machine should be otherwise idle: a busy neighbour moves every figure (the alternation keeps
+# the two runners' conditions alike).
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+VER=${LC_VER:-0.3.36}
+W=${LC_WORK:-/tmp/llamacpp_cpu}
+REPS=${LC_REPS:-3}
+THREADS=${LC_THREADS:-1 2}
+JOBS=${LC_JOBS:-2}
+SRC=${LC_GGUF:-$ROOT/build/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf}
+[ -f "$SRC" ] || { echo "no $SRC: run 'make smollm2' first (or set LC_GGUF)"; exit 1; }
+[ -x ./export ] && [ -x ./run ] || { echo "build ./run and ./export first (make)"; exit 1; }
+mkdir -p "$W"
+
+# ---- 1. llama.cpp ----
+B=""
+for b in "$W/llama-build" /tmp/kquant_check/llama-build /tmp/kq/llama-build; do
+    [ -d "$b" ] && [ -f "$b/CMakeCache.txt" ] && { B=$b; break; }
+done
+if [ -z "$B" ]; then
+    B=$W/llama-build
+    if ! [ -d "$W/llama_cpp_python-$VER" ]; then
+        python3 -m pip download -q --no-binary :all: --no-deps "llama-cpp-python==$VER" -d "$W"
+        tar -xzf "$W/llama_cpp_python-$VER.tar.gz" -C "$W"
+    fi
+    cmake -S "$W/llama_cpp_python-$VER/vendor/llama.cpp" -B "$B" -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=OFF \
+        -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+        -DLLAMA_BUILD_SERVER=OFF >"$W/cmake.log" 2>&1
+fi
+if ! [ -x "$B/bin/llama-bench" ] && ! [ -x "$B/tools/llama-bench" ] || ! [ -x "$B/bin/llama-quantize" ]; then
+    cmake --build "$B" --target llama-bench llama-quantize -j"$JOBS" >"$W/build.log" 2>&1 || { tail -20 "$W/build.log"; exit 1; }
+fi
+LB=$B/bin/llama-bench
+[ -x "$LB" ] || LB=$(find "$B" -name llama-bench -type f -perm -u+x | head -1)
+
+# ---- 2. the same bf16 weights for both ----
+if ! [ -s "$W/smollm2-BF16.gguf" ]; then
+    "$B/bin/llama-quantize" --allow-requantize "$SRC" "$W/smollm2-F16.gguf" F16 >"$W/q16.log" 2>&1
+    "$B/bin/llama-quantize" --allow-requantize "$W/smollm2-F16.gguf" "$W/smollm2-BF16.gguf" BF16 >"$W/qbf16.log" 2>&1
+fi
+./export "$W/smollm2-BF16.gguf" "$W/smollm2-bf16.bin" >/dev/null 2>&1
+M=$W/smollm2-bf16.bin
+python3 - "$W" <<'EOF' # prompts of exactly 512 and 4096 ids (random, as llama-bench's)
+import random, sys
+random.seed(7)
+for n in (512, 4096):
+    open(f"{sys.argv[1]}/ids{n}.txt", "w").write(" ".join(str(random.randrange(100, 49000)) for _ in range(n)))
+EOF
+
+# ---- 3. alternating measurements ----
+lc_pp() { "$LB" -m "$W/smollm2-BF16.gguf" -p 512 -n 0 -t "$1" -r 1 -o csv 2>/dev/null | tail -1 | tr -d '"' | awk -F, '{print $(NF-1)}'; }
+lc_tg() { # ms per token of 64 generated after depth $2
+    "$LB" -m "$W/smollm2-BF16.gguf" -p 0 -n 64 -d "$2" -t "$1" -r 1 -o csv 2>/dev/null | tail -1 | tr -d '"' | awk -F, '{printf "%.3f", 1000 / $(NF-1)}'
+}
+ours() { # prefill tok/s, or decode ms/token, from the stats line
+    local line
+    line=$(./run "$M" --ids -f "$W/ids$2.txt" -n "$3" --temp 0 --ignore-eos --threads "$1" --device cpu --attn full 2>&1 >/dev/null | grep "prompt .* tokens |")
+    if [ "$3" = 0 ]; then echo "$line" | sed -n 's/.*prefill \([0-9.]*\) tok\/s.*/\1/p'
+    else echo "$line" | sed -n 's/.*decode \([0-9.]*\) ms\/token.*/\1/p'; fi
+}
+median() { tr ' ' '\n' | grep . | sort -g | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
+echo "machine: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) CPUs; $(date -u +%F); llama.cpp $("$LB" --version 2>&1 | grep -o 'version: [0-9]* ([0-9a-f]*)' | head -1)"
+printf "%-8s | %-14s | %12s | %12s | %8s | %s\n" threads test ./run llama.cpp ratio target
+printf -- "---------+----------------+--------------+--------------+----------+-------\n"
+for t in $THREADS; do
+    pp_o="" pp_l="" d5_o="" d5_l="" d4_o="" d4_l=""
+    for ((r = 0; r < REPS; r++)); do
+        pp_l+=" $(lc_pp "$t")"; pp_o+=" $(ours "$t" 512 0)"
+        d5_o+=" $(ours "$t" 512 64)"; d5_l+=" $(lc_tg "$t" 512)"
+        d4_l+=" $(lc_tg "$t" 4096)"; d4_o+=" $(ours "$t" 4096 64)"
+    done
+    row() { # name ours llama unit better(hi|lo) target
+        local o l
+        o=$(echo "$2" | median) l=$(echo "$3" | median)
+        awk -v n="$1" -v o="$o" -v l="$l" -v u="$4" -v t="$t" -v tg="$5" 'BEGIN {
+            printf "%-8s | %-14s | %8.2f %-3s | %8.2f %-3s | %8.3f | %s\n", t, n, o, u, l, u, o / l, tg }'
+    }
+    row "prefill 512" "$pp_o" "$pp_l" "t/s" ">= 0.6"
+    row "decode @512" "$d5_o" "$d5_l" "ms" "<= 1.0"
+    row "decode @4096" "$d4_o" "$d4_l" "ms" "<= 1.0"
+    echo "         all runs: prefill ours [$pp_o ] llama.cpp [$pp_l ]; @512 ours [$d5_o ] llama.cpp [$d5_l ]; @4096 ours [$d4_o ] llama.cpp [$d4_l ]"
+done
