@@ -5,11 +5,13 @@ OPT     ?= -O3 -march=native
 CFLAGS  += -std=c11 -D_GNU_SOURCE $(OPT) -fopenmp -Wall -Wextra -g
 CXXFLAGS += -std=c++17 $(OPT) -Wall -Wextra -g
 LDLIBS  += -lm -fopenmp
-ifeq ($(NO_BLAS),1) # prefill's products row by row instead of OpenBLAS's sgemm (the sanitizer builds)
+ifeq ($(NO_BLAS),1) # prefill's products row by row instead of OpenBLAS's sgemm (the valgrind build)
 CFLAGS  += -DNO_BLAS
+BLASLIBS =
 else
-LDLIBS  += -lopenblas
+BLASLIBS = -lopenblas
 endif
+LDLIBS  += $(BLASLIBS)
 TOKLIBS  = -lutf8proc -lsentencepiece -lstdc++
 JSONLIBS = -lcjson
 
@@ -97,7 +99,7 @@ $(BUILD)/kernels/flash_prefill.o: kernels/flash_prefill.cu
 GPU_TEST_BIN = $(patsubst kernels/%.cu,$(BUILD)/kernels/%,$(wildcard kernels/test_*.cu))
 $(BUILD)/kernels/test_%: kernels/test_%.cu $(LIB_OBJ)
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) -Xcompiler -fopenmp -o $@ $^ $(TOKLIBS) $(JSONLIBS) -lcublas -lgomp
+	$(NVCC) $(NVCCFLAGS) -Xcompiler -fopenmp -o $@ $^ $(TOKLIBS) $(JSONLIBS) $(BLASLIBS) -lcublas -lgomp
 
 gpu-tests: all $(GPU_TEST_BIN)
 test-gpu: gpu-tests

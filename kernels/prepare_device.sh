@@ -8,7 +8,9 @@ make -j2 BUILD=build-dev OPT="-O3 -march=x86-64-v3" run export build-dev/kernels
 rm -rf .dev && mkdir -p .dev/lib
 cp run export .dev/
 for t in kernels/test_*.cu; do cp "build-dev/kernels/$(basename "$t" .cu)" .dev/; done
-for l in libutf8proc.so.2 libcjson.so.1 libgomp.so.1 libsentencepiece.so.0 libstdc++.so.6; do cp -L /lib/x86_64-linux-gnu/$l .dev/lib/; done
+for l in libutf8proc.so.2 libcjson.so.1 libgomp.so.1 libsentencepiece.so.0 libstdc++.so.6 libopenblas.so.0 libgfortran.so.5 libquadmath.so.0; do
+    cp -L /lib/x86_64-linux-gnu/$l .dev/lib/
+done
 touch -d '2000-01-01' run export   # the next plain `make` relinks the native build
 # What a device call carries (the working tree may travel 64 MiB at most): .devz, compressed;
 # gpu_checks.sh unpacks it into .dev there.
