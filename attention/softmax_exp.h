@@ -12,14 +12,14 @@
 
 static inline float softmax_exp(float x) {
     const float log2e = 1.44269504088896341f, ln2_hi = 0.693359375f, ln2_lo = -2.12194440e-4f;
-    float xc = x < -87.0f ? -87.0f : x;
+    float xc = x > -87.0f ? (x < 88.0f ? x : 88.0f) : -87.0f; // NaN -> -87: n stays a small integer
     float n = (xc * log2e + 12582912.0f) - 12582912.0f; // round to nearest (1.5 * 2^23), vectorizes
     float r = (xc - n * ln2_hi) - n * ln2_lo;
     float p = 1.0f + r * (1.0f + r * (0.5f + r * (1.0f / 6 + r * (1.0f / 24 + r * (1.0f / 120 + r * (1.0f / 720 + r * (1.0f / 5040)))))));
-    int32_t bits = ((int32_t)n + 127) << 23;
+    uint32_t bits = (uint32_t)((int32_t)n + 127) << 23;
     float scale;
     memcpy(&scale, &bits, sizeof scale);
-    return x < -87.0f ? 0.0f : p * scale;
+    return x >= -87.0f ? p * scale : x < -87.0f ? 0.0f : x; // NaN stays NaN, as with expf
 }
 
 #endif

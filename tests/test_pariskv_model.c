@@ -117,8 +117,14 @@ int main(void) {
             if (la[t] - second <= 2 * tol) continue;
             decided++, agree += t == argmax(b + (size_t)p * V, V);
         }
-        check(d <= tol, "pariskv teacher-forced chunks of %d vs single steps through the model: max logit diff %.2e (tol %.2e; dense: %.2e)",
-              CHUNK, d, tol, base);
+        // Past the threshold a rounding-level difference in q or k can swap a key at the top-k's
+        // edge (the selection is discontinuous), and the positions after it see another row:
+        // those may exceed tol. A wrong chunked path (a position off, a stale row) moves almost
+        // every position; allowed: at most 1 in 50.
+        int over = 0;
+        for (int p = 0; p < N; p++) over += max_diff(a + (size_t)p * V, b + (size_t)p * V, (size_t)V) > tol;
+        check(over <= N / 50, "pariskv teacher-forced chunks of %d vs single steps through the model: %d of %d positions beyond tol %.2e "
+              "(at most %d; max logit diff %.2e; dense: %.2e)", CHUNK, over, N, tol, N / 50, d, base);
         check(agree == decided && decided >= N * 9 / 10, "the same next token at all %d positions whose top-2 margin exceeds 2 tol (of %d)",
               decided, N);
         // The policy runs: past the threshold its logits differ from dense, before it they do not

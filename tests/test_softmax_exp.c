@@ -45,6 +45,9 @@ int main(void) {
     int below = softmax_exp(-87.5f) == 0.0f && softmax_exp(-1e30f) == 0.0f && softmax_exp(-INFINITY) == 0.0f;
     printf("%s below -87 (and -inf): 0\n", below ? "ok  " : "FAIL");
     below ? passed++ : failed++;
+    int nan = isnan(softmax_exp(NAN)); // a damaged model's scores: NaN out, as expf gives, no undefined shift
+    printf("%s NaN in, NaN out\n", nan ? "ok  " : "FAIL");
+    nan ? passed++ : failed++;
     printf("%d passed, %d failed\n", passed, failed);
     return failed != 0;
 }
