@@ -32,7 +32,7 @@ build-fuzz/obj/%.o: %.cc
 build-fuzz/obj/tests/fuzz/fuzz_%.o: $(FUZZ_HDRS)
 # Linked by clang++: the SentencePiece shim is C++ and UBSan's C++ runtime must come with it.
 build-fuzz/fuzz_%: build-fuzz/obj/tests/fuzz/fuzz_%.o $(FUZZ_OBJ)
-	$(FUZZ_CC)++ $(FUZZ_SAN) -fsanitize=fuzzer -fopenmp -o $@ $^ -lm $(TOKLIBS) $(JSONLIBS)
+	$(FUZZ_CC)++ $(FUZZ_SAN) -fsanitize=fuzzer -fopenmp -o $@ $^ -lm $(TOKLIBS) $(JSONLIBS) $(BLASLIBS)
 
 FUZZ_TIME ?= 30
 .PHONY: fuzz-build fuzz-ci fuzz
