@@ -26,21 +26,12 @@ extern "C" {
 #include "../attention/srht.h"
 #include "../model/bf16.h"
 }
+#include "../tests/test_pariskv_util.h" // check() and its counters
 
-static int passed, failed;
 static const double U32 = 5.9604644775390625e-8; // 2^-24: fp32 unit roundoff
 
-static void check(bool ok, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    printf("%s ", ok ? "ok  " : "FAIL");
-    vprintf(fmt, ap);
-    printf("\n");
-    va_end(ap);
-    ok ? passed++ : failed++;
-}
-
-struct Rng {
+// xorshift64 (the CPU tests' splitmix64 Rng of test_pariskv_util.h draws other inputs).
+struct Xorshift {
     unsigned long long s;
     unsigned long long next() {
         s ^= s << 13, s ^= s >> 7, s ^= s << 17;
@@ -54,7 +45,7 @@ struct Rng {
 // many keys equal: skewed id counts, ties everywhere) plus unit noise, a per-key scale; slot 5
 // all zero (the r = 0 path), and 2% of the later keys exact copies of earlier ones (equal
 // estimates: ties in the top-k).
-static void gen_keys(uint16_t *out, size_t slot_stride, int n, int D, float amp, Rng &r) {
+static void gen_keys(uint16_t *out, size_t slot_stride, int n, int D, float amp, Xorshift &r) {
     std::vector<float> c(D);
     for (int d = 0; d < D; d++) c[d] = r.gauss();
     for (int i = 0; i < n; i++) {
@@ -197,7 +188,7 @@ static void compare_encoding(const PkvGpuIndex &ix, int n, KeyAt key, const char
 
 static void test_encode(int D, int n_layers, int n_kv, int cap, int n1, int n, unsigned long long seed) {
     printf("-- encode D=%d layers=%d n_kv=%d cap=%d slots [0,%d) + [%d,%d), seed %llu\n", D, n_layers, n_kv, cap, n1, n1, n, seed);
-    Rng r = {seed};
+    Xorshift r = {seed};
     int LH = n_layers * n_kv;
     // Device cache layout (layer, head, slot, D).
     std::vector<uint16_t> keys((size_t)LH * cap * D);
@@ -300,7 +291,7 @@ static void run_select_cfg(const SelCfg &cfg, unsigned long long seed) {
     for (const Case &c : cfg.cases) max_n = std::max(max_n, c.n), kmax = std::max(kmax, c.k);
     int cap = max_n + 37, capp = (cap + 15) & ~15; // capp: the scratch's row stride (pariskv_gpu.cu)
     printf("-- select %s: D=%d n_kv=%d G=%d cap=%d, seed %llu\n", cfg.what, D, n_kv, G, cap, seed);
-    Rng r = {seed};
+    Xorshift r = {seed};
     // Keys (head, cap + 1, D); layer l's slot i is row i + l (two layers, overlapping views).
     std::vector<uint16_t> keys((size_t)n_kv * (cap + 1) * D);
     for (int h = 0; h < n_kv; h++) {
@@ -700,7 +691,7 @@ static void bench(void) {
         size_t row = 2 * (size_t)D, elems = (size_t)hn * n_kv * row;
         uint16_t *hs;
         CU_CHECK(cudaHostAlloc(&hs, elems * 2, cudaHostAllocMapped));
-        Rng r = {99};
+        Xorshift r = {99};
         for (size_t e = 0; e < elems; e++) hs[e] = f32_to_bf16(0.3f + r.uni());
         bf16 *hd;
         CU_CHECK(cudaHostGetDevicePointer((void **)&hd, hs, 0));

@@ -37,6 +37,17 @@ static void check(bool ok, const char *fmt, double a, double b) {
 
 static float bf(uint16_t b) { return bf16_to_f32(b); }
 
+// A device cache (K and V, n bf16 values each) of random values, kept on the host too for the
+// reference; K and V drawn in turn, value by value.
+static void random_cache(size_t n, std::vector<uint16_t> &kh, std::vector<uint16_t> &vh, bf16 **kc, bf16 **vc) {
+    kh.resize(n), vh.resize(n);
+    for (size_t i = 0; i < n; i++) kh[i] = f32_to_bf16(frand()), vh[i] = f32_to_bf16(frand());
+    CU_CHECK(cudaMalloc(kc, n * 2));
+    CU_CHECK(cudaMalloc(vc, n * 2));
+    CU_CHECK(cudaMemcpy(*kc, kh.data(), n * 2, cudaMemcpyHostToDevice));
+    CU_CHECK(cudaMemcpy(*vc, vh.data(), n * 2, cudaMemcpyHostToDevice));
+}
+
 // The device cache's slot of position p (pariskv_attend.h).
 static int slot_of(int p, int S, int dcap) { return p < S ? p : S + (p - S) % (dcap - S); }
 
@@ -147,13 +158,9 @@ struct AttnCase {
 static void test_attend(AttnCase c, int timed) {
     int S = 4, L = 2, layer = 1, G = c.n_heads / c.n_kv, n_zone = c.zone_end - S, kmax = c.k;
     size_t cache = (size_t)L * c.n_kv * c.dcap * c.hd;
-    std::vector<uint16_t> kh(cache), vh(cache);
-    for (size_t i = 0; i < cache; i++) kh[i] = f32_to_bf16(frand()), vh[i] = f32_to_bf16(frand());
+    std::vector<uint16_t> kh, vh;
     bf16 *kc, *vc;
-    CU_CHECK(cudaMalloc(&kc, cache * 2));
-    CU_CHECK(cudaMalloc(&vc, cache * 2));
-    CU_CHECK(cudaMemcpy(kc, kh.data(), cache * 2, cudaMemcpyHostToDevice));
-    CU_CHECK(cudaMemcpy(vc, vh.data(), cache * 2, cudaMemcpyHostToDevice));
+    random_cache(cache, kh, vh, &kc, &vc);
     HostStore hs;
     memset(&hs, 0, sizeof hs);
     char err[256];
@@ -279,13 +286,9 @@ static void test_attend(AttnCase c, int timed) {
 static void test_rows_to_host(void) {
     int S = 4, L = 3, n_kv = 2, hd = 64, dcap = 300, p0 = 2, p1 = 257;
     size_t cache = (size_t)L * n_kv * dcap * hd;
-    std::vector<uint16_t> kh(cache), vh(cache);
-    for (size_t i = 0; i < cache; i++) kh[i] = f32_to_bf16(frand()), vh[i] = f32_to_bf16(frand());
+    std::vector<uint16_t> kh, vh;
     bf16 *kc, *vc;
-    CU_CHECK(cudaMalloc(&kc, cache * 2));
-    CU_CHECK(cudaMalloc(&vc, cache * 2));
-    CU_CHECK(cudaMemcpy(kc, kh.data(), cache * 2, cudaMemcpyHostToDevice));
-    CU_CHECK(cudaMemcpy(vc, vh.data(), cache * 2, cudaMemcpyHostToDevice));
+    random_cache(cache, kh, vh, &kc, &vc);
     HostStore hs;
     char err[256];
     if (host_store_open(&hs, L, n_kv, hd, dcap, err) != 0 || host_store_grow(&hs, p1, err) != 0) {
