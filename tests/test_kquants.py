@@ -31,7 +31,7 @@ try:
     import gguf
     from gguf import quants
     sys.path.insert(0, os.path.join(ROOT, "tests", "fuzz"))
-    from make_seeds import hf_tokens  # the seed generator reads tokenizer.json the same way
+    from make_seeds import gguf_writer  # the seed generator writes its GGUF headers the same way
 except ImportError as e:
     print(f"SKIP K-quant reference check (python package missing: {e.name}; pip install gguf)")
     print("0 passed, 0 failed")
@@ -91,27 +91,8 @@ def random_blocks(rng, qtype, rows, cols):
 
 def write_gguf(path, rng):
     """A qwen3 GGUF whose matrices cycle through the types. Returns {model.bin name: (qtype, raw)}."""
-    tokens, types, merges, bos, eos, _template = hf_tokens(TOK_DIR)
-    dim, heads, kv, hd, hidden, layers = 256, 4, 2, 64, 512, 2
-    w = gguf.GGUFWriter(path, "qwen3")
-    w.add_block_count(layers)
-    w.add_context_length(256)
-    w.add_embedding_length(dim)
-    w.add_feed_forward_length(hidden)
-    w.add_head_count(heads)
-    w.add_head_count_kv(kv)
-    w.add_key_length(hd)
-    w.add_value_length(hd)
-    w.add_layer_norm_rms_eps(1e-6)
-    w.add_rope_freq_base(1e6)
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("qwen2")
-    w.add_token_list(tokens)
-    w.add_token_types(types)
-    w.add_token_merges(merges)
-    if bos is not None:
-        w.add_bos_token_id(bos)
-    w.add_eos_token_id(eos)
+    dim, heads, kv, hd, hidden, layers = shape = 256, 4, 2, 64, 512, 2
+    w, tokens, _template = gguf_writer(path, "qwen3", TOK_DIR, "qwen2", shape, 1e6)
     cycle = list(TYPES)
     quant = {}
 

@@ -61,9 +61,12 @@ def hf_tokens(tok_dir):
     return tokens, types, merges, tokens.index(bos) if bos else None, tokens.index(eos), tc.get("chat_template")
 
 
-def write_gguf(path, arch, tok_dir, pre, qtypes, tied, rope_freqs):
+def gguf_writer(path, arch, tok_dir, pre, shape, rope_base):
+    """A GGUFWriter with the hyperparameters of shape (dim, heads, kv, hd, hidden, layers) and the
+    tokenizer of tok_dir (byte-level BPE, pre-tokenizer pre). Returns it, the tokens and the chat
+    template (not written)."""
     tokens, types, merges, bos, eos, template = hf_tokens(tok_dir)
-    dim, heads, kv, hd, hidden, layers = 32, 2, 1, 16, 64, 1
+    dim, heads, kv, hd, hidden, layers = shape
     w = gguf.GGUFWriter(path, arch)
     w.add_block_count(layers)
     w.add_context_length(256)
@@ -74,7 +77,7 @@ def write_gguf(path, arch, tok_dir, pre, qtypes, tied, rope_freqs):
     w.add_key_length(hd)
     w.add_value_length(hd)
     w.add_layer_norm_rms_eps(1e-6)
-    w.add_rope_freq_base(10000.0)
+    w.add_rope_freq_base(rope_base)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre(pre)
     w.add_token_list(tokens)
@@ -83,6 +86,12 @@ def write_gguf(path, arch, tok_dir, pre, qtypes, tied, rope_freqs):
     if bos is not None:
         w.add_bos_token_id(bos)
     w.add_eos_token_id(eos)
+    return w, tokens, template
+
+
+def write_gguf(path, arch, tok_dir, pre, qtypes, tied, rope_freqs):
+    dim, heads, kv, hd, hidden, layers = shape = 32, 2, 1, 16, 64, 1
+    w, tokens, template = gguf_writer(path, arch, tok_dir, pre, shape, 10000.0)
     if template:
         w.add_chat_template(template)
     rng = np.random.default_rng(0)
