@@ -17,6 +17,7 @@
 
 extern "C" {
 #include "../attention/attention.h"
+#include "../attention/pariskv.h"
 #include "../model/bf16.h"
 }
 
@@ -855,8 +856,8 @@ extern "C" void gpu_pkv_step_bytes(void *dev, int pos, double *device_bytes, dou
     Pkv *p = &g->pkv;
     const AttnConfig *cf = &p->cfg;
     double n = attn_zone_end(cf, pos) - cf->sink, B = g->c.head_dim / 8.0, row = 4.0 * g->c.head_dim;
-    float beta = cf->beta; // as pkv_schedule
-    if (beta <= 0) beta = n < 5000 ? 0.5f : n < 10000 ? 0.25f : n < 30000 ? 0.2f : 0.1f;
+    float beta = cf->beta, rho = cf->rho;
+    if (beta <= 0 || rho <= 0) pkv_schedule((int)n, &beta, &rho);
     double C = n * beta < cf->topk ? cf->topk : n * beta, k = cf->topk < n ? cf->topk : n;
     double window = pos - attn_zone_end(cf, pos) + 1 + cf->sink;
     double per_head = n * B + n + C * (6.0 * B + 8) + (window + (p->kv.host ? 0 : k)) * row;
