@@ -477,9 +477,9 @@ static cudaError_t gemm(GpuState *g, float *y, const bf16 *x, const bf16 *W, int
 // (which divides by the rms; the norm weights are folded into its columns at load time), and
 // the QKV post-processing rides on the attention kernel. PKV_DECODE_SKIP=1 leaves the
 // attention out (timing breakdowns only).
-// Under ParisKV (pkv) the attention is four stages instead: QKV post-processing (the new row
-// written through to the store), the group query's transform, the selection, the attention over
-// sink + top-k + window.
+// Under ParisKV (pkv) the attention is three stages instead: QKV post-processing (the new row
+// written through to the store), the selection (the group query's transform included; slots
+// written in ascending order), the attention over sink + top-k + window.
 static cudaError_t enqueue_decode(GpuState *g, int pkv) {
     Pkv *p = &g->pkv;
     const Config *c = &g->c;
@@ -497,9 +497,8 @@ static cudaError_t enqueue_decode(GpuState *g, int pkv) {
         if (pkv && !(g->skip & 1)) {
             CU_TRY(pkv_qkv_decode(p->q, g->proj, w->q_norm, w->k_norm, g->rope_cs, p->kv, (int)l, g->d_pos, nh, eps, st));
             if (!(g->skip & 2)) { // timing breakdowns: 2 leaves the selection out (nsel stays 0), 4 the attention
-                CU_TRY(pkv_gpu_query(&p->sc, &p->ix, p->q, nh, st));
-                CU_TRY(pkv_gpu_select(&p->sc, &p->ix, (int)l, p->d_meta + 1, p->cfg.topk, p->cfg.beta, p->cfg.rho, st));
-                CU_TRY(pkv_sort_sel(p->sc.sel, p->sc.nsel, p->sc.kmax, nkv, st));
+                CU_TRY(pkv_gpu_select(&p->sc, &p->ix, (int)l, p->q, nh, p->d_meta + 1, p->cfg.topk, p->cfg.beta, p->cfg.rho,
+                                      st));
             }
             if (!(g->skip & 4))
                 CU_TRY(pkv_attend(g->att, p->q, p->sc.sel, p->sc.nsel, p->sc.kmax, p->kv, (int)l, g->d_pos, p->d_meta, nh,

@@ -267,39 +267,6 @@ extern "C" cudaError_t pkv_attend(bf16 *out, const float *q, const int *sel, con
     return cudaErrorInvalidValue;
 }
 
-// ---- the selection's order ----
-
-// Bitonic sort of each head's nsel slots in shared memory (n2: a power of two >= kmax; the
-// padding sorts last). The top-k's order depends on atomics; sorted, the attention sums its rows
-// in one order and a step's result is the same in every run, as on the CPU.
-__global__ void sort_sel_kernel(int *sel, const int *nsel, int kmax, int n2) {
-    extern __shared__ int v[];
-    int h = blockIdx.x, n = nsel[h];
-    int *hs = sel + (size_t)h * kmax;
-    for (int i = threadIdx.x; i < n2; i += blockDim.x) v[i] = i < n ? hs[i] : 0x7fffffff;
-    __syncthreads();
-    for (int size = 2; size <= n2; size <<= 1)
-        for (int stride = size >> 1; stride > 0; stride >>= 1) {
-            for (int i = threadIdx.x; i < n2 / 2; i += blockDim.x) {
-                int lo = 2 * i - (i & (stride - 1)), hi = lo + stride;
-                bool up = (lo & size) == 0;
-                int a = v[lo], b = v[hi];
-                if ((a > b) == up) v[lo] = b, v[hi] = a;
-            }
-            __syncthreads();
-        }
-    for (int i = threadIdx.x; i < n; i += blockDim.x) hs[i] = v[i];
-}
-
-extern "C" cudaError_t pkv_sort_sel(int *sel, const int *nsel, int kmax, int n_kv, cudaStream_t st) {
-    int n2 = 1;
-    while (n2 < kmax) n2 <<= 1;
-    if (n2 > 8192) return cudaErrorInvalidValue; // 32 KB of shared memory
-    int threads = n2 / 2 < 1024 ? (n2 / 2 < 32 ? 32 : n2 / 2) : 1024;
-    sort_sel_kernel<<<n_kv, threads, (size_t)n2 * sizeof(int), st>>>(sel, nsel, kmax, n2);
-    return cudaGetLastError();
-}
-
 // ---- moving and filling rows ----
 
 // One thread per 16 bytes: (position, layer, head, K or V, 16-byte part).

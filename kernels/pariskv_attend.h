@@ -34,16 +34,13 @@ typedef struct {
 cudaError_t pkv_qkv_decode(float *q, const float *qkv, const float *q_norm, const float *k_norm, const float *rope_cs,
                            GpuKV kv, int layer, const int *d_pos, int n_heads, float eps, cudaStream_t st);
 
-// Sorts each head's selected slots sel[h * kmax .. + nsel[h]) ascending (kmax <= 8192), so that
-// the attention's sum runs in one order: results repeat exactly from run to run.
-cudaError_t pkv_sort_sel(int *sel, const int *nsel, int kmax, int n_kv, cudaStream_t st);
-
 // Splits per KV head of pkv_attend (fixed by the device), and its scratch in floats.
 int pkv_attend_splits(int n_kv);
 size_t pkv_attend_scratch_floats(int n_heads, int n_kv, int hd);
 
 // out (n_heads, hd) bf16 = exact attention of q (n_heads, hd) fp32 over, per KV head h: the sink
-// positions, the zone slots sel[h * kmax .. + nsel[h]), and positions meta[0] (zone_end) ..
+// positions, the zone slots sel[h * kmax .. + nsel[h]) (ascending, as pkv_gpu_select writes them:
+// the sum then runs in one order and a step repeats bit for bit), and positions meta[0] (zone_end) ..
 // *d_pos (the local window, the update buffer and the new token). Scale 1/sqrt(hd).
 // partial: pkv_attend_scratch_floats(); counters: n_kv zeroed unsigned ints (left zeroed).
 cudaError_t pkv_attend(bf16 *out, const float *q, const int *sel, const int *nsel, int kmax, GpuKV kv, int layer,

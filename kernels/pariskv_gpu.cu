@@ -7,9 +7,10 @@
 //
 // Selection, per layer (n = *d_n read by every kernel; every grid is fixed by cap, n_kv and
 // the device, so one captured graph serves every n):
-//   pkv_bonus_kernel   (B, n_kv) x 256  tier bonus of the 256 patterns of each subspace (rank
-//                                       by counting, prefix sum of the id counts); zeroes
-//                                       this step's histograms
+//   pkv_bonus_kernel   (B, n_kv) x 256  the group query's transform (each block; block 0
+//                                       stores it), tier bonus of the 256 patterns of each
+//                                       subspace (rank by counting, prefix sum of the id
+//                                       counts); zeroes this step's histograms
 //   pkv_vote_kernel    (P, n_kv) x 256  scores of block j's slot range [j S, (j+1) S): the ids
 //                                       streamed with coalesced 16-byte loads, the bonus
 //                                       tables as 4-bit entries in shared memory; a score
@@ -20,10 +21,11 @@
 //                                       offset (block prefix + block scan)
 //   pkv_rerank_kernel  (R, n_kv) x 256  estimates of equal shares of the candidates; 12-bit
 //                                       histogram of the estimates' order-preserving keys
-//   pkv_topk_kernel    (n_kv) x 1024    radix select on the keys (12/10/10 bits) from that
-//                                       histogram, ties at the k-th to the smaller slot
-// P and R fill the GPU with one wave of resident blocks. 5 launches (pkv_gpu_query is a 6th,
-// one block per KV head). Bytes read per KV head, n slots, C candidates (n = 1M, D = 128:
+//   pkv_topk_kernel    (8, n_kv) x 512  one cluster per head: radix select on the keys
+//                                       (12/10/10 bits) from that histogram, histograms
+//                                       summed in distributed shared memory, ties at the k-th
+//                                       to the smaller slot; the selection written in slot order
+// P and R fill the GPU with one wave of resident blocks. 5 launches. Bytes read per KV head, n slots, C candidates (n = 1M, D = 128:
 // C = 100K): ids n B (16 MB), scores n (1 MB, from L2), cand C 4 (0.4 MB, L2), codes and w
 // C 6 B (9.6 MB), est C 4 (0.4 MB, L2), counts B 1 KB; written: scores n, cand + est C 8.
 // All kernels of a step use PDL (pdl_wait() before reading anything an earlier kernel wrote).
@@ -37,19 +39,22 @@
 #include "pariskv_gpu.h"
 #include "pdl.h"
 
+#include <cooperative_groups.h>
 #include <cuda_fp16.h>
 #include <string.h>
+
+namespace cg = cooperative_groups;
 
 extern "C" {
 #include "../attention/srht.h"
 }
 
 #define SEL_THREADS 256             // bonus, vote, compact, rerank blocks
-#define TOPK_THREADS 1024           // one block per KV head
+#define TOPK_THREADS 512            // top-k blocks
+#define TOPK_CLUSTER 8              // top-k blocks per KV head: one cluster (a portable size)
 #define EMIT_CHUNK (SEL_THREADS * 16) // slots a compact block scans at once (16 scores a thread)
 #define RERANK_U 4                  // candidate groups a rerank warp gathers at once
 #define EST_BINS 4096               // first radix digit of the estimates: 12 bits
-#define SURV_MAX 12288              // estimates of the k-th's first digit kept in shared memory
 // hist of one head (int32): score histogram, estimate histogram, then one block's "scores >= s"
 // (s = 0 .. 6B + 1) per vote block.
 #define HIST_SCORE 0
@@ -269,26 +274,29 @@ extern "C" cudaError_t pkv_gpu_encode(const PkvGpuIndex *ix, PkvKeySource src, i
 
 // ---- query ----
 
-// One block of D threads per KV head: the group mean (heads in order, then / G), its norm
-// (one thread, the D squares in order), normalize, signs, butterflies, 1 / sqrt(D).
-static __global__ void pkv_query_kernel(float *qt, float *qn, const float *q, const float *signs, int G, int D) {
-    __shared__ float x[PKV_GPU_MAX_D];
-    __shared__ float s_inv;
-    pdl_wait();
-    int h = blockIdx.x, j = threadIdx.x;
-    float s = 0.0f;
-    for (int g = 0; g < G; g++) s = __fadd_rn(s, q[((size_t)h * G + g) * D + j]);
-    x[j] = __fdiv_rn(s, (float)G);
+// The query transform of KV head h into x (D floats of shared memory, every thread of the block
+// calls it; threads j < D work): the group mean (heads in order, then / G), its norm (one
+// thread, the D squares in order), normalize, signs, butterflies, 1 / sqrt(D). Returns the
+// norm to every thread. As pkv_prepare_query on the group mean.
+static __device__ float query_transform(float *x, const float *q, const float *signs, int G, int D, int h) {
+    __shared__ float s_inv, s_norm;
+    int j = threadIdx.x;
+    if (j < D) {
+        float s = 0.0f;
+        for (int g = 0; g < G; g++) s = __fadd_rn(s, q[((size_t)h * G + g) * D + j]);
+        x[j] = __fdiv_rn(s, (float)G);
+    }
     __syncthreads();
     if (j == 0) {
         float n2 = 0.0f;
-        for (int i = 0; i < D; i++) n2 = __fadd_rn(n2, __fmul_rn(x[i], x[i]));
+#pragma unroll 16
+        for (int i = 0; i < D; i++) n2 = __fadd_rn(n2, __fmul_rn(x[i], x[i])); // in order: a chain of D adds
         float nn = __fsqrt_rn(n2);
         s_inv = nn > 0.0f ? __fdiv_rn(1.0f, nn) : 0.0f;
-        qn[h] = nn;
+        s_norm = nn;
     }
     __syncthreads();
-    x[j] = __fmul_rn(__fmul_rn(x[j], s_inv), signs[j]);
+    if (j < D) x[j] = __fmul_rn(__fmul_rn(x[j], s_inv), signs[j]);
     for (int hh = 1; hh < D; hh *= 2) {
         __syncthreads();
         if (j < D / 2) {
@@ -298,23 +306,20 @@ static __global__ void pkv_query_kernel(float *qt, float *qn, const float *q, co
         }
     }
     __syncthreads();
-    pdl_release();
-    qt[(size_t)h * D + j] = __fmul_rn(x[j], __fdiv_rn(1.0f, __fsqrt_rn((float)D)));
-}
-
-extern "C" cudaError_t pkv_gpu_query(PkvGpuScratch *s, const PkvGpuIndex *ix, const float *q, int n_heads, cudaStream_t st) {
-    if (n_heads <= 0 || n_heads % ix->n_kv) return cudaErrorInvalidValue;
-    return launch_pdl(pkv_query_kernel, dim3(ix->n_kv), dim3(ix->D), 0, st, s->qt, s->qn, q, (const float *)ix->signs,
-                      n_heads / ix->n_kv, ix->D);
+    if (j < D) x[j] = __fmul_rn(x[j], __fdiv_rn(1.0f, __fsqrt_rn((float)D)));
+    __syncthreads();
+    return s_norm;
 }
 
 // ---- selection ----
 
 struct PkvSelArgs {
+    const float *q, *signs;     // the step's queries (n_kv G heads, D), the SRHT signs
+    int G;
     const uint8_t *ids, *codes; // this layer's
     const uint16_t *w;
     const int32_t *count;
-    const float *qt, *qn;
+    float *qt, *qn;
     uint8_t *bonus, *score;
     int32_t *hist;
     int *cand;
@@ -397,14 +402,22 @@ static __global__ void __launch_bounds__(SEL_THREADS) pkv_bonus_kernel(PkvSelArg
     __shared__ float sc[256];
     __shared__ int perm[256];
     __shared__ long long red[32];
+    __shared__ float x[PKV_GPU_MAX_D];
     pdl_wait();
     int b = blockIdx.x, h = blockIdx.y, c = threadIdx.x, B = a.B;
     int32_t *hh = a.hist + (size_t)h * a.hist_stride;
     for (int i = b * SEL_THREADS + c; i < HIST_BLK0; i += B * SEL_THREADS) hh[i] = 0; // the vote's and rerank's sums
+    // Every block of the head transforms its query (a launch less than a kernel of its own);
+    // block 0 stores it for the rerank.
+    float qn = query_transform(x, a.q, a.signs, a.G, a.D, h);
+    if (b == 0) {
+        if (c < a.D) a.qt[(size_t)h * a.D + c] = x[c];
+        if (c == 0) a.qn[h] = qn;
+    }
     int n, C, T[6];
     sel_setup(a, &n, &C, T);
     if (n <= a.k) return;
-    const float *q = a.qt + (size_t)h * a.D + b * 8;
+    const float *q = x + b * 8;
     float s = 0.0f;
 #pragma unroll
     for (int j = 0; j < 8; j++) s = __fadd_rn(s, (c >> j) & 1 ? q[j] : -q[j]);
@@ -700,156 +713,131 @@ static __device__ void find_digit(const int *hist, int nb, int r, int *red, int 
     __syncthreads();
 }
 
-// The items the last radix passes read: survivors in shared memory (key, slot), or, when they
-// do not fit, every candidate (est, cand), filtered by the digits so far.
-struct PkvItems {
-    const uint2 *surv;
-    const float *est;
-    const int *cand;
-    int m;
-};
-static __device__ __forceinline__ uint32_t item_key(const PkvItems &it, int i) { return it.surv ? it.surv[i].x : fkey(it.est[i]); }
-static __device__ __forceinline__ int item_slot(const PkvItems &it, int i) { return it.surv ? (int)it.surv[i].y : it.cand[i]; }
-
-// One ordered pass of the top-k block over the C estimates, 16 a thread (four 16-byte loads in
-// flight): cls(key) says skip (0), take (1) or keep (2), once per item (it may count). With
-// collect (uniform), the kept items go to surv in candidate order (one block scan a pass),
-// up to SURV_MAX of them. Returns how many were kept (collect only).
-template <typename Cls, typename Take>
-static __device__ int topk_pass(const float *est, const int *cand, int C, bool collect, uint2 *surv, int *red, Cls cls, Take take) {
+// Calls f(i, key) for the items [lo, hi) of est (lo a multiple of 16), 16 a thread per chunk
+// (four 16-byte loads in flight); est rows are padded to a multiple of 16, so reads past hi stay
+// in bounds.
+template <typename F> static __device__ void est_pass(const float *est, int lo, int hi, F f) {
     constexpr int PB = 16;
-    int t = threadIdx.x, kept = 0;
-    for (int c0 = 0; c0 < C; c0 += PB * TOPK_THREADS) {
-        int i0 = c0 + PB * t, m = 0;
-        uint32_t key[PB], keep = 0;
+    for (int c0 = lo; c0 < hi; c0 += PB * TOPK_THREADS) {
+        int i0 = c0 + PB * threadIdx.x;
+        uint32_t key[PB];
 #pragma unroll
-        for (int v = 0; v < PB / 4; v++) { // capp % 16 == 0: in bounds past C
-            float4 e4 = i0 + 4 * v < C ? *(const float4 *)(est + i0 + 4 * v) : make_float4(0, 0, 0, 0);
+        for (int v = 0; v < PB / 4; v++) {
+            float4 e4 = i0 + 4 * v < hi ? *(const float4 *)(est + i0 + 4 * v) : make_float4(0, 0, 0, 0);
             key[4 * v] = fkey(e4.x), key[4 * v + 1] = fkey(e4.y), key[4 * v + 2] = fkey(e4.z), key[4 * v + 3] = fkey(e4.w);
         }
 #pragma unroll
-        for (int u = 0; u < PB; u++) {
-            if (i0 + u >= C) continue;
-            int c = cls(key[u]);
-            if (c == 1) take(cand[i0 + u]);
-            else if (c == 2) keep |= 1u << u, m++;
-        }
-        if (collect) {
-            int tot, ex = block_scan(m, red, &tot);
-#pragma unroll
-            for (int u = 0; u < PB; u++)
-                if (keep >> u & 1) {
-                    if (kept + ex < SURV_MAX) surv[kept + ex] = make_uint2(key[u], (unsigned)cand[i0 + u]);
-                    ex++;
-                }
-            kept += tot;
-        }
+        for (int u = 0; u < PB; u++)
+            if (i0 + u < hi) f(i0 + u, key[u]);
     }
-    return kept;
 }
 
-// One block per KV head: the k best of the C estimates (ties: the smaller slot), by radix
-// select on their keys, digits of 12, 10 and 10 bits. Digit 1 from the rerank's histogram.
-// Pass 1 over the estimates takes the items above its bin, counts digit 2's histogram of
-// those in it, and keeps them in order if they fit in shared memory. If they do not, pass 2
-// takes the items of the bin above the 22-bit prefix and keeps those with that prefix (or,
-// again too many: every candidate is read, filtered). Digit 3 from a histogram of the kept
-// items; a last ordered pass over them takes those above the k-th key and its first ties.
-static __global__ void __launch_bounds__(TOPK_THREADS) pkv_topk_kernel(PkvSelArgs a) {
-    extern __shared__ uint2 surv[]; // SURV_MAX
-    __shared__ int hist[EST_BINS];
+// The sum of bins [0, nb) of hist over the cluster's blocks (ranks in order: every block gets the
+// same), into tot; after a cluster barrier that follows the last write to hist.
+static __device__ __forceinline__ void cluster_hist_sum(cg::cluster_group &cl, int *hist, int *tot, int nb) {
+    for (int b = threadIdx.x; b < nb; b += TOPK_THREADS) {
+        int s = 0;
+#pragma unroll
+        for (int r = 0; r < TOPK_CLUSTER; r++) s += cl.map_shared_rank(hist, r)[b];
+        tot[b] = s;
+    }
+    __syncthreads();
+}
+
+// Cluster (h) of TOPK_CLUSTER blocks per KV head: the k best of the C estimates (ties: the
+// smaller slot) by radix select on their keys, digits of 12, 10 and 10 bits, written to sel in
+// slot order (cand is ascending): the attention needs no sort. Block j takes the candidates
+// [j per, (j+1) per). Digit 1 comes from the rerank's histogram; pass 1 over the block's
+// estimates counts the items above digit 1's bin and histograms digit 2 of those in it, pass 2
+// does the same one digit down; the histograms are summed over the cluster (distributed shared
+// memory). The k-th key T is then known, with the number r of its ties to take: each block
+// counts its items above T and equal to it, and a last ordered pass writes block j's items
+// above T and its share of the first r ties at its offset (the items of blocks before it).
+static __global__ void __cluster_dims__(TOPK_CLUSTER, 1, 1) __launch_bounds__(TOPK_THREADS) pkv_topk_kernel(PkvSelArgs a) {
+    __shared__ int hist[EST_BINS], h2[1024], h3[1024];
     __shared__ int red[32];
-    __shared__ int s_d, s_above, s_in, s_cnt;
+    __shared__ long long red64[32];
+    __shared__ int s_d, s_above, s_in, s_gt, s_eq;
+    cg::cluster_group cl = cg::this_cluster();
     pdl_wait();
-    int h = blockIdx.x, t = threadIdx.x, k = a.k;
+    int h = blockIdx.y, j = (int)cl.block_rank(), t = threadIdx.x, k = a.k;
     int n, C;
     sel_setup(a, &n, &C, NULL);
     int *sel = a.sel + (size_t)h * a.kmax;
-    if (n <= k) { // every slot
-        for (int i = t; i < n; i += TOPK_THREADS) sel[i] = i;
-        if (t == 0) a.nsel[h] = n;
-        return;
-    }
     const int *cand = a.cand + (size_t)h * a.capp;
-    const float *est = a.est + (size_t)h * a.capp;
-    if (C == k) { // every candidate
-        for (int i = t; i < k; i += TOPK_THREADS) sel[i] = cand[i];
-        if (t == 0) a.nsel[h] = k;
+    if (n <= k || C == k) { // every slot, or every candidate (ascending)
+        for (int i = j * TOPK_THREADS + t; i < (n <= k ? n : k); i += TOPK_CLUSTER * TOPK_THREADS) sel[i] = n <= k ? i : cand[i];
+        if (j == 0 && t == 0) a.nsel[h] = n <= k ? n : k;
         return;
     }
+    const float *est = a.est + (size_t)h * a.capp;
     const int32_t *hh = a.hist + (size_t)h * a.hist_stride;
+    int per = ((C + TOPK_CLUSTER - 1) / TOPK_CLUSTER + 15) & ~15, lo = min(j * per, C), hi = min(lo + per, C);
     for (int i = t; i < EST_BINS; i += TOPK_THREADS) hist[i] = hh[HIST_EST + i];
-    if (t == 0) s_cnt = 0, s_d = 0, s_above = 0, s_in = 0;
+    for (int i = t; i < 1024; i += TOPK_THREADS) h2[i] = 0, h3[i] = 0;
     __syncthreads();
-    auto take = [&](int slot) {
-        int p = atomicAdd(&s_cnt, 1);
-        if (p < k) sel[p] = slot;
-    };
-    auto zero_hist = [&]() { // after find_digit's barrier: every thread has read hist
-        for (int i = t; i < 1024; i += TOPK_THREADS) hist[i] = 0;
-        __syncthreads();
-    };
-    int r = k;
+    pdl_release();
+    int r = k, gt = 0; // gt: this thread's items above the k-th key
     find_digit(hist, EST_BINS, r, red, &s_d, &s_above, &s_in);
     const uint32_t d1 = s_d;
-    const int m1 = s_in;
     r -= s_above;
-    zero_hist();
-    const bool fits1 = m1 <= SURV_MAX;
-    topk_pass(est, cand, C, fits1, surv, red, [&](uint32_t key) {
-        if (key >> 20 != d1) return key >> 20 > d1 ? 1 : 0;
-        atomicAdd(&hist[(key >> 10) & 1023], 1);
-        return 2;
-    }, take);
-    __syncthreads();
+    est_pass(est, lo, hi, [&](int, uint32_t key) {
+        if (key >> 20 > d1) gt++;
+        else if (key >> 20 == d1) atomicAdd(&h2[(key >> 10) & 1023], 1);
+    });
+    cl.sync();
+    cluster_hist_sum(cl, h2, hist, 1024);
     find_digit(hist, 1024, r, red, &s_d, &s_above, &s_in);
     const uint32_t p22 = d1 << 10 | (uint32_t)s_d; // the k-th key's first 22 bits
-    const int m2 = s_in;
     r -= s_above;
-    // The items the rest reads: those with key >> lvl == lp.
-    PkvItems it = {surv, est, cand, m1};
-    int lvl = 20;
-    uint32_t lp = d1;
-    if (!fits1) {
-        const bool fits2 = m2 <= SURV_MAX;
-        topk_pass(est, cand, C, fits2, surv, red, [&](uint32_t key) {
-            if (key >> 20 != d1) return 0;
-            return key >> 10 > p22 ? 1 : key >> 10 == p22 ? 2 : 0;
-        }, take);
-        it = fits2 ? PkvItems{surv, est, cand, m2} : PkvItems{NULL, est, cand, C};
-        lvl = 10, lp = p22;
-    }
-    zero_hist(); // also: surv complete
-    for (int i = t; i < it.m; i += TOPK_THREADS) {
-        uint32_t key = item_key(it, i);
-        if (key >> 10 == p22) atomicAdd(&hist[key & 1023], 1);
-    }
-    __syncthreads();
+    est_pass(est, lo, hi, [&](int, uint32_t key) {
+        if (key >> 20 != d1) return;
+        if (key >> 10 > p22) gt++;
+        else if (key >> 10 == p22) atomicAdd(&h3[key & 1023], 1);
+    });
+    cl.sync();
+    cluster_hist_sum(cl, h3, hist, 1024);
     find_digit(hist, 1024, r, red, &s_d, &s_above, &s_in);
-    const uint32_t T = p22 << 10 | (uint32_t)s_d; // the k-th key; r of its ties are taken, the first in slot order
-    r -= s_above;
-    int taken = 0;
-    for (int c0 = 0; c0 < it.m; c0 += 4 * TOPK_THREADS) {
-        int i0 = c0 + 4 * t, m = 0;
-        uint32_t key[4];
+    const uint32_t T = p22 << 10 | (uint32_t)s_d; // the k-th key
+    r -= s_above;                                  // of its ties, the first r in slot order are taken
+    // This block's items above T and equal to it (its own digit-3 histogram above and at T's bin).
+    for (int b = t; b < 1024; b += TOPK_THREADS) gt += b > s_d ? h3[b] : 0;
+    int tot;
+    block_scan(gt, red, &tot);
+    if (t == 0) s_gt = tot, s_eq = h3[s_d];
+    cl.sync();
+    // Offsets: the items above T and the ties of the blocks before this one.
+    int G0 = 0, E0 = 0;
+    for (int q = 0; q < j; q++) G0 += *cl.map_shared_rank(&s_gt, q), E0 += *cl.map_shared_rank(&s_eq, q);
+    int quota = max(0, r - E0); // ties this block may take, from its first
+    // Ordered pass: an item's place is (items above T before it) + min(ties before it, quota).
+    int gb = 0, eb = 0; // this block's counts before the current chunk
+    for (int c0 = lo; c0 < hi; c0 += 16 * TOPK_THREADS) {
+        int i0 = c0 + 16 * t, g = 0, e = 0;
+        uint32_t key[16];
 #pragma unroll
-        for (int u = 0; u < 4; u++) {
-            key[u] = i0 + u < it.m ? item_key(it, i0 + u) : 0;
-            if (i0 + u >= it.m || key[u] >> lvl != lp) continue; // not an item: taken already, or below
-            if (key[u] > T) take(item_slot(it, i0 + u));
-            else m += key[u] == T;
+        for (int v = 0; v < 4; v++) {
+            float4 e4 = i0 + 4 * v < hi ? *(const float4 *)(est + i0 + 4 * v) : make_float4(0, 0, 0, 0);
+            key[4 * v] = fkey(e4.x), key[4 * v + 1] = fkey(e4.y), key[4 * v + 2] = fkey(e4.z), key[4 * v + 3] = fkey(e4.w);
         }
-        int tot, ex = block_scan(m, red, &tot);
 #pragma unroll
-        for (int u = 0; u < 4; u++)
-            if (i0 + u < it.m && key[u] >> lvl == lp && key[u] == T) {
-                if (taken + ex < r) take(item_slot(it, i0 + u));
-                ex++;
+        for (int u = 0; u < 16; u++)
+            if (i0 + u < hi) g += key[u] > T, e += key[u] == T;
+        long long ctot, ex = block_scan((long long)g << 32 | e, red64, &ctot);
+        int gx = gb + (int)(ex >> 32), ex_e = eb + (int)(ex & 0xffffffff);
+#pragma unroll
+        for (int u = 0; u < 16; u++) {
+            if (i0 + u >= hi) continue;
+            if (key[u] > T) sel[G0 + min(E0, r) + gx + min(ex_e, quota)] = cand[i0 + u], gx++;
+            else if (key[u] == T) {
+                if (ex_e < quota) sel[G0 + min(E0, r) + gx + ex_e] = cand[i0 + u];
+                ex_e++;
             }
-        taken += tot;
+        }
+        gb += (int)(ctot >> 32), eb += (int)(ctot & 0xffffffff);
     }
-    pdl_release();
-    if (t == 0) a.nsel[h] = k;
+    if (j == 0 && t == 0) a.nsel[h] = k;
+    cl.sync(); // peers may still read s_gt / s_eq
 }
 
 // Blocks of a kernel resident per SM (its registers and shared memory decide), once per kernel.
@@ -884,8 +872,6 @@ extern "C" cudaError_t pkv_gpu_scratch_alloc(PkvGpuScratch *s, const PkvGpuIndex
     size_t sz[9] = {H * D * 4, H * 4, H * B * 256, H * capp, H * hist_stride * 4, H * capp * 4, H * capp * 4, H * kmax * 4, H * 4};
     size_t off[9], tot = 0;
     for (int i = 0; i < 9; i++) off[i] = tot, tot += al256(sz[i]);
-    // The top-k keeps up to SURV_MAX survivors in dynamic shared memory (set outside any capture).
-    CU_TRY(cudaFuncSetAttribute(pkv_topk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, SURV_MAX * (int)sizeof(uint2)));
     char *p;
     CU_TRY(cudaMalloc(&p, tot));
     // Nothing reads it unwritten, but the tails of vector reads stay defined. Waited for: the
@@ -923,14 +909,15 @@ template <int B> static cudaError_t launch_select(PkvSelArgs a, cudaStream_t st)
     CU_TRY(launch_pdl(pkv_vote_kernel<B>, per_head, dim3(SEL_THREADS), 0, st, a));
     CU_TRY(launch_pdl(pkv_compact_kernel, per_head, dim3(SEL_THREADS), 0, st, a));
     CU_TRY(launch_pdl(pkv_rerank_kernel<B>, dim3(a.R, a.n_kv), dim3(SEL_THREADS), 0, st, a));
-    return launch_pdl(pkv_topk_kernel, dim3(a.n_kv), dim3(TOPK_THREADS), SURV_MAX * sizeof(uint2), st, a);
+    return launch_pdl(pkv_topk_kernel, dim3(TOPK_CLUSTER, a.n_kv), dim3(TOPK_THREADS), 0, st, a);
 }
 
-extern "C" cudaError_t pkv_gpu_select(PkvGpuScratch *s, const PkvGpuIndex *ix, int layer, const int *d_n, int k, float beta,
-                                      float rho, cudaStream_t st) {
-    if (k < 1 || k > s->kmax || layer < 0 || layer >= ix->n_layers || !s->base) return cudaErrorInvalidValue;
+extern "C" cudaError_t pkv_gpu_select(PkvGpuScratch *s, const PkvGpuIndex *ix, int layer, const float *q, int n_heads,
+                                      const int *d_n, int k, float beta, float rho, cudaStream_t st) {
+    if (k < 1 || k > s->kmax || layer < 0 || layer >= ix->n_layers || !s->base || n_heads <= 0 || n_heads % ix->n_kv)
+        return cudaErrorInvalidValue;
     size_t keys = (size_t)layer * ix->n_kv * ix->cap, B = ix->B;
-    PkvSelArgs a = {ix->ids + keys * B, ix->codes + keys * B * 4, ix->w + keys * B,
+    PkvSelArgs a = {q, ix->signs, n_heads / ix->n_kv, ix->ids + keys * B, ix->codes + keys * B * 4, ix->w + keys * B,
                  ix->count + (size_t)layer * ix->n_kv * B * 256, s->qt, s->qn, s->bonus, s->score, s->hist, s->cand,
                  s->est, s->sel, s->nsel, d_n, ix->n_kv, ix->D, ix->B, ix->cap, (ix->cap + 15) & ~15, k, s->kmax,
                  (s->hist_stride - HIST_BLK0) / HIST_BLK, s->hist_stride, beta, rho, 0};

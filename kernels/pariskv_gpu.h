@@ -71,18 +71,16 @@ typedef struct {
 cudaError_t pkv_gpu_scratch_alloc(PkvGpuScratch *s, const PkvGpuIndex *ix, int kmax);
 void pkv_gpu_scratch_free(PkvGpuScratch *s);
 
-// The query of each KV head: q (n_heads, D) fp32 after RoPE (and q_norm); the mean over the G =
-// n_heads / n_kv heads of each group (summed in head order, then / G), normalized, rotated:
-// s->qt, s->qn. As pkv_prepare_query on the group mean.
-cudaError_t pkv_gpu_query(PkvGpuScratch *s, const PkvGpuIndex *ix, const float *q, int n_heads, cudaStream_t st);
-
-// One layer's selection for every KV head, from s->qt / s->qn, over the zone's *d_n keys:
-// bonus (tier targets ceil(n rho r_t)), vote, bucket top-C (C = max(ceil(beta n), min(k, n)),
-// ties to the smaller slot), rerank (fp32), top-k by estimate (ties to the smaller slot). beta,
-// rho <= 0: the schedule of pkv_schedule by n. n <= k selects every slot. Result: s->sel
-// (n_kv, kmax) slots in any order, s->nsel (n_kv) their count = min(k, n). k <= s->kmax.
-cudaError_t pkv_gpu_select(PkvGpuScratch *s, const PkvGpuIndex *ix, int layer, const int *d_n, int k, float beta,
-                           float rho, cudaStream_t st);
+// One layer's selection for every KV head. The query: q (n_heads, D) fp32 after RoPE (and
+// q_norm); per KV head the mean over the G = n_heads / n_kv heads of its group (summed in head
+// order, then / G), normalized, rotated, as pkv_prepare_query on the group mean (kept in s->qt,
+// s->qn). Over the zone's *d_n keys: bonus (tier targets ceil(n rho r_t)), vote, bucket top-C
+// (C = max(ceil(beta n), min(k, n)), ties to the smaller slot), rerank (fp32), top-k by
+// estimate (ties to the smaller slot). beta, rho <= 0: the schedule of pkv_schedule by n.
+// n <= k selects every slot. Result: s->sel (n_kv, kmax) slots ascending, s->nsel (n_kv) their
+// count = min(k, n). k <= s->kmax.
+cudaError_t pkv_gpu_select(PkvGpuScratch *s, const PkvGpuIndex *ix, int layer, const float *q, int n_heads, const int *d_n,
+                           int k, float beta, float rho, cudaStream_t st);
 
 #ifdef __cplusplus
 }

@@ -1,7 +1,7 @@
 // Standalone correctness test and benchmark of kernels/flash_prefill.cu (causal GQA prefill attention).
 //
 // Build (sm_90a code is needed for the wgmma kernel):
-//   nvcc -gencode arch=compute_90a,code=sm_90a -O3 -std=c++17 -o build/fp/test_flash_prefill \
+//   nvcc -gencode arch=compute_90a,code=sm_90a -O3 -std=c++17 -o build/fp/test_flash_prefill
 //        kernels/test_flash_prefill.cu kernels/flash_prefill.cu -lpthread
 // Run:
 //   test_flash_prefill check IMPL    every correctness case (IMPL: wgmma | wgmma1 | wgmma2 | mma | auto)

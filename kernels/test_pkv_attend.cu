@@ -174,7 +174,7 @@ static void test_attend(AttnCase c, int timed) {
         for (size_t i = 0; i < n; i++) hs.base[i] = f32_to_bf16(frand());
     }
     GpuKV kv = {kc, vc, c.host ? (bf16 *)hs.base : NULL, L, c.n_kv, c.hd, c.dcap, S, 0};
-    // a random selection of distinct zone slots per head
+    // a random selection of distinct zone slots per head, ascending (as the selection writes it)
     std::vector<int> sel((size_t)c.n_kv * kmax), nsel(c.n_kv);
     for (int h = 0; h < c.n_kv; h++) {
         int cnt = std::min(c.k - (h % 2) * 3, n_zone); // heads with fewer rows too
@@ -182,6 +182,7 @@ static void test_attend(AttnCase c, int timed) {
         std::vector<int> all(n_zone);
         for (int i = 0; i < n_zone; i++) all[i] = i;
         for (int i = 0; i < cnt; i++) std::swap(all[i], all[i + (int)((frand() + 1) * 0.5f * (n_zone - i - 1))]);
+        std::sort(all.begin(), all.begin() + cnt);
         for (int i = 0; i < cnt; i++) sel[(size_t)h * kmax + i] = all[i];
     }
     std::vector<float> q((size_t)c.n_heads * c.hd);
@@ -314,37 +315,6 @@ static void test_rows_to_host(void) {
     cudaFree(kc), cudaFree(vc);
 }
 
-// ---- the selection's order: sorted ascending, the same slots ----
-static void test_sort_sel(void) {
-    for (int kmax : {7, 100, 2048, 4096}) {
-        int n_kv = 5;
-        std::vector<int> sel((size_t)n_kv * kmax, -1), nsel(n_kv);
-        for (int h = 0; h < n_kv; h++) {
-            nsel[h] = h == 0 ? 0 : h == 1 ? 1 : h == 2 ? kmax : kmax - 3 * h;
-            if (nsel[h] < 0) nsel[h] = 0;
-            for (int i = 0; i < nsel[h]; i++) sel[(size_t)h * kmax + i] = (int)((frand() + 1) * 500000);
-        }
-        int *d_sel, *d_nsel;
-        CU_CHECK(cudaMalloc(&d_sel, sel.size() * 4));
-        CU_CHECK(cudaMalloc(&d_nsel, n_kv * 4));
-        CU_CHECK(cudaMemcpy(d_sel, sel.data(), sel.size() * 4, cudaMemcpyHostToDevice));
-        CU_CHECK(cudaMemcpy(d_nsel, nsel.data(), n_kv * 4, cudaMemcpyHostToDevice));
-        CU_CHECK(pkv_sort_sel(d_sel, d_nsel, kmax, n_kv, 0));
-        std::vector<int> got(sel.size());
-        CU_CHECK(cudaMemcpy(got.data(), d_sel, got.size() * 4, cudaMemcpyDeviceToHost));
-        int bad = 0;
-        for (int h = 0; h < n_kv; h++) {
-            std::vector<int> want(sel.begin() + (size_t)h * kmax, sel.begin() + (size_t)h * kmax + nsel[h]);
-            std::sort(want.begin(), want.end());
-            for (int i = 0; i < kmax; i++) bad += i < nsel[h] ? got[(size_t)h * kmax + i] != want[i] : got[(size_t)h * kmax + i] != -1;
-        }
-        char what[120];
-        snprintf(what, sizeof what, "pkv_sort_sel kmax %d, 5 heads (0, 1, kmax, fewer): %%.0f entries wrong (of %%.0f)", kmax);
-        check(bad == 0, what, bad, (double)sel.size());
-        cudaFree(d_sel), cudaFree(d_nsel);
-    }
-}
-
 // ---- where the host store's memory comes from: registered THP mapping vs cudaHostAlloc ----
 // Timing only: the k = 2048 fetch of one layer (8 KV heads) from random rows of a 16 GiB store,
 // the GPU's page-table reach being what a long context stresses and a small store does not.
@@ -445,7 +415,6 @@ int main(void) {
             test_qkv(hd, 8, 2, 1, host, 131); // Qwen3-style QK norms, past the ring's wrap (dcap 64)
         }
     test_rows_to_host();
-    test_sort_sel();
     // SmolLM2 (9 / 3 x 64) and Llama-3.1-8B (32 / 8 x 128) groupings; zone in the host store or
     // the device cache; positions before and after the ring wraps.
     test_attend({64, 9, 3, 100, 1, 1200, 3000, 2600}, 0);
