@@ -1,8 +1,9 @@
 // ParisKV decode attention (pariskv_attend.h): the QKV post-processing that also writes the new
 // row through to the host store, and exact attention over the selected rows.
 //
-// pkv_attend: grid (n_kv, splits). A KV head's rows -- sink, selected zone slots, window -- form
-// one list; split s takes a contiguous share of it. Inside a block a "stream" of HD/8 lanes owns
+// pkv_attend: grid (n_kv, splits). A KV head's rows form two lists, sink + window (GPU memory,
+// attended before the kernel waits for the selection: PDL overlaps it with the top-k) and the
+// selected zone slots; split s takes rows s, s + splits, ... of each. Inside a block a "stream" of HD/8 lanes owns
 // one row at a time (16 bytes of K and of V a lane) and keeps its own online softmax for the G
 // query heads of the group (log2 domain), so each row is read once per step for the whole group.
 // Zone rows come from the host store through UVA: each stream issues U rows' loads before using
@@ -10,6 +11,7 @@
 // combined in shared memory, each block writes (o, m, l), and the last block of a head merges.
 #include "cuda_common.h"
 #include "pariskv_attend.h"
+#include "pdl.h"
 
 #define PA_THREADS 128
 #define PA_WARPS (PA_THREADS / 32)
@@ -56,6 +58,8 @@ template <int HD>
 __global__ void pkv_qkv_kernel(float *q, const float *qkv, const float *q_norm, const float *k_norm, const float *rope_cs,
                                GpuKV kv, int layer, const int *d_pos, int n_heads, float eps) {
     __shared__ float x[HD], red[32];
+    pdl_wait(); // the QKV projection
+    pdl_release();
     int b = blockIdx.x, j = threadIdx.x, pos = *d_pos;
     bool is_q = b < n_heads;
     float v = qkv[(size_t)b * HD + j]; // q heads, then k heads: (n_heads + n_kv) rows of HD
@@ -87,11 +91,10 @@ extern "C" cudaError_t pkv_qkv_decode(float *q, const float *qkv, const float *q
                                       const float *rope_cs, GpuKV kv, int layer, const int *d_pos, int n_heads, float eps,
                                       cudaStream_t st) {
     int blocks = n_heads + kv.n_kv;
-    if (kv.hd == 64) pkv_qkv_kernel<64><<<blocks, 64, 0, st>>>(q, qkv, q_norm, k_norm, rope_cs, kv, layer, d_pos, n_heads, eps);
-    else if (kv.hd == 128) pkv_qkv_kernel<128><<<blocks, 128, 0, st>>>(q, qkv, q_norm, k_norm, rope_cs, kv, layer, d_pos, n_heads, eps);
-    else if (kv.hd == 256) pkv_qkv_kernel<256><<<blocks, 256, 0, st>>>(q, qkv, q_norm, k_norm, rope_cs, kv, layer, d_pos, n_heads, eps);
-    else return cudaErrorInvalidValue;
-    return cudaGetLastError();
+    if (kv.hd == 64) return launch_pdl(pkv_qkv_kernel<64>, dim3(blocks), dim3(64), 0, st, q, qkv, q_norm, k_norm, rope_cs, kv, layer, d_pos, n_heads, eps);
+    if (kv.hd == 128) return launch_pdl(pkv_qkv_kernel<128>, dim3(blocks), dim3(128), 0, st, q, qkv, q_norm, k_norm, rope_cs, kv, layer, d_pos, n_heads, eps);
+    if (kv.hd == 256) return launch_pdl(pkv_qkv_kernel<256>, dim3(blocks), dim3(256), 0, st, q, qkv, q_norm, k_norm, rope_cs, kv, layer, d_pos, n_heads, eps);
+    return cudaErrorInvalidValue;
 }
 
 // ---- attention over the selected rows ----
@@ -123,11 +126,7 @@ __global__ void __launch_bounds__(PA_THREADS) pkv_attend_kernel(bf16 *out, const
     int h = blockIdx.x, split = blockIdx.y, n_splits = gridDim.y;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, part = lane % LPK, stream = warp * SPW + lane / LPK;
     int pos = *d_pos, zone_end = meta[0];
-    int ns = min(kv.sink, pos + 1), nz = nsel[h], nw = pos - zone_end + 1;
-    const int *hsel = sel + (size_t)h * kmax;
-    // Split s takes rows s, s + n_splits, ...: the zone's host rows spread over every block, so
-    // all of them are in flight at once instead of queueing in the first few blocks.
-    int m = ns + nz + nw, cnt = split < m ? (m - split + n_splits - 1) / n_splits : 0;
+    int ns = min(kv.sink, pos + 1), nw = pos - zone_end + 1;
 
     const float scale = rsqrtf((float)HD) * LOG2E;
     float qr[G][8];
@@ -145,51 +144,63 @@ __global__ void __launch_bounds__(PA_THREADS) pkv_attend_kernel(bf16 *out, const
 #pragma unroll
         for (int i = 0; i < 8; i++) acc[g][i] = 0.0f;
     }
-    for (int b0 = 0; b0 < cnt; b0 += NS * PA_U) { // the same trip count for every lane
-        uint4 kr[PA_U], vr[PA_U];
-        bool ok[PA_U];
+    // Online softmax over a list of m rows, row r's K at key(r) (V right after it in the host
+    // store, at the same offset of the V cache in GPU memory). Split s takes rows s, s +
+    // n_splits, ...: the zone's host rows spread over every block, so all of them are in flight
+    // at once instead of queueing in the first few blocks.
+    auto attend_rows = [&](int m, auto key) {
+        int cnt = split < m ? (m - split + n_splits - 1) / n_splits : 0;
+        for (int b0 = 0; b0 < cnt; b0 += NS * PA_U) { // the same trip count for every lane
+            uint4 kr[PA_U], vr[PA_U];
+            bool ok[PA_U];
 #pragma unroll
-        for (int u = 0; u < PA_U; u++) { // all loads first: they are in flight together
-            int jj = b0 + u * NS + stream, r = split + jj * n_splits;
-            ok[u] = jj < cnt;
-            const bf16 *kp, *vp;
-            if (r < ns) {
-                size_t o = cache_off(kv, layer, h, r);
-                kp = kv.kc + o, vp = kv.vc + o;
-            } else if (r < ns + nz) {
-                int slot = hsel[r - ns];
-                if (kv.host) kp = host_row(kv, layer, h, slot), vp = kp + HD;
-                else {
-                    size_t o = cache_off(kv, layer, h, kv.sink + slot);
-                    kp = kv.kc + o, vp = kv.vc + o;
-                }
-            } else {
-                size_t o = cache_off(kv, layer, h, zone_end + (r - ns - nz));
-                kp = kv.kc + o, vp = kv.vc + o;
-            }
-            if (ok[u]) kr[u] = ((const uint4 *)kp)[part], vr[u] = ((const uint4 *)vp)[part];
-            else kr[u] = make_uint4(0, 0, 0, 0), vr[u] = kr[u];
-        }
-#pragma unroll
-        for (int u = 0; u < PA_U; u++) {
-            float kf[8], vf[8];
-            bf16x8(kr[u], kf), bf16x8(vr[u], vf);
-#pragma unroll
-            for (int g = 0; g < G; g++) {
-                float s = 0.0f;
-#pragma unroll
-                for (int i = 0; i < 8; i++) s += qr[g][i] * kf[i];
-                s = stream_sum<LPK>(s); // every lane of the warp takes part in the shuffles
+            for (int u = 0; u < PA_U; u++) { // all loads first: they are in flight together
+                int jj = b0 + u * NS + stream;
+                ok[u] = jj < cnt;
                 if (ok[u]) {
-                    float mn = fmaxf(mx[g], s), a = exp2f(mx[g] - mn), p = exp2f(s - mn);
-                    l[g] = l[g] * a + p;
+                    const bf16 *kp, *vp;
+                    key(split + jj * n_splits, &kp, &vp);
+                    kr[u] = ((const uint4 *)kp)[part], vr[u] = ((const uint4 *)vp)[part];
+                } else kr[u] = make_uint4(0, 0, 0, 0), vr[u] = kr[u];
+            }
 #pragma unroll
-                    for (int i = 0; i < 8; i++) acc[g][i] = acc[g][i] * a + p * vf[i];
-                    mx[g] = mn;
+            for (int u = 0; u < PA_U; u++) {
+                float kf[8], vf[8];
+                bf16x8(kr[u], kf), bf16x8(vr[u], vf);
+#pragma unroll
+                for (int g = 0; g < G; g++) {
+                    float s = 0.0f;
+#pragma unroll
+                    for (int i = 0; i < 8; i++) s += qr[g][i] * kf[i];
+                    s = stream_sum<LPK>(s); // every lane of the warp takes part in the shuffles
+                    if (ok[u]) {
+                        float mn = fmaxf(mx[g], s), a = exp2f(mx[g] - mn), p = exp2f(s - mn);
+                        l[g] = l[g] * a + p;
+#pragma unroll
+                        for (int i = 0; i < 8; i++) acc[g][i] = acc[g][i] * a + p * vf[i];
+                        mx[g] = mn;
+                    }
                 }
             }
         }
-    }
+    };
+    // The sink and the window (GPU memory; q and the new row come from the QKV kernel, done
+    // before the selection began) do not depend on the selection: they run while it finishes.
+    attend_rows(ns + nw, [&](int r, const bf16 **kp, const bf16 **vp) {
+        size_t o = cache_off(kv, layer, h, r < ns ? r : zone_end + (r - ns));
+        *kp = kv.kc + o, *vp = kv.vc + o;
+    });
+    pdl_wait(); // the selection
+    const int *hsel = sel + (size_t)h * kmax;
+    attend_rows(nsel[h], [&](int r, const bf16 **kp, const bf16 **vp) {
+        int slot = hsel[r];
+        if (kv.host) *kp = host_row(kv, layer, h, slot), *vp = *kp + HD;
+        else {
+            size_t o = cache_off(kv, layer, h, kv.sink + slot);
+            *kp = kv.kc + o, *vp = kv.vc + o;
+        }
+    });
+    pdl_release(); // the output projection may start streaming its weights
     // Combine the block's streams, then write this split's (o, m, l).
 #pragma unroll
     for (int g = 0; g < G; g++) {
@@ -256,9 +267,8 @@ extern "C" cudaError_t pkv_attend(bf16 *out, const float *q, const int *sel, con
     dim3 grid(kv.n_kv, pkv_attend_splits(kv.n_kv));
 #define CASE(g, d)                                                                                                    \
     if (G == g && kv.hd == d) {                                                                                       \
-        pkv_attend_kernel<g, d><<<grid, PA_THREADS, 0, st>>>(out, q, sel, nsel, kmax, kv, layer, d_pos, meta, partial, \
-                                                             counters);                                              \
-        return cudaGetLastError();                                                                                    \
+        return launch_pdl(pkv_attend_kernel<g, d>, grid, dim3(PA_THREADS), 0, st, out, q, sel, nsel, kmax, kv, layer,   \
+                          d_pos, meta, partial, counters);                                                            \
     }
 #define CASES(g) CASE(g, 64) CASE(g, 128)
     CASES(1) CASES(2) CASES(3) CASES(4) CASES(5) CASES(6) CASES(7) CASES(8)

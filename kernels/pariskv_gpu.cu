@@ -399,14 +399,16 @@ static __device__ __forceinline__ uint32_t fkey(float f) {
 // the patterns ranked before it (better score, or equal and smaller id), and the prefix sum
 // of the counts in rank order gives the keys ranked before each pattern.
 static __global__ void __launch_bounds__(SEL_THREADS) pkv_bonus_kernel(PkvSelArgs a) {
-    __shared__ float sc[256];
-    __shared__ int perm[256];
+    __shared__ __align__(16) float sc[256];
+    __shared__ int perm[256], cnt[256];
     __shared__ long long red[32];
     __shared__ float x[PKV_GPU_MAX_D];
     pdl_wait();
     int b = blockIdx.x, h = blockIdx.y, c = threadIdx.x, B = a.B;
     int32_t *hh = a.hist + (size_t)h * a.hist_stride;
     for (int i = b * SEL_THREADS + c; i < HIST_BLK0; i += B * SEL_THREADS) hh[i] = 0; // the vote's and rerank's sums
+    size_t tb = ((size_t)h * B + b) * 256;
+    int my = a.count[tb + c]; // issued first: the query transform and the ranking hide its latency
     // Every block of the head transforms its query (a launch less than a kernel of its own);
     // block 0 stores it for the rerank.
     float qn = query_transform(x, a.q, a.signs, a.G, a.D, h);
@@ -424,15 +426,18 @@ static __global__ void __launch_bounds__(SEL_THREADS) pkv_bonus_kernel(PkvSelArg
     sc[c] = s;
     __syncthreads();
     int rank = 0;
-    for (int o = 0; o < 256; o++) {
-        float v = sc[o];
-        rank += v > s || (v == s && o < c);
+    const float4 *s4 = (const float4 *)sc;
+#pragma unroll 8
+    for (int o = 0; o < 256; o += 4) {
+        float4 v = s4[o / 4];
+        rank += (v.x > s || (v.x == s && o < c)) + (v.y > s || (v.y == s && o + 1 < c)) + (v.z > s || (v.z == s && o + 2 < c)) +
+                (v.w > s || (v.w == s && o + 3 < c));
     }
     perm[rank & 255] = c; // a permutation unless qt holds NaN; the mask keeps that in bounds
+    cnt[c] = my;
     __syncthreads();
     int cid = perm[c] & 255; // the pattern of rank c
-    size_t tb = ((size_t)h * B + b) * 256;
-    long long tot, before = block_scan((long long)a.count[tb + cid], red, &tot);
+    long long tot, before = block_scan((long long)cnt[cid], red, &tot);
     int tiers = 0;
 #pragma unroll
     for (int t = 0; t < 6; t++) tiers += before < T[t];
@@ -610,26 +615,34 @@ static __global__ void __launch_bounds__(SEL_THREADS) pkv_compact_kernel(PkvSelA
     const uint8_t *sc = a.score + (size_t)h * a.capp;
     int *cand = a.cand + (size_t)h * a.capp;
     int S = block_slots(n, a.P), lo = min(j * S, n), hi = min(lo + S, n);
+    const uint32_t thr4 = (uint32_t)thr * 0x01010101u;
     for (int c0 = lo; c0 < hi; c0 += EMIT_CHUNK) {
-        int i0 = c0 + 16 * t;
-        uint4 sv = i0 < hi ? *(const uint4 *)(sc + i0) : make_uint4(0, 0, 0, 0); // in bounds: capp % 16 == 0
+        int i0 = c0 + 16 * t, nv = min(max(hi - i0, 0), 16); // valid scores of this thread's 16
+        uint4 sv = nv ? *(const uint4 *)(sc + i0) : make_uint4(0, 0, 0, 0); // in bounds: capp % 16 == 0
         const uint32_t sw[4] = {sv.x, sv.y, sv.z, sv.w};
+        // Four scores a word (SIMD within a register): byte masks of > thr and == thr.
+        uint32_t gm[4], em[4];
         int ng = 0, ne = 0;
 #pragma unroll
-        for (int u = 0; u < 16; u++) {
-            int s = (sw[u >> 2] >> (8 * (u & 3))) & 255;
-            if (i0 + u < hi) ng += s > thr, ne += s == thr;
+        for (int w = 0; w < 4; w++) {
+            int vb = min(max(nv - 4 * w, 0), 4);
+            uint32_t valid = vb == 4 ? 0xffffffffu : (1u << (8 * vb)) - 1;
+            gm[w] = __vcmpgtu4(sw[w], thr4) & valid, em[w] = __vcmpeq4(sw[w], thr4) & valid;
+            ng += __popc(gm[w]) >> 3, ne += __popc(em[w]) >> 3;
         }
         int ptot, pex = block_scan(ng << 16 | ne, red, &ptot); // each sum <= EMIT_CHUNK < 2^16
         int G = Gb + (pex >> 16), E = Eb + (pex & 0xffff);
 #pragma unroll
-        for (int u = 0; u < 16; u++) {
-            int s = (sw[u >> 2] >> (8 * (u & 3))) & 255;
-            if (i0 + u >= hi) continue;
-            if (s > thr) cand[G + min(E, quota)] = i0 + u, G++;
-            else if (s == thr) {
-                if (E < quota) cand[G + E] = i0 + u;
-                E++;
+        for (int w = 0; w < 4; w++) {
+            uint32_t m = (gm[w] | em[w]) & 0x01010101u; // one bit a candidate byte, ascending slots
+            while (m) {
+                int bit = __ffs(m) - 1, slot = i0 + 4 * w + (bit >> 3);
+                m &= m - 1;
+                if (gm[w] >> bit & 1) cand[G + min(E, quota)] = slot, G++;
+                else {
+                    if (E < quota) cand[G + E] = slot;
+                    E++;
+                }
             }
         }
         Gb += ptot >> 16, Eb += ptot & 0xffff;
@@ -664,16 +677,17 @@ template <int B> static __global__ void __launch_bounds__(SEL_THREADS) pkv_reran
     float *est = a.est + (size_t)h * a.capp;
     int per = (C + a.R - 1) / a.R, c_lo = min(r * per, C), c_hi = min(c_lo + per, C);
     __syncthreads(); // h1, lev
-    // The loop bound is uniform over the warp (estimate's shuffles need every lane).
-    for (int c = c_lo + warp * CPW * U; c < c_hi; c += STEP) {
-        int slot[U];
+    // Software-pipelined over a warp's groups of U x CPW candidates: the codes and w of the next
+    // group and the slots of the one after are in flight while this group is scored. The loop
+    // bound is uniform over the warp (estimate's shuffles need every lane).
+    auto slots = [&](int c, int (&slot)[U]) {
 #pragma unroll
         for (int u = 0; u < U; u++) {
             int idx = c + u * CPW + g;
             slot[u] = idx < c_hi ? cand[idx] : -1;
         }
-        uint4 cv[U];
-        uint2 wv[U];
+    };
+    auto gather = [&](const int (&slot)[U], uint4 (&cv)[U], uint2 (&wv)[U]) {
 #pragma unroll
         for (int u = 0; u < U; u++) {
             cv[u] = make_uint4(0, 0, 0, 0), wv[u] = make_uint2(0, 0);
@@ -682,14 +696,27 @@ template <int B> static __global__ void __launch_bounds__(SEL_THREADS) pkv_reran
                 wv[u] = __ldcs((const uint2 *)(w + (size_t)slot[u] * B) + part);
             }
         }
+    };
+    int c = c_lo + warp * CPW * U, s_cur[U], s_nxt[U];
+    uint4 cv[U], cv_n[U];
+    uint2 wv[U], wv_n[U];
+    slots(c, s_cur);
+    gather(s_cur, cv, wv);
+    slots(c + STEP, s_nxt);
+    for (; c < c_hi; c += STEP) {
+        gather(s_nxt, cv_n, wv_n);
+        int s_nn[U];
+        slots(c + 2 * STEP, s_nn);
 #pragma unroll
         for (int u = 0; u < U; u++) {
             float e = estimate<L>(cv[u], wv[u], q, qn, lev);
-            if (part == 0 && slot[u] >= 0) {
+            if (part == 0 && s_cur[u] >= 0) {
                 est[c + u * CPW + g] = e;
                 atomicAdd(&h1[fkey(e) >> 20], 1);
             }
         }
+#pragma unroll
+        for (int u = 0; u < U; u++) cv[u] = cv_n[u], wv[u] = wv_n[u], s_cur[u] = s_nxt[u], s_nxt[u] = s_nn[u];
     }
     pdl_release();
     __syncthreads();

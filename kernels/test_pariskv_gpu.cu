@@ -747,6 +747,11 @@ int main(void) {
     bool quick = qe && *qe && strcmp(qe, "0");
     printf("device: %s (%d SMs)%s\n", prop.name, prop.multiProcessorCount, quick ? ", quick (PKV_TEST_QUICK)" : "");
     unsigned long long seed = 1000;
+    const char *bo = getenv("PKV_TEST_BENCH_ONLY"); // profiling the timing part alone (counts no check)
+    if (bo && *bo && strcmp(bo, "0")) {
+        bench(1 << 20);
+        return 0;
+    }
     test_encode(64, 2, 3, 1000, 333, 999, seed++);
     test_encode(128, 2, 3, 5000, 1000, 4321, seed++);
     test_encode(256, 1, 2, 700, 512, 700, seed++);
