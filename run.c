@@ -122,6 +122,9 @@ static void usage(FILE *f) {
             "  --kv-store S     GPU, pariskv: the retrieval zone's K/V in gpu memory, in pinned host\n"
             "                   memory (read through PCIe, top-k rows a step), or auto (default: gpu\n"
             "                   when the whole context fits there, else host)\n"
+            "  --kv-store-dtype T  the retrieval zone's K/V as bf16 (default) or fp8 (e4m3 with a\n"
+            "                   scale per row: half the host memory and PCIe bytes; GPU: host store\n"
+            "                   only; the CPU path rounds those rows the same way)\n"
             "  --version        the version, and whether this build has the CUDA backend\n"
             "  -h, --help       this text\n");
 }
@@ -996,6 +999,11 @@ int main(int argc, char **argv) {
             else if (strcmp(v, "gpu") == 0) o.attn.store = KV_STORE_GPU;
             else if (strcmp(v, "host") == 0) o.attn.store = KV_STORE_HOST;
             else die("--kv-store must be gpu, host or auto, not '%s'", v);
+        } else if (strcmp(a, "--kv-store-dtype") == 0) {
+            NEEDS_VALUE();
+            if (strcmp(v, "bf16") == 0) o.attn.zone_fp8 = 0;
+            else if (strcmp(v, "fp8") == 0) o.attn.zone_fp8 = 1;
+            else die("--kv-store-dtype must be bf16 or fp8, not '%s'", v);
         } else if (attn_option(&o, a, v)) {
             i++;
         } else if ((chat_consumed = chat_option(&o, a, v)) >= 0) {
@@ -1015,6 +1023,10 @@ int main(int argc, char **argv) {
     sigaddset(&pipe_set, SIGPIPE);
     sigprocmask(SIG_UNBLOCK, &pipe_set, NULL);
     guard_install(0); // SIGBUS from a model file truncated while mapped: a one-line error
+    if (o.attn.zone_fp8 && o.attn.store == KV_STORE_GPU)
+        die("--kv-store-dtype fp8 keeps the retrieval zone in the host store: use --kv-store host or auto, not gpu");
+    if (o.attn.zone_fp8 && o.attn.method == ATTN_FULL)
+        die("--kv-store-dtype fp8 applies to a retrieval zone: it needs --attn pariskv (or a peer), not full");
     if (o.bench) return run_bench(&o);
     if (!o.model_path) {
         usage(stderr);

@@ -24,7 +24,8 @@ size_t attention_dense_scratch(int n_heads, int n_kv_heads, int n_keys);
 typedef struct AttnPolicy AttnPolicy;
 struct AttnPolicy {
     const char *name;
-    void (*attend)(AttnPolicy *p, int layer, float *out, const float *q, const float *k_cache, const float *v_cache,
+    // k_cache / v_cache: the layer's rows; a policy with zone_fp8 rewrites the zone's rows in place.
+    void (*attend)(AttnPolicy *p, int layer, float *out, const float *q, float *k_cache, float *v_cache,
                    int pos0, int T, int n_heads, int n_kv_heads, int head_dim, float *scratch);
     void (*reset)(AttnPolicy *p); // a new sequence starts at position 0
     void (*destroy)(AttnPolicy *p);
@@ -57,6 +58,9 @@ typedef struct AttnConfig {
     int prefill_len; // positions below it are the prompt (0: every position is a decode step)
     float beta, rho; // ParisKV candidate ratio and tier fraction; 0: the adaptive schedule by zone size
     int store;       // KV_STORE_*: the GPU path's zone in device memory, in the host store, or host when the GPU is short
+    int zone_fp8;    // the retrieval zone's K/V kept as fp8 (e4m3, a scale per row: offload/fp8.h) instead of bf16 (GPU)
+                     // or fp32 (CPU): rows are quantized as they enter the zone; the index and the attention read
+                     // the stored values. The CPU path rewrites those rows of its cache in place (the reference).
 } AttnConfig;
 
 #define ATTN_ERR_LEN 256

@@ -4,6 +4,7 @@
 #include "attention.h"
 #include "selector.h"
 #include "softmax_exp.h"
+#include "../offload/fp8.h"
 
 #include <math.h>
 #include <omp.h>
@@ -46,6 +47,7 @@ typedef struct {
     Selector *sel;
     int *indexed;   // (n_layers) zone slots in the layer's index
     int *seen_end;  // (n_layers) end of the positions of the layer's last call
+    int *fp8_end;   // (n_layers) zone_fp8: the layer's rows below it hold their fp8 values
     char *scratch;  // (n_threads, stride)
     size_t stride, sel_off;
 } Policy;
@@ -93,17 +95,41 @@ static void reset_layer(Policy *P, int layer) {
 
 static void policy_reset(AttnPolicy *ap) {
     Policy *P = ap->state;
-    for (int l = 0; l < P->n_layers; l++) reset_layer(P, l), P->seen_end[l] = 0;
+    for (int l = 0; l < P->n_layers; l++) reset_layer(P, l), P->seen_end[l] = 0, P->fp8_end[l] = 0;
 }
 
 // Threads for a parallel region: what the runner allows now (its thread tuner may lower the
 // count), never more than the per-thread scratch was allocated for.
 static int team_size(const Policy *P) { return omp_get_max_threads() < P->n_threads ? omp_get_max_threads() : P->n_threads; }
 
+// zone_fp8: the rows of positions [p0, p1), every KV head, K and V, replaced by their fp8
+// values (offload/fp8.h), as the GPU's host store holds them.
+static void to_fp8(Policy *P, float *k_cache, float *v_cache, int p0, int p1) {
+    int hd = P->head_dim, rows = (p1 - p0) * P->n_kv_heads;
+    if (rows <= 0) return;
+#pragma omp parallel num_threads(team_size(P))
+    {
+        uint8_t c[1024];
+#pragma omp for schedule(static)
+        for (int r = 0; r < 2 * rows; r++) {
+            float *x = (r < rows ? k_cache : v_cache) + (size_t)p0 * P->n_kv_heads * hd + (size_t)(r % rows) * hd;
+            float s = fp8_quantize_row(x, hd, c); // head_dim <= 1024: checked at creation
+            fp8_dequantize_row(c, s, hd, x);
+        }
+    }
+}
+
 // Grows the layer's index to the zone [sink, zone_end): the keys leaving the local window are
-// encoded while still in the working window, then evicted to the host store.
-static void index_to(Policy *P, int layer, KVStore *st, int zone_end) {
+// encoded while still in the working window, then evicted to the host store. With zone_fp8 the
+// rows entering the zone are first replaced by their fp8 values: the index and the attention see
+// what the store holds.
+static void index_to(Policy *P, int layer, KVStore *st, float *k_cache, float *v_cache, int zone_end) {
     int need = zone_end - P->cfg.sink, from = P->indexed[layer];
+    if (P->cfg.zone_fp8 && P->fp8_end[layer] < zone_end) {
+        int p0 = P->fp8_end[layer] > P->cfg.sink ? P->fp8_end[layer] : P->cfg.sink;
+        to_fp8(P, k_cache, v_cache, p0, zone_end);
+        P->fp8_end[layer] = zone_end;
+    }
     if (from > need) reset_layer(P, layer), from = 0; // the zone never shrinks within a sequence
     if (need <= from) return;
 #pragma omp parallel for schedule(static) num_threads(team_size(P))
@@ -174,10 +200,11 @@ static void attend_one(const Policy *P, int layer, const KVStore *st, float *out
     }
 }
 
-static void policy_attend(AttnPolicy *ap, int layer, float *out, const float *q, const float *k_cache, const float *v_cache, int pos0, int T,
+static void policy_attend(AttnPolicy *ap, int layer, float *out, const float *q, float *k_cache, float *v_cache, int pos0, int T,
                           int n_heads, int n_kv_heads, int head_dim, float *scratch) {
     Policy *P = ap->state;
     if (pos0 == 0 || pos0 < P->seen_end[layer]) reset_layer(P, layer); // a new sequence, or a rewind
+    if (P->fp8_end[layer] > pos0) P->fp8_end[layer] = pos0;             // rows from pos0 on are new
     P->seen_end[layer] = pos0 + T;
     // Prompt positions and short sequences attend densely; they come first in any chunk.
     int nd = 0;
@@ -190,7 +217,7 @@ static void policy_attend(AttnPolicy *ap, int layer, float *out, const float *q,
     for (int t0 = nd; t0 < T;) {
         int zone_end = attn_zone_end(&P->cfg, pos0 + t0), t1 = t0 + 1;
         while (t1 < T && attn_zone_end(&P->cfg, pos0 + t1) == zone_end) t1++;
-        index_to(P, layer, &st, zone_end);
+        index_to(P, layer, &st, k_cache, v_cache, zone_end);
         int tasks = (t1 - t0) * n_kv_heads;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(team_size(P))
         for (int i = 0; i < tasks; i++) {
@@ -222,6 +249,7 @@ static void policy_destroy(AttnPolicy *ap) {
         if (P->sel) P->sel->destroy(P->sel);
         free(P->indexed);
         free(P->seen_end);
+        free(P->fp8_end);
         free(P->scratch);
         free(P);
     }
@@ -248,6 +276,7 @@ AttnPolicy *attn_policy_create(const AttnConfig *c, int n_layers, int n_heads, i
         snprintf(err, ATTN_ERR_LEN, "attention: beta and rho must be in [0, 1], got %g and %g", c->beta, c->rho);
         return NULL;
     }
+    if (c->zone_fp8 && head_dim > 1024) { bad(err, "the fp8 zone store supports head_dim up to 1024", head_dim); return NULL; }
     if (n_layers < 1 || n_kv_heads < 1 || head_dim < 1 || n_heads % n_kv_heads || ctx < 1) {
         snprintf(err, ATTN_ERR_LEN, "attention: bad shape (layers %d, heads %d / %d, head_dim %d, ctx %d)", n_layers, n_heads, n_kv_heads, head_dim, ctx);
         return NULL;
@@ -279,6 +308,7 @@ AttnPolicy *attn_policy_create(const AttnConfig *c, int n_layers, int n_heads, i
     P->stride = ALIGN64(P->sel_off + P->sel->scratch_bytes(P->sel, cap));
     if (!(P->indexed = attn_calloc((size_t)n_layers, sizeof(int), "policy state", err)) ||
         !(P->seen_end = attn_calloc((size_t)n_layers, sizeof(int), "policy state", err)) ||
+        !(P->fp8_end = attn_calloc((size_t)n_layers, sizeof(int), "policy state", err)) ||
         !(P->scratch = attn_calloc((size_t)P->n_threads, P->stride, "attention scratch", err))) {
         policy_destroy(ap);
         return NULL;

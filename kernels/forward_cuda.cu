@@ -337,7 +337,7 @@ static void *gpu_create_ex(const Model *m, int ctx, int chunk, int all_logits, c
     int dcap = ctx, host = 0;
     if (pkv) {
         int fits_all = need_w + need_a + need_p + per_pos * (size_t)ctx + slack <= free_b;
-        host = attn->store == KV_STORE_HOST || (attn->store == KV_STORE_AUTO && !fits_all);
+        host = attn->store == KV_STORE_HOST || (attn->store == KV_STORE_AUTO && !fits_all) || attn->zone_fp8; // fp8: the host store's format
         if (host) {
             int least = pkv_min_positions(attn, chunk);
             size_t rest = free_b > need_w + need_a + need_p + slack + (1u << 30) ? free_b - need_w - need_a - need_p - slack - (1u << 30) : 0;
@@ -381,7 +381,7 @@ static void *gpu_create_ex(const Model *m, int ctx, int chunk, int all_logits, c
     g->chunk = chunk;
     g->logit_rows = logit_rows;
     g->weight_bytes = need_w;
-    if (host && host_store_open(&g->pkv.hs, c->n_layers, c->n_kv_heads, c->head_dim, ctx - attn->sink, err) != 0) {
+    if (host && host_store_open(&g->pkv.hs, c->n_layers, c->n_kv_heads, c->head_dim, attn->zone_fp8, ctx - attn->sink, err) != 0) {
         free(g);
         return NULL;
     }
@@ -431,8 +431,8 @@ static void *gpu_create_ex(const Model *m, int ctx, int chunk, int all_logits, c
         if (e == cudaSuccess) e = cudaMemset(p->counters, 0, c->n_kv_heads * sizeof(unsigned));
         ALLOC(p->d_meta, 2 * sizeof(int));
         if (e == cudaSuccess) e = cudaMallocHost((void **)&p->h_meta, 2 * sizeof(int));
-        p->kv = (GpuKV){g->kcache, g->vcache, host ? (bf16 *)p->hs.base : NULL, (int)c->n_layers, (int)c->n_kv_heads, (int)hd, dcap, attn->sink,
-                        host ? p->hs.alias_slots : 0};
+        p->kv = (GpuKV){g->kcache, g->vcache, host ? p->hs.base : NULL, (int)c->n_layers, (int)c->n_kv_heads, (int)hd, dcap, attn->sink,
+                        host ? p->hs.alias_slots : 0, host && attn->zone_fp8};
     }
 #undef ALLOC
     if (e == cudaSuccess) e = cudaMallocHost((void **)&g->h_tokens, T * 4);
@@ -447,7 +447,9 @@ static void *gpu_create_ex(const Model *m, int ctx, int chunk, int all_logits, c
     }
     if (pkv && dcap_want <= 0)
         fprintf(stderr, "pariskv on the GPU: retrieval zone in %s (%.2f GiB at %d positions), index %.2f GiB, device KV cache %d positions\n",
-                host ? "pinned host memory" : "GPU memory", gib(per_pos * (size_t)(ctx - attn->sink)), ctx, gib(need_p), dcap);
+                host ? (attn->zone_fp8 ? "pinned host memory, fp8" : "pinned host memory") : "GPU memory",
+                gib(host ? host_store_bytes(c->n_layers, c->n_kv_heads, c->head_dim, attn->zone_fp8, ctx - attn->sink)
+                         : per_pos * (size_t)(ctx - attn->sink)), ctx, gib(need_p), dcap);
     return g;
 }
 
@@ -604,16 +606,22 @@ static cudaError_t pkv_index_to(GpuState *g, int zone_end, int pos, char *err) {
         if (p->indexed == 0) CU_TRY(pkv_gpu_index_reset(&p->ix, -1, g->st));
         size_t hd = p->kv.hd;
         PkvKeySource src;
-        if (p->kv.host)
-            src = (PkvKeySource){p->kv.host, (size_t)p->kv.n_kv * 2 * hd, 2 * hd, (size_t)p->kv.n_layers * p->kv.n_kv * 2 * hd};
+        size_t row = p->hs.row_bytes;
+        if (p->kv.host && p->kv.fp8) // strides in bytes
+            src = (PkvKeySource){NULL, (size_t)p->kv.n_kv * row, row, (size_t)p->kv.n_layers * p->kv.n_kv * row, (const uint8_t *)p->kv.host,
+                                 2 * hd};
+        else if (p->kv.host)
+            src = (PkvKeySource){(const bf16 *)p->kv.host, (size_t)p->kv.n_kv * 2 * hd, 2 * hd, (size_t)p->kv.n_layers * p->kv.n_kv * 2 * hd,
+                                 NULL, 0};
         else
-            src = (PkvKeySource){p->kv.kc + (size_t)S * hd, (size_t)p->kv.n_kv * g->dcap * hd, (size_t)g->dcap * hd, hd};
+            src = (PkvKeySource){p->kv.kc + (size_t)S * hd, (size_t)p->kv.n_kv * g->dcap * hd, (size_t)g->dcap * hd, hd, NULL, 0};
         // A folded (aliased) store: encode piece by piece, each read from the folded rows.
         long A = p->kv.host && p->kv.alias_slots ? p->kv.alias_slots : 0;
         for (int from = p->indexed; from < n;) {
             int to = A ? (int)((from / A + 1) * A < n ? (from / A + 1) * A : n) : n;
             PkvKeySource piece = src;
-            if (A) piece.base -= (size_t)(from / A * A) * src.slot_stride;
+            if (A && src.fp8) piece.fp8 -= (size_t)(from / A * A) * src.slot_stride;
+            else if (A) piece.base -= (size_t)(from / A * A) * src.slot_stride;
             CU_TRY(pkv_gpu_encode(&p->ix, piece, from, to, g->st));
             from = to;
         }
@@ -794,7 +802,8 @@ extern "C" size_t gpu_state_weight_bytes(void *dev) { return ((GpuState *)dev)->
 // ---- the ParisKV benchmark ----
 
 extern "C" void *gpu_create_bench(const Model *m, int ctx, int chunk, const AttnConfig *attn, char *err) {
-    return gpu_create_ex(m, ctx, chunk, 0, attn, attn && attn->store == KV_STORE_HOST ? pkv_min_positions(attn, chunk) : 0, err);
+    return gpu_create_ex(m, ctx, chunk, 0, attn, attn && (attn->store == KV_STORE_HOST || attn->zone_fp8) ? pkv_min_positions(attn, chunk) : 0,
+                         err);
 }
 
 // As after a prompt of n tokens: random K/V in every zone slot of the context and every device
@@ -861,7 +870,7 @@ extern "C" void gpu_pkv_step_bytes(void *dev, int pos, double *device_bytes, dou
     double window = pos - attn_zone_end(cf, pos) + 1 + cf->sink;
     double per_head = n * B + n + C * (6.0 * B + 8) + (window + (p->kv.host ? 0 : k)) * row;
     *device_bytes = per_head * g->c.n_layers * g->c.n_kv_heads;
-    *host_bytes = p->kv.host ? k * row * g->c.n_layers * g->c.n_kv_heads : 0;
+    *host_bytes = p->kv.host ? k * (double)p->hs.row_bytes * g->c.n_layers * g->c.n_kv_heads : 0;
 }
 
 extern "C" int gpu_pkv_device_positions(void *dev) { return ((GpuState *)dev)->dcap; }

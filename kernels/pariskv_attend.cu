@@ -12,6 +12,7 @@
 #include "cuda_common.h"
 #include "pariskv_attend.h"
 #include "pdl.h"
+#include "../offload/fp8.h"
 
 #define PA_THREADS 128
 #define PA_WARPS (PA_THREADS / 32)
@@ -45,9 +46,23 @@ __device__ __forceinline__ size_t cache_off(const GpuKV &kv, int layer, int h, i
     return (((size_t)layer * kv.n_kv + h) * kv.dcap + dev_slot(kv, p)) * kv.hd;
 }
 
-__device__ __forceinline__ const bf16 *host_row(const GpuKV &kv, int layer, int h, int slot) {
+__device__ __forceinline__ char *host_row(const GpuKV &kv, int layer, int h, int slot) {
     size_t s = kv.alias_slots ? (size_t)(slot % kv.alias_slots) : (size_t)slot;
-    return kv.host + ((s * kv.n_layers + layer) * kv.n_kv + h) * 2 * kv.hd;
+    size_t row = kv.fp8 ? 2 * (size_t)kv.hd + 8 : 4 * (size_t)kv.hd; // host_store_row_bytes
+    return (char *)kv.host + ((s * kv.n_layers + layer) * kv.n_kv + h) * row;
+}
+
+// Max over the block of v (every thread gets it); red: 32 floats of shared memory.
+__device__ __forceinline__ float block_max(float v, float *red) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    __syncthreads();
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    float m = 0.0f;
+    for (int i = 0; i < nw; i++) m = fmaxf(m, red[i]);
+    return m;
 }
 
 // ---- QKV post-processing ----
@@ -82,8 +97,14 @@ __global__ void pkv_qkv_kernel(float *q, const float *qkv, const float *q_norm, 
     size_t off = cache_off(kv, layer, h, pos) + j;
     kv.kc[off] = kb, kv.vc[off] = vb;
     if (kv.host && pos >= kv.sink) {
-        bf16 *row = (bf16 *)host_row(kv, layer, h, pos - kv.sink);
-        row[j] = kb, row[HD + j] = vb;
+        char *row = host_row(kv, layer, h, pos - kv.sink);
+        if (kv.fp8) { // the row's codes and scales from the bf16 values, as fp8_quantize_row
+            float kf = __bfloat162float(kb), vf = __bfloat162float(vb);
+            float ka = block_max(fabsf(kf), red), va = block_max(fabsf(vf), red);
+            float ki = ka > 0.0f ? FP8_E4M3_MAX / ka : 0.0f, vi = va > 0.0f ? FP8_E4M3_MAX / va : 0.0f;
+            row[j] = (char)fp8_e4m3_encode(kf * ki), row[HD + j] = (char)fp8_e4m3_encode(vf * vi);
+            if (j == 0) ((float *)(row + 2 * HD))[0] = fp8_row_scale(ka), ((float *)(row + 2 * HD))[1] = fp8_row_scale(va);
+        } else ((bf16 *)row)[j] = kb, ((bf16 *)row)[HD + j] = vb;
     }
 }
 
@@ -112,6 +133,13 @@ __device__ __forceinline__ void bf16x8(uint4 u, float *f) {
         float2 v = __bfloat1622float2(h[i]);
         f[2 * i] = v.x, f[2 * i + 1] = v.y;
     }
+}
+
+// 8 e4m3 codes (u.x, u.y) times the row's scale (u.z's bits): fp8_dequantize_row.
+__device__ __forceinline__ void fp8x8(uint4 u, float *f) {
+    float s = __uint_as_float(u.z);
+#pragma unroll
+    for (int i = 0; i < 8; i++) f[i] = fp8_e4m3_decode((uint8_t)((i < 4 ? u.x : u.y) >> (8 * (i & 3)))) * s;
 }
 
 template <int G, int HD>
@@ -148,7 +176,9 @@ __global__ void __launch_bounds__(PA_THREADS) pkv_attend_kernel(bf16 *out, const
     // store, at the same offset of the V cache in GPU memory). Split s takes rows s, s +
     // n_splits, ...: the zone's host rows spread over every block, so all of them are in flight
     // at once instead of queueing in the first few blocks.
-    auto attend_rows = [&](int m, auto key) {
+    // f8: the rows are fp8 host rows (key() gives the row's start as kp): 8 codes a lane and the
+    // row's scales, unpacked to the same 8 floats.
+    auto attend_rows = [&](int m, bool f8, auto key) {
         int cnt = split < m ? (m - split + n_splits - 1) / n_splits : 0;
         for (int b0 = 0; b0 < cnt; b0 += NS * PA_U) { // the same trip count for every lane
             uint4 kr[PA_U], vr[PA_U];
@@ -160,13 +190,19 @@ __global__ void __launch_bounds__(PA_THREADS) pkv_attend_kernel(bf16 *out, const
                 if (ok[u]) {
                     const bf16 *kp, *vp;
                     key(split + jj * n_splits, &kp, &vp);
-                    kr[u] = ((const uint4 *)kp)[part], vr[u] = ((const uint4 *)vp)[part];
+                    if (f8) {
+                        const char *row = (const char *)kp;
+                        uint2 kc = ((const uint2 *)row)[part], vc = ((const uint2 *)(row + HD))[part];
+                        float2 sc = *(const float2 *)(row + 2 * HD);
+                        kr[u] = make_uint4(kc.x, kc.y, __float_as_uint(sc.x), 0), vr[u] = make_uint4(vc.x, vc.y, __float_as_uint(sc.y), 0);
+                    } else kr[u] = ((const uint4 *)kp)[part], vr[u] = ((const uint4 *)vp)[part];
                 } else kr[u] = make_uint4(0, 0, 0, 0), vr[u] = kr[u];
             }
 #pragma unroll
             for (int u = 0; u < PA_U; u++) {
                 float kf[8], vf[8];
-                bf16x8(kr[u], kf), bf16x8(vr[u], vf);
+                if (f8) fp8x8(kr[u], kf), fp8x8(vr[u], vf);
+                else bf16x8(kr[u], kf), bf16x8(vr[u], vf);
 #pragma unroll
                 for (int g = 0; g < G; g++) {
                     float s = 0.0f;
@@ -186,15 +222,15 @@ __global__ void __launch_bounds__(PA_THREADS) pkv_attend_kernel(bf16 *out, const
     };
     // The sink and the window (GPU memory; q and the new row come from the QKV kernel, done
     // before the selection began) do not depend on the selection: they run while it finishes.
-    attend_rows(ns + nw, [&](int r, const bf16 **kp, const bf16 **vp) {
+    attend_rows(ns + nw, false, [&](int r, const bf16 **kp, const bf16 **vp) {
         size_t o = cache_off(kv, layer, h, r < ns ? r : zone_end + (r - ns));
         *kp = kv.kc + o, *vp = kv.vc + o;
     });
     pdl_wait(); // the selection
     const int *hsel = sel + (size_t)h * kmax;
-    attend_rows(nsel[h], [&](int r, const bf16 **kp, const bf16 **vp) {
+    attend_rows(nsel[h], kv.host && kv.fp8, [&](int r, const bf16 **kp, const bf16 **vp) {
         int slot = hsel[r];
-        if (kv.host) *kp = host_row(kv, layer, h, slot), *vp = *kp + HD;
+        if (kv.host) *kp = (const bf16 *)host_row(kv, layer, h, slot), *vp = *kp + HD;
         else {
             size_t o = cache_off(kv, layer, h, kv.sink + slot);
             *kp = kv.kc + o, *vp = kv.vc + o;
@@ -279,6 +315,31 @@ extern "C" cudaError_t pkv_attend(bf16 *out, const float *q, const int *sel, con
 
 // ---- moving and filling rows ----
 
+// fp8 rows: one warp per (position, layer, head, K or V) row: its max magnitude, then its codes
+// (fp8_quantize_row on the bf16 values), lane 0 the scale.
+__global__ void rows_to_host_fp8_kernel(GpuKV kv, int p0, long n_rows) {
+    int lane = threadIdx.x & 31;
+    long warps = (long)gridDim.x * (blockDim.x / 32);
+    for (long i = blockIdx.x * (long)(blockDim.x / 32) + (threadIdx.x >> 5); i < n_rows; i += warps) {
+        long t = i;
+        int isv = (int)(t % 2);
+        t /= 2;
+        int h = (int)(t % kv.n_kv);
+        t /= kv.n_kv;
+        int layer = (int)(t % kv.n_layers);
+        int p = p0 + (int)(t / kv.n_layers);
+        const bf16 *src = (isv ? kv.vc : kv.kc) + cache_off(kv, layer, h, p);
+        float amax = 0.0f;
+        for (int j = lane; j < kv.hd; j += 32) amax = fmaxf(amax, fabsf(__bfloat162float(src[j])));
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+        float inv = amax > 0.0f ? FP8_E4M3_MAX / amax : 0.0f;
+        char *row = host_row(kv, layer, h, p - kv.sink);
+        for (int j = lane; j < kv.hd; j += 32) row[isv * kv.hd + j] = (char)fp8_e4m3_encode(__bfloat162float(src[j]) * inv);
+        if (lane == 0) ((float *)(row + 2 * kv.hd))[isv] = fp8_row_scale(amax);
+    }
+}
+
 // One thread per 16 bytes: (position, layer, head, K or V, 16-byte part).
 __global__ void rows_to_host_kernel(GpuKV kv, int p0, long n_items) {
     int parts = kv.hd / 8;
@@ -294,7 +355,7 @@ __global__ void rows_to_host_kernel(GpuKV kv, int p0, long n_items) {
         int p = p0 + (int)(t / kv.n_layers);
         size_t o = cache_off(kv, layer, h, p);
         const uint4 *src = (const uint4 *)((isv ? kv.vc : kv.kc) + o);
-        uint4 *dst = (uint4 *)((bf16 *)host_row(kv, layer, h, p - kv.sink) + isv * kv.hd);
+        uint4 *dst = (uint4 *)((bf16 *)host_row(kv, layer, h, p - kv.sink) + isv * kv.hd);  // bf16 rows
         dst[part] = src[part];
     }
 }
@@ -302,6 +363,11 @@ __global__ void rows_to_host_kernel(GpuKV kv, int p0, long n_items) {
 extern "C" cudaError_t pkv_rows_to_host(GpuKV kv, int p0, int p1, cudaStream_t st) {
     if (p0 < kv.sink) p0 = kv.sink;
     if (!kv.host || p1 <= p0) return cudaSuccess;
+    if (kv.fp8) {
+        long rows = (long)(p1 - p0) * kv.n_layers * kv.n_kv * 2, blocks = (rows + 7) / 8;
+        rows_to_host_fp8_kernel<<<(unsigned)(blocks < 4096 ? blocks : 4096), 256, 0, st>>>(kv, p0, rows);
+        return cudaGetLastError();
+    }
     long n = (long)(p1 - p0) * kv.n_layers * kv.n_kv * 2 * (kv.hd / 8);
     long blocks = (n + 255) / 256;
     rows_to_host_kernel<<<(unsigned)(blocks < 4096 ? blocks : 4096), 256, 0, st>>>(kv, p0, n);
@@ -322,12 +388,28 @@ __global__ void fill_bf16_kernel(bf16 *p, size_t n, unsigned long long seed) {
         p[i] = __float2bfloat16((float)(hash32(seed * 0x9e3779b97f4a7c15ULL + i) >> 8) * (2.0f / 16777216.0f) - 1.0f);
 }
 
+// fp8 rows of values uniform in [-1, 1]: random finite codes, both scales 1 / 448.
+__global__ void fill_fp8_kernel(char *p, size_t rows, int hd, unsigned long long seed) {
+    size_t row = 2 * (size_t)hd + 8, n = rows * row;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        size_t o = i % row;
+        if (o < 2 * (size_t)hd) {
+            uint8_t c = (uint8_t)(hash32(seed * 0x9e3779b97f4a7c15ULL + i) >> 8);
+            p[i] = (char)((c & 0x7f) == 0x7f ? c & 0xfe : c); // not a NaN code
+        } else if ((o - 2 * (size_t)hd) % 4 == 0)
+            *(float *)(p + i) = 1.0f / FP8_E4M3_MAX;
+    }
+}
+
 extern "C" cudaError_t pkv_fill_random(GpuKV kv, int n_slots, unsigned long long seed, cudaStream_t st) {
     size_t cache = (size_t)kv.n_layers * kv.n_kv * kv.dcap * kv.hd;
     fill_bf16_kernel<<<4096, 256, 0, st>>>(kv.kc, cache, seed);
     fill_bf16_kernel<<<4096, 256, 0, st>>>(kv.vc, cache, seed + 1);
     if (kv.alias_slots && n_slots > kv.alias_slots) n_slots = (int)kv.alias_slots;
-    if (kv.host && n_slots > 0)
-        fill_bf16_kernel<<<4096, 256, 0, st>>>(kv.host, (size_t)n_slots * kv.n_layers * kv.n_kv * 2 * kv.hd, seed + 2);
+    if (kv.host && n_slots > 0) {
+        size_t rows = (size_t)n_slots * kv.n_layers * kv.n_kv;
+        if (kv.fp8) fill_fp8_kernel<<<4096, 256, 0, st>>>((char *)kv.host, rows, kv.hd, seed + 2);
+        else fill_bf16_kernel<<<4096, 256, 0, st>>>((bf16 *)kv.host, rows * 2 * kv.hd, seed + 2);
+    }
     return cudaGetLastError();
 }

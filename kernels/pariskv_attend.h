@@ -18,13 +18,16 @@ extern "C" {
 //     slot sink + (p - sink) % (dcap - sink) -- a ring that holds the local window and the
 //     update buffer (and, while nothing has wrapped, every position: the prefill's cache).
 //   zone (positions sink .. zone_end - 1, slot i = p - sink): host != NULL: the host store's row
-//     host + ((i * n_layers + l) * n_kv + h) * 2 hd (key, then value; offload/host_store.h);
-//     host == NULL: the device cache at position p (then dcap covers the whole context).
+//     at byte ((i * n_layers + l) * n_kv + h) * row bytes (key, then value; offload/host_store.h),
+//     bf16 or, fp8 set, e4m3 codes and two fp32 scales (offload/fp8.h), written by the QKV
+//     kernel as each position is computed; host == NULL: the device cache at position p (then
+//     dcap covers the whole context).
 typedef struct {
     bf16 *kc, *vc;
-    bf16 *host;
+    void *host;
     int n_layers, n_kv, hd, dcap, sink;
     long alias_slots; // > 0: zone slot i's host row is that of slot i % alias_slots (offload/host_store.h; timing only)
+    int fp8;          // host rows in fp8
 } GpuKV;
 
 // The decode step's QKV post-processing: qkv ((n_heads + 2 n_kv) hd) fp32 from the projection;

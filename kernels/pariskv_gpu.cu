@@ -38,6 +38,7 @@
 #include "cuda_common.h"
 #include "pariskv_gpu.h"
 #include "pdl.h"
+#include "../offload/fp8.h"
 
 #include <cooperative_groups.h>
 #include <cuda_fp16.h>
@@ -133,7 +134,9 @@ extern "C" cudaError_t pkv_gpu_index_reset(PkvGpuIndex *ix, int layer, cudaStrea
 
 struct PkvEncArgs {
     const bf16 *base;
-    size_t ls, hs, ss; // strides of the key source, elements
+    size_t ls, hs, ss; // strides of the key source, elements (bytes for fp8)
+    const uint8_t *base8; // fp8 keys instead (PkvKeySource.fp8)
+    size_t soff;          // the scale's byte offset from a row's first code
     uint8_t *ids, *codes;
     uint16_t *w;
     int32_t *count;
@@ -170,23 +173,37 @@ template <int D> static __global__ void __launch_bounds__(256) pkv_encode_kernel
     __syncthreads();
     int i0 = a.from + blockIdx.x * a.chunk, i1 = min(i0 + a.chunk, a.to);
     const bf16 *kb = a.base + l * a.ls + h * a.hs + p * 8;
+    const uint8_t *kb8 = a.base8 + l * a.ls + h * a.hs; // fp8: the row's first code
+    // One key's 8 values of lane p: bf16 (16 bytes), or fp8 codes (8 bytes) with the row's scale in .z.
+    auto load = [&](int i) -> uint4 {
+        if (!a.base8) return load_key8(kb + (size_t)i * a.ss, a.vec);
+        const uint8_t *row = kb8 + (size_t)i * a.ss;
+        uint2 c = *(const uint2 *)(row + p * 8);
+        return make_uint4(c.x, c.y, __float_as_uint(*(const float *)(row + a.soff)), 0);
+    };
     size_t head = (size_t)lh * a.cap;
     uint8_t *ids = a.ids + head * B;
     uint32_t *codes = (uint32_t *)(a.codes + head * B * 4);
     uint16_t *w = a.w + head * B;
     // The loop bound is uniform over the warp (its shuffles need every lane).
     int first = i0 + warp * KPW;
-    uint4 nxt = first + g < i1 ? load_key8(kb + (size_t)(first + g) * a.ss, a.vec) : make_uint4(0, 0, 0, 0);
+    uint4 nxt = first + g < i1 ? load(first + g) : make_uint4(0, 0, 0, 0);
     for (int base = first; base < i1; base += KPB) {
         int i = base + g;
         uint4 cur = nxt;
-        if (base + KPB + g < i1) nxt = load_key8(kb + (size_t)(base + KPB + g) * a.ss, a.vec);
+        if (base + KPB + g < i1) nxt = load(base + KPB + g);
         float x[8];
-        const __nv_bfloat162 *c2 = (const __nv_bfloat162 *)&cur;
+        if (a.base8) { // fp8_dequantize_row's values
+            float sc = __uint_as_float(cur.z);
 #pragma unroll
-        for (int j = 0; j < 4; j++) {
-            float2 f = __bfloat1622float2(c2[j]);
-            x[2 * j] = f.x, x[2 * j + 1] = f.y;
+            for (int j = 0; j < 8; j++) x[j] = __fmul_rn(fp8_e4m3_decode((uint8_t)((j < 4 ? cur.x : cur.y) >> (8 * (j & 3)))), sc);
+        } else {
+            const __nv_bfloat162 *c2 = (const __nv_bfloat162 *)&cur;
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                float2 f = __bfloat1622float2(c2[j]);
+                x[2 * j] = f.x, x[2 * j + 1] = f.y;
+            }
         }
         // r^2 summed over the D elements in order: a chain through the key's lanes.
         float r2 = 0.0f;
@@ -251,10 +268,13 @@ template <int D> static __global__ void __launch_bounds__(256) pkv_encode_kernel
 }
 
 extern "C" cudaError_t pkv_gpu_encode(const PkvGpuIndex *ix, PkvKeySource src, int from, int to, cudaStream_t st) {
-    if (from < 0 || to > ix->cap || from > to || !src.base) return cudaErrorInvalidValue;
+    if (from < 0 || to > ix->cap || from > to || (!src.base && !src.fp8)) return cudaErrorInvalidValue;
+    // fp8 rows: 8-byte code loads and a 4-byte scale
+    if (src.fp8 && ((uintptr_t)src.fp8 % 8 || src.layer_stride % 8 || src.head_stride % 8 || src.slot_stride % 8 || src.scale_offset % 4))
+        return cudaErrorInvalidValue;
     if (from == to) return cudaSuccess;
-    PkvEncArgs a = {src.base, src.layer_stride, src.head_stride, src.slot_stride, ix->ids, ix->codes, ix->w, ix->count,
-                 ix->signs, ix->n_kv, ix->cap, from, to, 0, 0};
+    PkvEncArgs a = {src.base, src.layer_stride, src.head_stride, src.slot_stride, src.fp8, src.scale_offset, ix->ids, ix->codes,
+                 ix->w, ix->count, ix->signs, ix->n_kv, ix->cap, from, to, 0, 0};
     a.vec = (uintptr_t)src.base % 16 == 0 && src.layer_stride % 8 == 0 && src.head_stride % 8 == 0 && src.slot_stride % 8 == 0;
     // Chunks of up to 2048 slots per block, smaller while that leaves the GPU short of blocks
     // (an update of 512 slots).

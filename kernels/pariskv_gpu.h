@@ -43,9 +43,15 @@ cudaError_t pkv_gpu_index_reset(PkvGpuIndex *ix, int layer, cudaStream_t st);
 // the D bf16 values at base + l * layer_stride + h * head_stride + i * slot_stride (elements).
 // The device cache (n_layers, n_kv, ctx, D) and the host store (slot, layer, head, [K | V]) are
 // both such strided views; base may be a host pointer registered for UVA.
+// fp8 != NULL instead: e4m3 keys (offload/fp8.h) of the fp8 host store: the D codes of (l, h, i)
+// at byte fp8 + l * layer_stride + h * head_stride + i * slot_stride (strides in bytes), their
+// scale the float scale_offset bytes after the row's first code; encoded from the values
+// decode(code) * scale, as fp8_dequantize_row gives them.
 typedef struct {
     const bf16 *base;
     size_t layer_stride, head_stride, slot_stride;
+    const uint8_t *fp8;
+    size_t scale_offset;
 } PkvKeySource;
 
 // Encodes slots [from, to) of every layer and KV head (keys from src) into ix and adds them to

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "cuda_common.h"
+#include "../offload/fp8.h"
 #include "kernels.h"
 #include "pariskv_gpu.h"
 extern "C" {
@@ -151,7 +152,7 @@ static HostIndex index_to_host(const PkvGpuIndex &ix) {
 }
 
 // Compares slots [0, n) of every layer and head of ix with pkv_encode_key of the keys (key(l,
-// h, i): n_layers * n_kv rows of bf16), and the counts with those of the GPU's own ids.
+// h, i): the key's D float values), and the counts with those of the GPU's own ids.
 template <typename KeyAt>
 static void compare_encoding(const PkvGpuIndex &ix, int n, KeyAt key, const char *what) {
     int D = ix.D, B = ix.B;
@@ -166,7 +167,7 @@ static void compare_encoding(const PkvGpuIndex &ix, int n, KeyAt key, const char
             size_t head = ((size_t)l * ix.n_kv + h) * ix.cap;
             std::vector<int32_t> cnt(B * 256, 0);
             for (int i = 0; i < n; i++) {
-                std::vector<float> k = bf16_row(key(l, h, i), D);
+                std::vector<float> k = key(l, h, i);
                 pkv_encode_key(k.data(), D, s.data(), ci, cc, cw, NULL);
                 const uint8_t *gi = &g.ids[(head + i) * B], *gc = &g.codes[(head + i) * B * 4];
                 const uint16_t *gw = &g.w[(head + i) * B];
@@ -197,18 +198,19 @@ static void test_encode(int D, int n_layers, int n_kv, int cap, int n1, int n, u
     CU_CHECK(cudaMalloc(&dk, keys.size() * 2 + 16));
     CU_CHECK(cudaMemcpy(dk, keys.data(), keys.size() * 2, cudaMemcpyHostToDevice));
     auto key_dev = [&](int l, int h, int i) { return &keys[(((size_t)l * n_kv + h) * cap + i) * D]; };
+    auto key_vals = [&](int l, int h, int i) { return bf16_row(key_dev(l, h, i), D); };
     PkvGpuIndex ix;
     CU_CHECK(pkv_gpu_index_alloc(&ix, n_layers, n_kv, D, cap, 0));
     std::vector<float> s(D);
     srht_signs(SRHT_SEED, D, s.data());
     std::vector<float> gs = from_dev(ix.signs, D);
     check(!memcmp(gs.data(), s.data(), D * sizeof(float)), "index D=%d: signs are srht_signs(SRHT_SEED)", D);
-    PkvKeySource src = {dk, (size_t)n_kv * cap * D, (size_t)cap * D, (size_t)D};
+    PkvKeySource src = {dk, (size_t)n_kv * cap * D, (size_t)cap * D, (size_t)D, NULL, 0};
     CU_CHECK(pkv_gpu_encode(&ix, src, 0, n1, 0));
     CU_CHECK(pkv_gpu_encode(&ix, src, n1, n, 0));
     CU_CHECK(pkv_gpu_encode(&ix, src, n, n, 0)); // empty: nothing
     CU_CHECK(cudaDeviceSynchronize());
-    compare_encoding(ix, n, key_dev, "device layout");
+    compare_encoding(ix, n, key_vals, "device layout");
 
     // The same keys in the host store's layout (slot, layer, head, [K | V]), pinned and mapped,
     // read by the GPU through UVA; the V halves hold other values.
@@ -223,21 +225,50 @@ static void test_encode(int D, int n_layers, int n_kv, int cap, int n1, int n, u
     CU_CHECK(cudaHostGetDevicePointer((void **)&hs_dev, hs, 0));
     PkvGpuIndex ix2;
     CU_CHECK(pkv_gpu_index_alloc(&ix2, n_layers, n_kv, D, cap, 0));
-    PkvKeySource hsrc = {hs_dev, (size_t)n_kv * row, row, (size_t)n_layers * n_kv * row};
+    PkvKeySource hsrc = {hs_dev, (size_t)n_kv * row, row, (size_t)n_layers * n_kv * row, NULL, 0};
     CU_CHECK(pkv_gpu_encode(&ix2, hsrc, 0, 7, 0));
     CU_CHECK(pkv_gpu_encode(&ix2, hsrc, 7, n, 0));
     CU_CHECK(cudaDeviceSynchronize());
-    compare_encoding(ix2, n, key_dev, "host store (UVA)");
+    compare_encoding(ix2, n, key_vals, "host store (UVA)");
 
     // An unaligned view (base one element off): the kernel's element-wise loads.
     bf16 *dk1;
     CU_CHECK(cudaMalloc(&dk1, keys.size() * 2 + 16));
     CU_CHECK(cudaMemcpy(dk1 + 1, keys.data(), keys.size() * 2, cudaMemcpyHostToDevice));
     CU_CHECK(pkv_gpu_index_reset(&ix2, -1, 0));
-    PkvKeySource usrc = {dk1 + 1, src.layer_stride, src.head_stride, src.slot_stride};
+    PkvKeySource usrc = {dk1 + 1, src.layer_stride, src.head_stride, src.slot_stride, NULL, 0};
     CU_CHECK(pkv_gpu_encode(&ix2, usrc, 0, n, 0));
     CU_CHECK(cudaDeviceSynchronize());
-    compare_encoding(ix2, n, key_dev, "unaligned view");
+    compare_encoding(ix2, n, key_vals, "unaligned view");
+
+    // The fp8 host store's rows (codes of K, of V, two scales; offload/fp8.h): the index of the
+    // values fp8_dequantize_row gives, as the CPU path encodes them.
+    size_t row8 = 2 * (size_t)D + 8;
+    uint8_t *hs8;
+    CU_CHECK(cudaHostAlloc(&hs8, (size_t)cap * LH * row8, cudaHostAllocMapped));
+    memset(hs8, 0, (size_t)cap * LH * row8);
+    std::vector<float> deq((size_t)LH * cap * D);
+    for (int l = 0; l < n_layers; l++)
+        for (int h = 0; h < n_kv; h++)
+            for (int i = 0; i < n; i++) {
+                uint8_t *rw = hs8 + (((size_t)i * n_layers + l) * n_kv + h) * row8;
+                std::vector<float> k = key_vals(l, h, i);
+                float sc = fp8_quantize_row(k.data(), D, rw);
+                memcpy(rw + 2 * D, &sc, 4);
+                fp8_dequantize_row(rw, sc, D, &deq[(((size_t)l * n_kv + h) * cap + i) * D]);
+            }
+    uint8_t *hs8_dev;
+    CU_CHECK(cudaHostGetDevicePointer((void **)&hs8_dev, hs8, 0));
+    CU_CHECK(pkv_gpu_index_reset(&ix2, -1, 0));
+    PkvKeySource fsrc = {NULL, (size_t)n_kv * row8, row8, (size_t)n_layers * n_kv * row8, hs8_dev, 2 * (size_t)D};
+    CU_CHECK(pkv_gpu_encode(&ix2, fsrc, 0, n1, 0));
+    CU_CHECK(pkv_gpu_encode(&ix2, fsrc, n1, n, 0));
+    CU_CHECK(cudaDeviceSynchronize());
+    compare_encoding(ix2, n, [&](int l, int h, int i) {
+        const float *d = &deq[(((size_t)l * n_kv + h) * cap + i) * D];
+        return std::vector<float>(d, d + D);
+    }, "fp8 host store (UVA)");
+    cudaFreeHost(hs8);
 
     // Reset of one layer zeroes its counts only.
     CU_CHECK(pkv_gpu_index_reset(&ix, n_layers - 1, 0));
@@ -301,7 +332,7 @@ static void run_select_cfg(const SelCfg &cfg, unsigned long long seed) {
     bf16 *dk;
     CU_CHECK(cudaMalloc(&dk, keys.size() * 2));
     CU_CHECK(cudaMemcpy(dk, keys.data(), keys.size() * 2, cudaMemcpyHostToDevice));
-    PkvKeySource src = {dk, (size_t)D, (size_t)(cap + 1) * D, (size_t)D};
+    PkvKeySource src = {dk, (size_t)D, (size_t)(cap + 1) * D, (size_t)D, NULL, 0};
     const int layer = 1;
     PkvGpuIndex ix;
     CU_CHECK(pkv_gpu_index_alloc(&ix, 2, n_kv, D, cap, 0));
@@ -697,14 +728,14 @@ static void bench(int n) {
         for (size_t e = 0; e < elems; e++) hs[e] = f32_to_bf16(0.3f + r.uni());
         bf16 *hd;
         CU_CHECK(cudaHostGetDevicePointer((void **)&hd, hs, 0));
-        bn.src = {hd, (size_t)n_kv * row, row, (size_t)n_kv * row}, bn.from = 0, bn.to = hn;
+        bn.src = {hd, (size_t)n_kv * row, row, (size_t)n_kv * row, NULL, 0}, bn.from = 0, bn.to = hn;
         float t = time_ms(bn.st, 1, 5, run_encode, &bn);
         double keys = (double)hn * n_kv;
         printf("encode from the host store (UVA): %d slots x %d heads in %.2f ms: %.1f M keys/s, %.1f GB/s of keys\n", hn, n_kv, t,
                keys / (t * 1e-3) / 1e6, keys * D * 2 / (t * 1e-3) / 1e9);
         cudaFreeHost(hs);
     }
-    bn.src = {dk, 0, (size_t)n * D, (size_t)D};
+    bn.src = {dk, 0, (size_t)n * D, (size_t)D, NULL, 0};
     bn.from = n - 512, bn.to = n;
     float tu = time_ms(bn.st, 2, 10, run_encode, &bn);
     printf("encode an update of 512 slots x %d heads (device keys): %.1f us\n", n_kv, tu * 1e3);

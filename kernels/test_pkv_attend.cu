@@ -18,6 +18,7 @@
 #include "kernels.h"
 #include "pariskv_attend.h"
 #include "../offload/host_store.h"
+#include "../offload/fp8.h"
 extern "C" {
 #include "../model/bf16.h"
 }
@@ -87,16 +88,16 @@ static void test_qkv(int hd, int n_heads, int n_kv, int qk_norm, int host, int p
     CU_CHECK(cudaMemcpy(d_pos, &pos, 4, cudaMemcpyHostToDevice));
     HostStore hs;
     char err[256];
-    bf16 *hrows = NULL;
+    void *hrows = NULL;
     if (host) {
-        if (host_store_open(&hs, L, n_kv, hd, pos + 8, err) != 0 || host_store_grow(&hs, pos + 1, err) != 0) {
+        if (host_store_open(&hs, L, n_kv, hd, host == 2, pos + 8, err) != 0 || host_store_grow(&hs, pos + 1, err) != 0) {
             printf("FAIL host store: %s\n", err);
             failed++;
             return;
         }
-        hrows = (bf16 *)hs.base;
+        hrows = hs.base;
     }
-    GpuKV kv = {kc, vc, hrows, L, n_kv, hd, dcap, S, 0};
+    GpuKV kv = {kc, vc, hrows, L, n_kv, hd, dcap, S, 0, host == 2};
     CU_CHECK(pkv_qkv_decode(d_q, d_qkv, qk_norm ? d_qn : NULL, qk_norm ? d_kn : NULL, d_cs, kv, layer, d_pos, n_heads, 1e-6f, 0));
     CU_CHECK(cudaDeviceSynchronize());
     std::vector<float> q((size_t)n_heads * hd);
@@ -133,17 +134,24 @@ static void test_qkv(int hd, int n_heads, int n_kv, int qk_norm, int host, int p
         post(&qkv[(size_t)(n_heads + h) * hd], qk_norm ? kn.data() : NULL, o);
         const float *v = &qkv[(size_t)(n_heads + n_kv + h) * hd];
         size_t off = (((size_t)layer * n_kv + h) * dcap + sl) * hd;
+        const char *row = (const char *)hs.base + (((size_t)(pos - S) * L + layer) * n_kv + h) * (host ? hs.row_bytes : 0);
+        std::vector<float> kf(hd), vf(hd);
         for (int j = 0; j < hd; j++) {
             bad += fabs(bf(kh[off + j]) - o[j]) > fabs(o[j]) * (1.0 / 128) + 1e-30;
             bad += fabs(bf(vh[off + j]) - v[j]) > fabs(v[j]) * (1.0 / 128) + 1e-30;
-            if (host && pos >= S) {
-                const uint16_t *row = hs.base + (((size_t)(pos - S) * L + layer) * n_kv + h) * 2 * hd;
-                bad_host += row[j] != kh[off + j] || row[hd + j] != vh[off + j];
-            }
+            if (host == 1 && pos >= S) bad_host += ((const uint16_t *)row)[j] != kh[off + j] || ((const uint16_t *)row)[hd + j] != vh[off + j];
+            kf[j] = bf(kh[off + j]), vf[j] = bf(vh[off + j]);
+        }
+        if (host == 2 && pos >= S) { // the row's codes and scales: fp8_quantize_row of the cache's bf16 values, bit for bit
+            std::vector<uint8_t> kc8(hd), vc8(hd);
+            float ks = fp8_quantize_row(kf.data(), hd, kc8.data()), vs = fp8_quantize_row(vf.data(), hd, vc8.data()), gs[2];
+            memcpy(gs, row + 2 * hd, 8);
+            bad_host += memcmp(row, kc8.data(), hd) != 0, bad_host += memcmp(row + hd, vc8.data(), hd) != 0;
+            bad_host += memcmp(&gs[0], &ks, 4) != 0, bad_host += memcmp(&gs[1], &vs, 4) != 0;
         }
     }
-    snprintf(what, sizeof what, "pkv_qkv_decode hd %d pos %d (slot %d of %d): stored K/V beyond one bf16 step: %%.0f; host row != cache row: %%.0f",
-             hd, pos, sl, dcap);
+    snprintf(what, sizeof what, "pkv_qkv_decode hd %d pos %d (slot %d of %d): stored K/V beyond one bf16 step: %%.0f; host row (%s) != cache row: %%.0f",
+             hd, pos, sl, dcap, host == 2 ? "fp8, codes and scales" : "bf16");
     check(bad == 0 && bad_host == 0, what, bad, bad_host);
     if (host) host_store_close(&hs);
     cudaFree(d_qkv), cudaFree(d_qn), cudaFree(d_kn), cudaFree(d_cs), cudaFree(d_q), cudaFree(d_pos), cudaFree(kc), cudaFree(vc);
@@ -166,16 +174,34 @@ static void test_attend(AttnCase c, int timed) {
     HostStore hs;
     memset(&hs, 0, sizeof hs);
     char err[256];
+    // host 1: bf16 rows, 2: fp8 rows (codes of random values and their scales); host_f: every
+    // host row's values as the GPU reads them, (n_zone, L, n_kv, [K | V]) floats.
+    std::vector<float> host_f;
     if (c.host) {
-        if (host_store_open(&hs, L, c.n_kv, c.hd, n_zone + 16, err) != 0 || host_store_grow(&hs, n_zone, err) != 0) {
+        if (host_store_open(&hs, L, c.n_kv, c.hd, c.host == 2, n_zone + 16, err) != 0 || host_store_grow(&hs, n_zone, err) != 0) {
             printf("FAIL host store: %s\n", err);
             failed++;
             return;
         }
-        size_t n = (size_t)n_zone * L * c.n_kv * 2 * c.hd;
-        for (size_t i = 0; i < n; i++) hs.base[i] = f32_to_bf16(frand());
+        size_t rows = (size_t)n_zone * L * c.n_kv;
+        host_f.resize(rows * 2 * c.hd);
+        std::vector<float> x(c.hd);
+        for (size_t r = 0; r < rows; r++) {
+            char *row = (char *)hs.base + r * hs.row_bytes;
+            for (int kvp = 0; kvp < 2; kvp++) {
+                float *f = &host_f[(r * 2 + kvp) * c.hd];
+                if (c.host == 1)
+                    for (int j = 0; j < c.hd; j++) ((uint16_t *)row)[kvp * c.hd + j] = f32_to_bf16(frand()), f[j] = bf(((uint16_t *)row)[kvp * c.hd + j]);
+                else {
+                    for (int j = 0; j < c.hd; j++) x[j] = frand() * (kvp ? 1.0f : 3.0f);
+                    float sc = fp8_quantize_row(x.data(), c.hd, (uint8_t *)row + kvp * c.hd);
+                    memcpy(row + 2 * c.hd + 4 * kvp, &sc, 4);
+                    fp8_dequantize_row((uint8_t *)row + kvp * c.hd, sc, c.hd, f);
+                }
+            }
+        }
     }
-    GpuKV kv = {kc, vc, c.host ? (bf16 *)hs.base : NULL, L, c.n_kv, c.hd, c.dcap, S, 0};
+    GpuKV kv = {kc, vc, c.host ? hs.base : NULL, L, c.n_kv, c.hd, c.dcap, S, 0, c.host == 2};
     // a random selection of distinct zone slots per head, ascending (as the selection writes it)
     std::vector<int> sel((size_t)c.n_kv * kmax), nsel(c.n_kv);
     for (int h = 0; h < c.n_kv; h++) {
@@ -217,26 +243,21 @@ static void test_attend(AttnCase c, int timed) {
     double err_max = 0;
     int m_rows = 0;
     for (int h = 0; h < c.n_kv; h++) {
-        std::vector<const uint16_t *> kr, vr;
-        for (int p = 0; p < S && p <= c.pos; p++) {
+        std::vector<float> kr, vr; // the rows' values, in the kernel's list order
+        auto cache_row = [&](int p) {
             size_t o = (((size_t)layer * c.n_kv + h) * c.dcap + slot_of(p, S, c.dcap)) * c.hd;
-            kr.push_back(&kh[o]), vr.push_back(&vh[o]);
-        }
+            for (int j = 0; j < c.hd; j++) kr.push_back(bf(kh[o + j])), vr.push_back(bf(vh[o + j]));
+        };
+        for (int p = 0; p < S && p <= c.pos; p++) cache_row(p);
         for (int i = 0; i < nsel[h]; i++) {
             int s = sel[(size_t)h * kmax + i];
             if (c.host) {
-                const uint16_t *r = hs.base + (((size_t)s * L + layer) * c.n_kv + h) * 2 * c.hd;
-                kr.push_back(r), vr.push_back(r + c.hd);
-            } else {
-                size_t o = (((size_t)layer * c.n_kv + h) * c.dcap + slot_of(S + s, S, c.dcap)) * c.hd;
-                kr.push_back(&kh[o]), vr.push_back(&vh[o]);
-            }
+                const float *f = &host_f[((((size_t)s * L + layer) * c.n_kv + h) * 2) * c.hd];
+                kr.insert(kr.end(), f, f + c.hd), vr.insert(vr.end(), f + c.hd, f + 2 * c.hd);
+            } else cache_row(S + s);
         }
-        for (int p = c.zone_end; p <= c.pos; p++) {
-            size_t o = (((size_t)layer * c.n_kv + h) * c.dcap + slot_of(p, S, c.dcap)) * c.hd;
-            kr.push_back(&kh[o]), vr.push_back(&vh[o]);
-        }
-        int m = (int)kr.size();
+        for (int p = c.zone_end; p <= c.pos; p++) cache_row(p);
+        int m = (int)(kr.size() / c.hd);
         m_rows = std::max(m_rows, m);
         for (int g = 0; g < G; g++) {
             const float *qh = &q[(size_t)(h * G + g) * c.hd];
@@ -244,14 +265,14 @@ static void test_attend(AttnCase c, int timed) {
             double mx = -1e300, sum = 0;
             for (int i = 0; i < m; i++) {
                 double d = 0;
-                for (int j = 0; j < c.hd; j++) d += (double)qh[j] * bf(kr[i][j]);
+                for (int j = 0; j < c.hd; j++) d += (double)qh[j] * kr[(size_t)i * c.hd + j];
                 s[i] = d / sqrt((double)c.hd);
                 mx = fmax(mx, s[i]);
             }
             for (int i = 0; i < m; i++) s[i] = exp(s[i] - mx), sum += s[i];
             for (int j = 0; j < c.hd; j++) {
                 double o = 0;
-                for (int i = 0; i < m; i++) o += s[i] / sum * bf(vr[i][j]);
+                for (int i = 0; i < m; i++) o += s[i] / sum * vr[(size_t)i * c.hd + j];
                 double got = bf(out[(size_t)(h * G + g) * c.hd + j]);
                 err_max = isfinite(got) ? fmax(err_max, fabs(got - o)) : INFINITY;
             }
@@ -260,7 +281,7 @@ static void test_attend(AttnCase c, int timed) {
     double tol = 1.0 / 512 + 4.0 * m_rows / 16777216.0; // max|V| = 1
     char what[200];
     snprintf(what, sizeof what, "pkv_attend hd %d, %d/%d heads, k %d, zone %s, pos %d (device cache %d: %s), up to %d rows: err %%.2e (tol %%.2e)",
-             c.hd, c.n_heads, c.n_kv, c.k, c.host ? "host" : "gpu", c.pos, c.dcap, c.pos >= c.dcap ? "wrapped" : "no wrap", m_rows);
+             c.hd, c.n_heads, c.n_kv, c.k, c.host == 2 ? "host fp8" : c.host ? "host" : "gpu", c.pos, c.dcap, c.pos >= c.dcap ? "wrapped" : "no wrap", m_rows);
     check(err_max <= tol, what, err_max, tol);
     if (timed) {
         cudaEvent_t a, b;
@@ -275,8 +296,9 @@ static void test_attend(AttnCase c, int timed) {
         }
         std::sort(t.begin(), t.end());
         double zone_bytes = 0;
-        for (int h = 0; h < c.n_kv; h++) zone_bytes += nsel[h] * 4.0 * c.hd;
-        printf("time pkv_attend %s k %d, %d KV heads: %.1f us (median of 50); zone rows %.0f KB -> %.1f GB/s\n", c.host ? "host" : "gpu",
+        for (int h = 0; h < c.n_kv; h++) zone_bytes += nsel[h] * (c.host == 2 ? 2.0 * c.hd + 8 : 4.0 * c.hd);
+        printf("time pkv_attend %s k %d, %d KV heads: %.1f us (median of 50); zone rows %.0f KB -> %.1f GB/s\n",
+               c.host == 2 ? "host fp8" : c.host ? "host" : "gpu",
                c.k, c.n_kv, t[25] * 1e3, zone_bytes / 1e3, zone_bytes / (t[25] * 1e-3) / 1e9);
         cudaEventDestroy(a), cudaEventDestroy(b);
     }
@@ -286,7 +308,7 @@ static void test_attend(AttnCase c, int timed) {
 }
 
 // ---- rows to the host store: an exact copy ----
-static void test_rows_to_host(void) {
+static void test_rows_to_host(int fp8) {
     int S = 4, L = 3, n_kv = 2, hd = 64, dcap = 300, p0 = 2, p1 = 257;
     size_t cache = (size_t)L * n_kv * dcap * hd;
     std::vector<uint16_t> kh, vh;
@@ -294,29 +316,41 @@ static void test_rows_to_host(void) {
     random_cache(cache, kh, vh, &kc, &vc);
     HostStore hs;
     char err[256];
-    if (host_store_open(&hs, L, n_kv, hd, dcap, err) != 0 || host_store_grow(&hs, p1, err) != 0) {
+    if (host_store_open(&hs, L, n_kv, hd, fp8, dcap, err) != 0 || host_store_grow(&hs, p1, err) != 0) {
         printf("FAIL host store: %s\n", err);
         failed++;
         return;
     }
-    GpuKV kv = {kc, vc, (bf16 *)hs.base, L, n_kv, hd, dcap, S, 0};
+    GpuKV kv = {kc, vc, hs.base, L, n_kv, hd, dcap, S, 0, fp8};
     CU_CHECK(pkv_rows_to_host(kv, p0, p1, 0));
     CU_CHECK(cudaDeviceSynchronize());
     long bad = 0;
+    std::vector<float> x(hd);
+    std::vector<uint8_t> c8(hd);
     for (int p = S; p < p1; p++)
         for (int l = 0; l < L; l++)
             for (int h = 0; h < n_kv; h++) {
-                const uint16_t *r = hs.base + (((size_t)(p - S) * L + l) * n_kv + h) * 2 * hd;
+                const char *r = (const char *)hs.base + (((size_t)(p - S) * L + l) * n_kv + h) * hs.row_bytes;
                 size_t o = (((size_t)l * n_kv + h) * dcap + p) * hd;
-                for (int j = 0; j < hd; j++) bad += r[j] != kh[o + j] || r[hd + j] != vh[o + j];
+                if (!fp8) {
+                    for (int j = 0; j < hd; j++) bad += ((const uint16_t *)r)[j] != kh[o + j] || ((const uint16_t *)r)[hd + j] != vh[o + j];
+                    continue;
+                }
+                for (int kvp = 0; kvp < 2; kvp++) { // codes and scale: fp8_quantize_row of the cache row
+                    for (int j = 0; j < hd; j++) x[j] = bf((kvp ? vh : kh)[o + j]);
+                    float sc = fp8_quantize_row(x.data(), hd, c8.data());
+                    for (int j = 0; j < hd; j++) bad += (uint8_t)r[kvp * hd + j] != c8[j];
+                    bad += memcmp(r + 2 * hd + 4 * kvp, &sc, 4) != 0;
+                }
             }
-    check(bad == 0, "pkv_rows_to_host: positions 4..256 of 3 layers: %.0f values differ (of %.0f)", (double)bad,
-          (double)(p1 - S) * L * n_kv * 2 * hd);
+    char what[160];
+    snprintf(what, sizeof what, "pkv_rows_to_host %s: positions 4..256 of 3 layers: %%.0f values differ (of %%.0f)",
+             fp8 ? "fp8 (codes and scales bit-exact)" : "bf16 (an exact copy)");
+    check(bad == 0, what, (double)bad, (double)(p1 - S) * L * n_kv * 2 * hd);
     printf("host store: %ld slots of %zu bytes per chunk registration\n", hs.chunk_slots, hs.slot_bytes);
     host_store_close(&hs);
     cudaFree(kc), cudaFree(vc);
 }
-
 // ---- where the host store's memory comes from: registered THP mapping vs cudaHostAlloc ----
 // Timing only: the k = 2048 fetch of one layer (8 KV heads) from random rows of a 16 GiB store,
 // the GPU's page-table reach being what a long context stresses and a small store does not.
@@ -400,7 +434,7 @@ static void time_big_store(int mode) {
             return;
         }
     } else {
-        if (host_store_open(&hs, L, n_kv, hd, slots, err) != 0 || host_store_grow(&hs, slots, err) != 0) {
+        if (host_store_open(&hs, L, n_kv, hd, 0, slots, err) != 0 || host_store_grow(&hs, slots, err) != 0) {
             printf("note: host store of 16 GiB: %s\n", err);
             return;
         }
@@ -412,7 +446,7 @@ static void time_big_store(int mode) {
     bf16 *kc, *vc;
     CU_CHECK(cudaMalloc(&kc, cache * 2));
     CU_CHECK(cudaMalloc(&vc, cache * 2));
-    GpuKV kv = {kc, vc, rows, L, n_kv, hd, dcap, S, 0};
+    GpuKV kv = {kc, vc, rows, L, n_kv, hd, dcap, S, 0, 0};
     CU_CHECK(pkv_fill_random(kv, (int)slots, 77, 0));
     std::vector<int> sel((size_t)n_kv * k), nsel(n_kv, k);
     for (auto &x : sel) x = (int)((frand() + 1) * 0.5 * (slots - 1));
@@ -462,11 +496,12 @@ int main(void) {
     int quick = getenv("PKV_TEST_QUICK") != NULL;
     printf("seed %llu\n", rng);
     for (int hd : {64, 128})
-        for (int host : {0, 1}) {
+        for (int host : {0, 1, 2}) {
             test_qkv(hd, 9, 3, 0, host, 40);  // SmolLM2's grouping, no wrap
             test_qkv(hd, 8, 2, 1, host, 131); // Qwen3-style QK norms, past the ring's wrap (dcap 64)
         }
-    test_rows_to_host();
+    test_rows_to_host(0);
+    test_rows_to_host(1);
     // SmolLM2 (9 / 3 x 64) and Llama-3.1-8B (32 / 8 x 128) groupings; zone in the host store or
     // the device cache; positions before and after the ring wraps.
     test_attend({64, 9, 3, 100, 1, 1200, 3000, 2600}, 0);
@@ -475,11 +510,15 @@ int main(void) {
     test_attend({128, 32, 8, 2048, 1, 1200, 9000, 8300}, 0);
     test_attend({128, 32, 8, 100, 0, 5001, 5000, 4300}, 0);
     test_attend({128, 16, 8, 7, 1, 900, 700, 200}, 0); // few rows, G = 2, no wrap
+    test_attend({64, 9, 3, 100, 2, 1200, 3000, 2600}, 0); // fp8 host rows
+    test_attend({128, 32, 8, 2048, 2, 1200, 9000, 8300}, 0);
     if (!quick) {
         printf("-- timing (Llama-3.1-8B shape, one layer)\n");
         test_attend({128, 32, 8, 100, 1, 1300, 20784, 20084}, 1);
         test_attend({128, 32, 8, 2048, 1, 1300, 20784, 20084}, 1);
         test_attend({128, 32, 8, 100, 0, 20800, 20700, 20100}, 1);
+        test_attend({128, 32, 8, 100, 2, 1300, 20784, 20084}, 1);
+        test_attend({128, 32, 8, 2048, 2, 1300, 20784, 20084}, 1);
         if (getenv("PKV_TEST_BIG_STORE")) time_big_store(2), time_big_store(0), time_big_store(1);
     }
     printf("%d passed, %d failed\n", passed, failed);

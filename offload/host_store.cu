@@ -8,8 +8,10 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-size_t host_store_bytes(int n_layers, int n_kv, int head_dim, long slots) {
-    return (size_t)slots * n_layers * n_kv * 2 * head_dim * 2;
+size_t host_store_row_bytes(int head_dim, int fp8) { return fp8 ? 2 * (size_t)head_dim + 8 : 4 * (size_t)head_dim; }
+
+size_t host_store_bytes(int n_layers, int n_kv, int head_dim, int fp8, long slots) {
+    return (size_t)slots * n_layers * n_kv * host_store_row_bytes(head_dim, fp8);
 }
 
 size_t host_memory_available(void) {
@@ -23,7 +25,7 @@ size_t host_memory_available(void) {
     return (size_t)kb * 1024;
 }
 
-int host_store_open(HostStore *h, int n_layers, int n_kv, int head_dim, long cap_slots, char *err) {
+int host_store_open(HostStore *h, int n_layers, int n_kv, int head_dim, int fp8, long cap_slots, char *err) {
     memset(h, 0, sizeof *h);
     int can = 0, dev = 0;
     cudaGetDevice(&dev);
@@ -31,8 +33,9 @@ int host_store_open(HostStore *h, int n_layers, int n_kv, int head_dim, long cap
         snprintf(err, 256, "the host KV store needs a GPU that reads registered host memory at its own address (UVA); use --kv-store gpu");
         return -1;
     }
-    h->n_layers = n_layers, h->n_kv = n_kv, h->head_dim = head_dim;
-    h->slot_bytes = host_store_bytes(n_layers, n_kv, head_dim, 1);
+    h->n_layers = n_layers, h->n_kv = n_kv, h->head_dim = head_dim, h->fp8 = fp8;
+    h->row_bytes = host_store_row_bytes(head_dim, fp8);
+    h->slot_bytes = host_store_bytes(n_layers, n_kv, head_dim, fp8, 1);
     h->cap_slots = cap_slots > 0 ? cap_slots : 1;
     // Chunks of whole pages: a multiple of page / gcd(slot_bytes, page) slots.
     long page = sysconf(_SC_PAGESIZE), g = page, r = (long)(h->slot_bytes % (size_t)page);
@@ -50,8 +53,9 @@ int host_store_open(HostStore *h, int n_layers, int n_kv, int head_dim, long cap
     }
     size_t real = h->alias_slots ? h->slot_bytes * (size_t)h->alias_slots : need;
     if (avail && real > avail) {
-        snprintf(err, 256, "host memory: the KV store for %ld retrieval-zone positions needs %.2f GiB, but only %.2f GiB is available: "
-                 "lower --ctx (or use --kv-store gpu when it fits the GPU)", h->cap_slots, real / 1073741824.0, avail / 1073741824.0);
+        snprintf(err, 256, "host memory: the %s KV store for %ld retrieval-zone positions needs %.2f GiB, but only %.2f GiB is available: "
+                 "lower --ctx%s", fp8 ? "fp8" : "bf16", h->cap_slots, real / 1073741824.0, avail / 1073741824.0,
+                 fp8 ? "" : " (or --kv-store-dtype fp8: half the bytes; or --kv-store gpu when it fits the GPU)");
         return -1;
     }
     if (h->alias_slots)
@@ -66,7 +70,7 @@ int host_store_open(HostStore *h, int n_layers, int n_kv, int head_dim, long cap
         return -1;
     }
     madvise(p, h->reserved_bytes, MADV_HUGEPAGE); // advice only: without THP the store still works, slower to fill
-    h->base = (uint16_t *)p;
+    h->base = p;
     return 0;
 }
 

@@ -4,7 +4,8 @@
 it), never dropped; a bad id is quoted alone; progress redraws only on a terminal and is named for
 what it counts; a sampled run without --seed prints its seed, and that seed repeats it; the
 summary line at load; --version; ./export --help on stdout; "1 token"; --threads; --bench
-refuses a method it does not run; --kv-store takes gpu, host or auto."""
+refuses a method it does not run; --kv-store takes gpu, host or auto; --kv-store-dtype bf16 or fp8
+(fp8 only with a zone, in the host store)."""
 import os
 import re
 import subprocess
@@ -141,6 +142,13 @@ def main():
     check("--ids -f FILE reads the ids of FILE (as -p does)", p.returncode == 0 and p.stdout == q.stdout and len(p.stdout.split()) == 4,
           f"exit {p.returncode}, {p.stdout[:80]!r} vs {q.stdout[:80]!r}, {p.stderr[-200:]!r}")
     refused("--kv-store disk is refused", run(model, "-p", "Hi", "--kv-store", "disk"), "--kv-store must be gpu, host or auto, not 'disk'")
+    # The fp8 zone store: its values named, its place (the host store) and its need of a zone checked.
+    refused("--kv-store-dtype fp16 is refused", run(model, "-p", "Hi", "--kv-store-dtype", "fp16"),
+            "--kv-store-dtype must be bf16 or fp8, not 'fp16'")
+    refused("--kv-store-dtype fp8 with --kv-store gpu is refused", run(model, "-p", "Hi", "--kv-store-dtype", "fp8", "--kv-store", "gpu"),
+            "--kv-store-dtype fp8 keeps the retrieval zone in the host store")
+    refused("--kv-store-dtype fp8 with --attn full is refused", run(model, "-p", "Hi", "--kv-store-dtype", "fp8", "--attn", "full"),
+            "--kv-store-dtype fp8 applies to a retrieval zone")
 
     for f in os.listdir(tmp):
         os.unlink(os.path.join(tmp, f))

@@ -3,6 +3,7 @@
 // steps, independence from the thread count, recall with planted relevant keys, and drift (the
 // key distribution shifts halfway: ParisKV's recall holds while learned centroids fall).
 #include "../attention/attention.h"
+#include "../offload/fp8.h"
 #include "test_pariskv_util.h"
 
 #include <math.h>
@@ -381,6 +382,65 @@ static void test_drift(void) {
     free_inputs(&in);
 }
 
+// zone_fp8: a prompt, then decode steps through an index update and a chunk, then a rewind. The
+// policy must rewrite exactly the zone's rows with their fp8 values (offload/fp8.h, the
+// GPU host store's format) and attend exactly as the plain policy does on a cache where those rows
+// were rounded beforehand: the index and the attention see the stored values, nothing else
+// changes. Bit for bit (the same arithmetic on the same numbers).
+static void test_zone_fp8(void) {
+    Rng r = {808};
+    Inputs a = make_inputs(&r, 2, 6, 2, 64, 1400), b = make_inputs(&r, 2, 6, 2, 64, 1400);
+    size_t kvn = (size_t)a.L * a.ctx * a.Hkv * a.D, qn = (size_t)a.L * a.ctx * a.H * a.D;
+    memcpy(b.k, a.k, kvn * 4), memcpy(b.v, a.v, kvn * 4), memcpy(b.q, a.q, qn * 4);
+    AttnConfig c;
+    attn_config_default(&c);
+    c.topk = 24, c.local = 96, c.update = 64, c.dense_min = 0, c.prefill_len = 600;
+    AttnConfig c8 = c;
+    c8.zone_fp8 = 1;
+    AttnPolicy *pa = create(&c8, &a), *pb = create(&c, &b);
+    float *oa = xcalloc(qn, sizeof(float)), *ob = xcalloc(qn, sizeof(float));
+    // b: the rows [sink, zone_end) rounded by hand before each call that reaches them.
+    int rounded = c.sink, row = a.Hkv * a.D;
+    // Each call's decode positions see one zone (the policy rounds as a run of them starts); the
+    // zone grows at 664 and 728. After the rewind to 640 the zone is back to [4, 504), and rows up
+    // to 568 stay rounded (as the store holds them; the GPU's window would still hold the originals).
+    int steps[][2] = {{0, 600}, {600, 1}, {601, 63}, {664, 1}, {665, 63}, {640, 1}, {641, 23}};
+    int bad_rows = 0, calls = 0;
+    double d = 0;
+    for (int s = 0; s < 7; s++) {
+        int p0 = steps[s][0], T = steps[s][1];
+        if (p0 < rounded) { // the rewind rewrites rows from p0 on: fresh values for both caches
+            for (int l = 0; l < a.L; l++)
+                for (size_t i = (size_t)p0 * row; i < (size_t)a.ctx * row; i++) {
+                    size_t o = (size_t)l * a.ctx * row + i;
+                    b.k[o] = a.k[o] = gauss(&r), b.v[o] = a.v[o] = gauss(&r);
+                }
+            rounded = p0 > c.sink ? p0 : c.sink;
+        }
+        int ze = p0 + T <= c.prefill_len ? 0 : attn_zone_end(&c, p0 + T - 1); // the prompt: dense, nothing rounded
+        for (int l = 0; l < b.L; l++) // zone rows of b rounded as the store holds them
+            for (int p = rounded; p < ze; p++)
+                for (int h = 0; h < 2 * b.Hkv; h++) {
+                    float *x = (h < b.Hkv ? b.k : b.v) + ((size_t)l * b.ctx + p) * row + (size_t)(h % b.Hkv) * b.D;
+                    uint8_t code[64];
+                    float sc = fp8_quantize_row(x, b.D, code);
+                    fp8_dequantize_row(code, sc, b.D, x);
+                }
+        if (ze > rounded) rounded = ze;
+        attend(pa, &a, p0, T, oa);
+        attend(pb, &b, p0, T, ob);
+        calls++;
+        for (int l = 0; l < a.L; l++) d = fmax(d, max_diff(oa + (size_t)l * a.ctx * a.H * a.D + (size_t)p0 * a.H * a.D,
+                                                      ob + (size_t)l * b.ctx * b.H * b.D + (size_t)p0 * b.H * b.D, (size_t)T * a.H * a.D));
+        bad_rows += memcmp(a.k, b.k, kvn * 4) != 0 || memcmp(a.v, b.v, kvn * 4) != 0;
+    }
+    check(d == 0 && bad_rows == 0,
+          "zone_fp8: %d calls (prompt, steps, an update, chunks, a rewind): the cache's zone rows are their fp8 values and the output "
+          "equals the plain policy's on such a cache (max diff %.1e, calls with other rows %d)", calls, d, bad_rows);
+    pa->destroy(pa), pb->destroy(pb);
+    free(oa), free(ob), free_inputs(&a), free_inputs(&b);
+}
+
 static void test_bad_config(void) {
     Rng r = {16};
     Inputs in = make_inputs(&r, 1, 2, 1, 64, 64);
@@ -406,6 +466,7 @@ int main(void) {
     test_streaming();
     test_planted_recall();
     test_drift();
+    test_zone_fp8();
     test_bad_config();
     printf("%d passed, %d failed\n", passed, failed);
     return failed != 0;

@@ -169,7 +169,7 @@ static int sampled(const Arm *a, int p) {
 
 // The inner policy's attend, cut after every sampled query so that its index is exactly that
 // query's zone when the selection is measured.
-static void probe_attend(AttnPolicy *pp, int layer, float *out, const float *q, const float *k_cache, const float *v_cache, int pos0, int T,
+static void probe_attend(AttnPolicy *pp, int layer, float *out, const float *q, float *k_cache, float *v_cache, int pos0, int T,
                          int n_heads, int n_kv_heads, int head_dim, float *scratch) {
     Arm *a = pp->state;
     size_t row = (size_t)n_heads * head_dim;
