@@ -48,11 +48,23 @@ FP8_FN uint8_t fp8_e4m3_encode(float x) {
     return sign | (uint8_t)((e + 7) << 3 | (m - 8));
 }
 
+// The value of code c, built from its bits: a normal code's exponent and mantissa move into a
+// float's fields (bias 7 -> 127); a subnormal one is m 2^-9 (exact).
 FP8_FN float fp8_e4m3_decode(uint8_t c) {
-    int e = (c >> 3) & 15, m = c & 7;
-    float v = e == 0 ? ldexpf((float)m, -9) : ldexpf((float)(8 + m), e - 10);
-    if (e == 15 && m == 7) v = NAN;
-    return c & 0x80 ? -v : v;
+    uint32_t e = (c >> 3) & 15, m = c & 7, s = (uint32_t)(c & 0x80) << 24;
+    if (e == 15 && m == 7) return NAN;
+    float v;
+    if (e) {
+        uint32_t u = s | (e + 120) << 23 | m << 20;
+#ifdef __CUDA_ARCH__
+        v = __uint_as_float(u);
+#else
+        memcpy(&v, &u, 4);
+#endif
+        return v;
+    }
+    v = (float)m * 0.001953125f; // 2^-9
+    return s ? -v : v;
 }
 
 // The scale of a row whose largest magnitude is amax (0 for an all-zero row).
