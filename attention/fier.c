@@ -93,7 +93,7 @@ static void fi_destroy(Selector *s) {
 Selector *selector_fier(int n_layers, int n_kv_heads, int head_dim, int cap, char *err) {
     Fier *f = attn_calloc(1, sizeof *f, "the fier selector", err);
     if (!f) return NULL;
-    f->base = (Selector){"fier", fi_extend, fi_reset, fi_scratch, fi_select, fi_destroy};
+    f->base = (Selector){"fier", fi_extend, fi_reset, fi_scratch, fi_select, fi_destroy, NULL};
     f->n_kv_heads = n_kv_heads, f->D = head_dim, f->bytes = (head_dim + 7) / 8;
     f->cap = (size_t)(cap > 0 ? cap : 1), f->max_groups = f->cap / GROUP + 1;
     size_t heads = (size_t)n_layers * n_kv_heads;

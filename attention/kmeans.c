@@ -127,7 +127,7 @@ Selector *selector_kmeans(int n_layers, int n_kv_heads, int head_dim, int cap, c
     }
     KMeans *km = attn_calloc(1, sizeof *km, "the kmeans selector", err);
     if (!km) return NULL;
-    km->base = (Selector){"kmeans", km_extend, km_reset, km_scratch, km_select, km_destroy};
+    km->base = (Selector){"kmeans", km_extend, km_reset, km_scratch, km_select, km_destroy, NULL};
     km->n_kv_heads = n_kv_heads, km->D = head_dim, km->M = head_dim / SUB, km->cap = (size_t)(cap > 0 ? cap : 1);
     size_t heads = (size_t)n_layers * n_kv_heads;
     if (!(km->n_cent = attn_calloc(heads, sizeof(int), "kmeans state", err)) ||

@@ -55,7 +55,7 @@ static void or_destroy(Selector *s) {
 Selector *selector_oracle(int n_layers, int n_kv_heads, int head_dim, int cap, char *err) {
     Oracle *o = attn_calloc(1, sizeof *o, "the oracle selector", err);
     if (!o) return NULL;
-    o->base = (Selector){"oracle", or_extend, or_reset, or_scratch, or_select, or_destroy};
+    o->base = (Selector){"oracle", or_extend, or_reset, or_scratch, or_select, or_destroy, NULL};
     o->n_kv_heads = n_kv_heads, o->D = head_dim, o->cap = (size_t)(cap > 0 ? cap : 1);
     o->keys = attn_calloc((size_t)n_layers * n_kv_heads * o->cap * head_dim, sizeof(float), "the oracle's key copy", err);
     if (!o->keys) {

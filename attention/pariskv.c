@@ -38,6 +38,17 @@ static void pkv_reset(Selector *s, int layer) {
     }
 }
 
+// The slots from n on leave: their ids leave the counts (the rest of the index is per slot).
+static void pkv_truncate(Selector *s, int layer, int n) {
+    ParisKV *p = (ParisKV *)s;
+    for (int h = 0; h < p->n_kv_heads; h++) {
+        PkvIndex *ix = &p->ix[layer * p->n_kv_heads + h];
+        for (int i = n; i < ix->n; i++)
+            for (int b = 0; b < p->B; b++) ix->count[b * PKV_PATTERNS + ix->ids[(size_t)i * p->B + b]]--;
+        if (n < ix->n) ix->n = n;
+    }
+}
+
 static size_t pkv_scratch(const Selector *s, int max_n) {
     const ParisKV *p = (const ParisKV *)s;
     // k is at most max_n: the top-k heap never holds more than the zone.
@@ -73,7 +84,7 @@ Selector *selector_pariskv(int n_layers, int n_kv_heads, int head_dim, int cap, 
     }
     ParisKV *p = attn_calloc(1, sizeof *p, "the pariskv selector", err);
     if (!p) return NULL;
-    p->base = (Selector){"pariskv", pkv_extend, pkv_reset, pkv_scratch, pkv_sel, pkv_destroy};
+    p->base = (Selector){"pariskv", pkv_extend, pkv_reset, pkv_scratch, pkv_sel, pkv_destroy, pkv_truncate};
     p->n_layers = n_layers, p->n_kv_heads = n_kv_heads, p->D = D, p->B = D / PKV_M, p->cap = cap;
     srht_signs(SRHT_SEED, D, p->signs);
     p->ix = attn_calloc((size_t)n_layers * n_kv_heads, sizeof(PkvIndex), "the pariskv index", err);

@@ -203,8 +203,17 @@ static void attend_one(const Policy *P, int layer, const KVStore *st, float *out
 static void policy_attend(AttnPolicy *ap, int layer, float *out, const float *q, float *k_cache, float *v_cache, int pos0, int T,
                           int n_heads, int n_kv_heads, int head_dim, float *scratch) {
     Policy *P = ap->state;
-    if (pos0 == 0 || pos0 < P->seen_end[layer]) reset_layer(P, layer); // a new sequence, or a rewind
-    if (P->fp8_end[layer] > pos0) P->fp8_end[layer] = pos0;             // rows from pos0 on are new
+    if (pos0 == 0) reset_layer(P, layer); // a new sequence
+    else if (pos0 < P->seen_end[layer]) { // a rewind: rows from pos0 on are new
+        // The zone slots below both the zone at pos0 and pos0 itself hold unchanged keys: a
+        // selector that can keeps them (a chat's later turn then encodes only what is new).
+        int keep = attn_zone_end(&P->cfg, pos0);
+        keep = (keep < pos0 ? keep : pos0) - P->cfg.sink;
+        if (keep > P->indexed[layer]) keep = P->indexed[layer];
+        if (P->sel->truncate && keep > 0) P->sel->truncate(P->sel, layer, keep), P->indexed[layer] = keep;
+        else reset_layer(P, layer);
+    }
+    if (P->fp8_end[layer] > pos0) P->fp8_end[layer] = pos0;
     P->seen_end[layer] = pos0 + T;
     // Prompt positions and short sequences attend densely; they come first in any chunk.
     int nd = 0;

@@ -110,7 +110,7 @@ static void qu_destroy(Selector *s) {
 Selector *selector_quest(int n_layers, int n_kv_heads, int head_dim, int cap, char *err) {
     Quest *qs = attn_calloc(1, sizeof *qs, "the quest selector", err);
     if (!qs) return NULL;
-    qs->base = (Selector){"quest", qu_extend, qu_reset, qu_scratch, qu_select, qu_destroy};
+    qs->base = (Selector){"quest", qu_extend, qu_reset, qu_scratch, qu_select, qu_destroy, NULL};
     qs->n_kv_heads = n_kv_heads, qs->D = head_dim, qs->max_pages = (size_t)(cap > 0 ? cap : 1) / PAGE + 1;
     size_t n = (size_t)n_layers * n_kv_heads * qs->max_pages * head_dim;
     qs->mn = attn_calloc(n, sizeof(float), "quest page minima", err);

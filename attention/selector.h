@@ -30,6 +30,9 @@ struct Selector {
     // the KV head's group); writes them ascending to out and returns how many. Reads the index only.
     int (*select)(const Selector *s, int layer, int kv_head, const float *q, int n, const SelectParams *sp, void *scratch, int *out);
     void (*destroy)(Selector *s);
+    // Keeps the first n slots of the layer's index and forgets the rest (a rewind: the zone's
+    // earlier keys are unchanged). NULL: the policy resets the layer and indexes it again.
+    void (*truncate)(Selector *s, int layer, int n);
 };
 
 // Each returns NULL with err (ATTN_ERR_LEN) filled on a bad shape or out of memory. cap: the

@@ -18,6 +18,6 @@ static void st_destroy(Selector *s) { free(s); }
 
 Selector *selector_streaming(char *err) {
     Selector *s = attn_calloc(1, sizeof *s, "the streaming selector", err);
-    if (s) *s = (Selector){"streaming", st_extend, st_reset, st_scratch, st_select, st_destroy};
+    if (s) *s = (Selector){"streaming", st_extend, st_reset, st_scratch, st_select, st_destroy, NULL};
     return s;
 }

@@ -441,6 +441,39 @@ static void test_zone_fp8(void) {
     free(oa), free(ob), free_inputs(&a), free_inputs(&b);
 }
 
+// A rewind (a chat's re-rendered turn) keeps the zone's unchanged keys in the ParisKV index
+// (truncation) instead of encoding them again: after it, every output must equal that of a
+// fresh policy that saw the final contents from the start. Content from the rewind point on is
+// replaced, the index loses two updates' worth of slots.
+static void test_rewind_truncates(void) {
+    Rng r = {4242};
+    Inputs a = make_inputs(&r, 2, 6, 2, 64, 1100);
+    size_t row = (size_t)a.Hkv * a.D, qrow = (size_t)a.H * a.D, qn = (size_t)a.L * a.ctx * qrow;
+    AttnConfig c;
+    attn_config_default(&c);
+    c.topk = 24, c.local = 96, c.update = 64, c.dense_min = 0, c.prefill_len = 600;
+    AttnPolicy *pa = create(&c, &a), *pb = create(&c, &a);
+    float *oa = xcalloc(qn, sizeof(float)), *ob = xcalloc(qn, sizeof(float));
+    attend(pa, &a, 0, 600, oa);
+    for (int p = 600; p < 900; p++) attend(pa, &a, p, 1, oa);
+    for (int l = 0; l < a.L; l++) // new rows and queries from 750 on
+        for (size_t i = 750 * row; i < (size_t)a.ctx * row; i++) {
+            size_t o = (size_t)l * a.ctx * row + i;
+            a.k[o] = gauss(&r), a.v[o] = gauss(&r);
+        }
+    for (size_t i = 0; i < (size_t)a.L * a.ctx; i++)
+        if ((int)(i % a.ctx) >= 750) for (size_t j = 0; j < qrow; j++) a.q[i * qrow + j] = gauss(&r);
+    for (int p = 750; p < 1000; p++) attend(pa, &a, p, 1, oa); // rewound
+    attend(pb, &a, 0, 600, ob);
+    attend(pb, &a, 600, 150, ob);
+    for (int p = 750; p < 1000; p++) attend(pb, &a, p, 1, ob);
+    double d = 0;
+    for (int l = 0; l < a.L; l++) d = fmax(d, max_diff(oa + ((size_t)l * a.ctx + 750) * qrow, ob + ((size_t)l * a.ctx + 750) * qrow, 250 * qrow));
+    check(d == 0, "rewind from 900 to 750 (zone slots 628..756 dropped, 0..628 kept): 250 steps equal a fresh policy's (max diff %.1e)", d);
+    pa->destroy(pa), pb->destroy(pb);
+    free(oa), free(ob), free_inputs(&a);
+}
+
 static void test_bad_config(void) {
     Rng r = {16};
     Inputs in = make_inputs(&r, 1, 2, 1, 64, 64);
@@ -467,6 +500,7 @@ int main(void) {
     test_planted_recall();
     test_drift();
     test_zone_fp8();
+    test_rewind_truncates();
     test_bad_config();
     printf("%d passed, %d failed\n", passed, failed);
     return failed != 0;
