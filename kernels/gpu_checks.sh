@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the repo root, with binaries from kernels/prepare_device.sh in .dev/:
 # kernel tests against the CPU reference, whole-model GPU vs CPU, and the decode benchmark.
-# Usage: kernels/gpu_checks.sh [kernels|models|smollm2|pkvrand|pkvsmol|pkvbench|bench|prefill|peer|hfcheck|all]...
+# Usage: kernels/gpu_checks.sh [kernels|models|smollm2|pkvrand|pkvchat|pkvsmol|pkvfp8|pkvbench|bench|prefill|peer|hfcheck|all]...
 # Exits non-zero when any check fails: every command's status counts (pipefail: a `cmd | tee`
 # fails when cmd does), and a GPU/CPU mismatch is a failure, not a note.
 set -uo pipefail
@@ -138,6 +138,26 @@ if want pkvsmol; then
     done
     cmp -s /tmp/gen.host /tmp/gen.gpu && echo "ok   generation after a 7K-token prompt: host store == GPU store (128 greedy tokens)" ||
         { echo "FAIL generation differs between the stores"; status=1; }
+fi
+if want pkvfp8; then
+    # The fp8 zone store (--kv-store-dtype fp8): GPU against CPU on pkvrand's random SmolLM2-shaped
+    # model (mean NLL within 0.02, the device cache small so its ring wraps), then Llama-3.1-8B at 1M
+    # with a real fp8 store (66 GiB of host memory).
+    echo "=== pariskv fp8 store: GPU vs CPU, random SmolLM2-shaped model"
+    if [ -f /dev/shm/smolrand.bin ]; then
+        OMP_NUM_THREADS=16 $D/run /dev/shm/smolrand.bin --score /dev/shm/ids6k.txt --ids --device cpu --attn pariskv --kv-store-dtype fp8 \
+            > "$OUT/cpu_fp8.score" 2>/dev/null || { echo "FAIL fp8 --score on the CPU"; status=1; }
+        PKV_DEVICE_POSITIONS=2600 $D/run /dev/shm/smolrand.bin --score /dev/shm/ids6k.txt --ids --device gpu --attn pariskv --kv-store-dtype fp8 \
+            > "$OUT/gpu_fp8.score" 2>/dev/null || { echo "FAIL fp8 --score on the GPU"; status=1; }
+        python3 - "$OUT/gpu_fp8.score" "$OUT/cpu_fp8.score" <<'PY' || status=1
+import sys
+m = [float(l.split()[1]) for f in sys.argv[1:] for l in open(f) if l.startswith("mean_nll")]
+ok = len(m) == 2 and abs(m[0] - m[1]) <= 0.02
+print(f"{'ok  ' if ok else 'FAIL'} fp8 store: GPU mean NLL {m[0] if m else '?'} vs CPU {m[1] if len(m) > 1 else '?'} (bound 0.02)")
+sys.exit(0 if ok else 1)
+PY
+    else echo "FAIL pkvfp8 needs pkvrand first"; status=1; fi
+    timeout 280 $D/run --bench --synthetic llama3.1-8b --attn pariskv --kv-store-dtype fp8 --topk 100 --bench-ctx 1048576 2>&1 | tee -a "$OUT/pkvfp8.txt" || status=1
 fi
 if want pkvbench; then
     # ParisKV decode on the synthetic 8B shapes: zone in pinned host memory, k = 100 and 2048, and
