@@ -1,6 +1,6 @@
 // ParisKV's GPU kernels (pariskv_gpu.cu) against the CPU reference (attention/pariskv_*.c) on
 // fresh random inputs (fixed seeds, printed): the encoder (device layout, the host store's
-// layout through UVA, an unaligned view), the query transform, and each stage of the selection
+// layout through UVA, an unaligned view, the fp8 store's rows), the query transform, and each stage of the selection
 // fed the same inputs as the CPU (bonus tables, scores, candidate set, estimates, top-k), the
 // end-to-end overlap with pkv_select from the CPU's own query, and a captured graph replayed at
 // other zone sizes. Then timings (CUDA events, median; per kernel from the captured graph cut
@@ -795,7 +795,7 @@ int main(void) {
                                     {big, 100, 0, 0}, {big, 2048, 0, 0}, {9999, 2048, 0.25f, 0.3f}}},
         {256, 1, 8, 2.0f, "D=256", {{5000, 100, 0, 0}, {30001, 100, 0, 0}, {30001, 700, 0, 0}}},
         // Nearly parallel keys: skewed counts, most scores and estimates equal (ties everywhere),
-        // and more than SURV_MAX candidates in the k-th's first radix bin.
+        // and many candidates in the k-th's first radix bin (the top-k's later digits decide).
         {128, 2, 2, 200.0f, "degenerate", {{quick ? 131072 : 300000, 100, 0, 0}, {quick ? 131072 : 300000, 1000, 0, 0}}},
     };
     for (const SelCfg &c : cfgs) run_select_cfg(c, seed++);

@@ -1,8 +1,8 @@
 // ParisKV's decode attention kernels (pariskv_attend.cu) and the host store (offload/) against
 // CPU references on fresh random inputs, then timed: the QKV post-processing with its
 // write-through, the attention over sink + selected + window with the zone in pinned host memory
-// (UVA) or in the device cache, the ring of the device cache past its wrap, the row copy to the
-// host store. Needs a GPU.
+// (UVA, bf16 or fp8 rows) or in the device cache, the ring of the device cache past its wrap, the
+// rows of a prompt converted to the host store. Needs a GPU.
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
