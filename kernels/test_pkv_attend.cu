@@ -87,6 +87,7 @@ static void test_qkv(int hd, int n_heads, int n_kv, int qk_norm, int host, int p
     CU_CHECK(cudaMemcpy(d_cs, cs.data(), hd * 4, cudaMemcpyHostToDevice));
     CU_CHECK(cudaMemcpy(d_pos, &pos, 4, cudaMemcpyHostToDevice));
     HostStore hs;
+    memset(&hs, 0, sizeof hs);
     char err[256];
     void *hrows = NULL;
     if (host) {
@@ -134,7 +135,7 @@ static void test_qkv(int hd, int n_heads, int n_kv, int qk_norm, int host, int p
         post(&qkv[(size_t)(n_heads + h) * hd], qk_norm ? kn.data() : NULL, o);
         const float *v = &qkv[(size_t)(n_heads + n_kv + h) * hd];
         size_t off = (((size_t)layer * n_kv + h) * dcap + sl) * hd;
-        const char *row = (const char *)hs.base + (((size_t)(pos - S) * L + layer) * n_kv + h) * (host ? hs.row_bytes : 0);
+        const char *row = host ? (const char *)hs.base + (((size_t)(pos - S) * L + layer) * n_kv + h) * hs.row_bytes : NULL;
         std::vector<float> kf(hd), vf(hd);
         for (int j = 0; j < hd; j++) {
             bad += fabs(bf(kh[off + j]) - o[j]) > fabs(o[j]) * (1.0 / 128) + 1e-30;
