@@ -57,7 +57,11 @@ static int bench_pariskv(const Model *m, const int *ctx_list, int n_ctx, int ste
     double pcie = h2d_bandwidth();
     size_t step_wbytes = gpu_weight_bytes(c) - (c->tied_embeddings ? 0 : (size_t)c->vocab_size * c->dim * 2);
     printf("pariskv: k %d, sink %d, local %d, update %d, zone in %s; host-to-device bulk copy %.1f GB/s\n", attn->topk, attn->sink,
-           attn->local, attn->update, attn->store == KV_STORE_HOST || attn->zone_fp8 ? (attn->zone_fp8 ? "pinned host memory, fp8 rows" : "pinned host memory") : attn->store == KV_STORE_GPU ? "GPU memory" : "auto", pcie / 1e9);
+           attn->local, attn->update, attn->zone_fp8                   ? "pinned host memory, fp8 rows"
+           : attn->store == KV_STORE_HOST ? "pinned host memory"
+           : attn->store == KV_STORE_GPU  ? "GPU memory"
+                                          : "auto",
+           pcie / 1e9);
     printf("floor = (weights + index, window and selection bytes) / HBM bandwidth + top-k rows from host / bulk PCIe bandwidth\n");
     printf("%9s | %5s | %4s | %8s | %17s | %9s | %8s | %10s | %9s | %8s | %8s\n", "context", "k", "zone", "TPOT ms", "p10-p90 ms", "floor ms",
            "TPOT/flr", "update ms", "+per step", "fill s", "index s");

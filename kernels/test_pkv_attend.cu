@@ -412,7 +412,6 @@ static void *vmm_host_alloc(size_t bytes, size_t *gran) {
 // mode 0: the runner's host store (mmap + MADV_HUGEPAGE + cudaHostRegister), 1: cudaHostAlloc,
 // 2: cuMemCreate on the host (VMM). Not freed in mode 2 (a timing run's end frees it).
 static void time_big_store(int mode) {
-    int use_host_alloc = mode;
     int S = 4, L = 2, n_kv = 8, hd = 128, n_heads = 32, k = 2048, dcap = 1300, pos = 20784, zone_end = 20084;
     long slots = (16L << 30) / ((long)L * n_kv * 2 * hd * 2);
     HostStore hs;
@@ -429,7 +428,7 @@ static void time_big_store(int mode) {
     if (mode == 2) {
         rows = (bf16 *)vmm_host_alloc((size_t)slots * L * n_kv * 2 * hd * 2, &vmm_gran);
         if (!rows) return;
-    } else if (use_host_alloc) {
+    } else if (mode == 1) {
         if (cudaHostAlloc((void **)&rows, (size_t)slots * L * n_kv * 2 * hd * 2, cudaHostAllocMapped | cudaHostAllocPortable) != cudaSuccess) {
             printf("note: cudaHostAlloc of 16 GiB failed\n");
             return;
@@ -484,7 +483,7 @@ static void time_big_store(int mode) {
     std::sort(t.begin(), t.end());
     double bytes = (double)n_kv * k * 4 * hd;
     printf("time 16 GiB store from %s (set up in %.1f s; huge pages in this process %.1f GiB): k 2048 x 8 heads, fresh random rows: "
-           "%.1f us, %.1f GB/s\n", mode == 2 ? "cuMemCreate (host)" : use_host_alloc ? "cudaHostAlloc" : "mmap + MADV_HUGEPAGE + cudaHostRegister", alloc_s,
+           "%.1f us, %.1f GB/s\n", mode == 2 ? "cuMemCreate (host)" : mode == 1 ? "cudaHostAlloc" : "mmap + MADV_HUGEPAGE + cudaHostRegister", alloc_s,
            huge_pages_gib(), t[20] * 1e3, bytes / (t[20] * 1e-3) / 1e9);
     if (mode == 1) cudaFreeHost(rows);
     else if (mode == 0) host_store_close(&hs);
