@@ -106,7 +106,8 @@ static void usage(FILE *f) {
             "benchmark (GPU):\n"
             "  --bench          time decode steps at each context and print TPOT beside the bandwidth floor\n"
             "  --synthetic NAME random weights of a real shape instead of a model file:\n"
-            "                   llama3.1-8b, qwen3-8b, qwen3-0.6b\n"
+            "                   llama3.1-8b, qwen3-8b, qwen3-0.6b; also without --bench, to generate\n"
+            "                   from a prompt of ids (--ids -f FILE -n N) on the GPU\n"
             "  --bench-ctx LIST contexts to fill, e.g. 4096,32768,131072 (default 4096,32768,131072)\n"
             "  --bench-steps N  timed decode steps per context (default 64, at least 64)\n"
             "  --bench-prefill  fill by a real prefill of random tokens (timed) instead of random K/V\n"
@@ -312,6 +313,10 @@ static float *prefill(const Model *m, RunState *s, const char *label, const int 
     double t0 = now_s();
     int chunk = s->chunk, show = n > 8 * chunk, tty = isatty(STDERR_FILENO), last_tenth = 0;
     char err[MODEL_ERR_LEN];
+    if (pos == 0 && !all_logits && s->dev && s->be->prompt_whole && s->be->prompt_whole(s->dev, n)) { // it shows its own progress
+        if (!(logits = model_forward(m, s, tokens, n, 0, 0, err))) die("%s", err);
+        return logits;
+    }
     for (int i = 0; i < n; i += chunk) {
         if (interrupted) return NULL; // only when the caller catches SIGINT (generation)
         int T = n - i < chunk ? n - i : chunk;
@@ -456,6 +461,37 @@ static void stop_flush(StopFilter *f) {
     f->len = 0;
 }
 
+// A long generation's TPOT over its course: the first, a middle and the last 1,000 decode
+// steps, each bin's mean, median and slowest step (index updates included, as they happen).
+#define TPOT_BIN 1000
+#define TPOT_BINS_FROM (3 * TPOT_BIN)
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static void print_tpot_bins(const double *ms, int n, int n_prompt) {
+    double *tmp = malloc(TPOT_BIN * sizeof(double));
+    if (!tmp) return;
+    fprintf(stderr, "TPOT over the generation (ms, decode steps; context = prompt %d + step):\n", n_prompt);
+    fprintf(stderr, "| bin | steps | mean | median | max |\n| --- | --- | --- | --- | --- |\n");
+    const char *name[3] = {"first", "middle", "last"};
+    int from[3] = {0, (n - TPOT_BIN) / 2, n - TPOT_BIN};
+    for (int b = 0; b < 3; b++) {
+        double sum = 0, mx = 0;
+        for (int i = 0; i < TPOT_BIN; i++) {
+            tmp[i] = ms[from[b] + i];
+            sum += tmp[i];
+            if (tmp[i] > mx) mx = tmp[i];
+        }
+        qsort(tmp, TPOT_BIN, sizeof(double), cmp_double);
+        fprintf(stderr, "| %s | %d-%d | %.3f | %.3f | %.3f |\n", name[b], from[b] + 1, from[b] + TPOT_BIN, sum / TPOT_BIN,
+                (tmp[TPOT_BIN / 2 - 1] + tmp[TPOT_BIN / 2]) / 2, mx);
+    }
+    free(tmp);
+}
+
 static void run_generate(const Model *m, const Tokenizer *tok, const Options *o) {
     if (o->ids && o->n_stops) die("--stop applies to text output, not --ids");
     const Config *c = &m->c;
@@ -498,7 +534,8 @@ static void run_generate(const Model *m, const Tokenizer *tok, const Options *o)
     print_summary(m, &s, o);
 
     Sampler sampler;
-    int n_valid = tokenizer_n_tokens(tok) < (int)c->vocab_size ? tokenizer_n_tokens(tok) : (int)c->vocab_size;
+    int n_tok = tok ? tokenizer_n_tokens(tok) : (int)c->vocab_size; // no tokenizer: a --synthetic model's ids
+    int n_valid = n_tok < (int)c->vocab_size ? n_tok : (int)c->vocab_size;
     if (sampler_init(&sampler, n_valid, o->temperature, o->top_k, o->top_p, o->min_p, o->seed) != 0 ||
         sampler_set_penalties(&sampler, o->repeat_penalty, o->presence_penalty, o->frequency_penalty, o->repeat_last_n) != 0)
         die("out of memory");
@@ -512,11 +549,12 @@ static void run_generate(const Model *m, const Tokenizer *tok, const Options *o)
     float *logits = prefill(m, &s, "prefill", prompt, n_prompt, 0, 0, NULL, NULL);
     double t_prefill = now_s() - t0;
 
-    char *piece = malloc(tokenizer_max_piece_len(tok) + 16);
+    char *piece = malloc(tok ? tokenizer_max_piece_len(tok) + 16 : 16);
     if (!piece) die("out of memory");
     TokDecoder dec = {0};
     int pos = n_prompt, generated = 0;
     const char *stop = NULL;
+    double *step_ms = o->steps > TPOT_BINS_FROM ? malloc((size_t)o->steps * sizeof(double)) : NULL; // per decode step, for the bins
     double t1 = now_s();
     while (generated < o->steps) {
         if (interrupted || !logits) {
@@ -538,14 +576,16 @@ static void run_generate(const Model *m, const Tokenizer *tok, const Options *o)
             }
         }
         flush_out();
-        if (tokenizer_is_eos(tok, next) && !o->ignore_eos) break;
+        if (tok && tokenizer_is_eos(tok, next) && !o->ignore_eos) break;
         if (generated == o->steps) break;
         if (pos >= ctx) {
             stop = "context full";
             break;
         }
+        double ts = step_ms ? now_s() : 0;
         logits = model_forward(m, &s, &next, 1, pos, 0, err);
         if (!logits) die("%s", err);
+        if (step_ms) step_ms[generated - 1] = 1e3 * (now_s() - ts);
         pos++;
     }
     if (!o->ids && !(stop && strcmp(stop, "stop string") == 0)) {
@@ -567,6 +607,8 @@ static void run_generate(const Model *m, const Tokenizer *tok, const Options *o)
     if (!s.dev) fprintf(stderr, " | threads %d%s", tuner_threads(&tt[0]), o->threads ? "" : " (tuned)");
     if (!o->seed_set && o->temperature > 0) fprintf(stderr, " | seed %llu", o->seed); // to repeat the run: --seed
     fprintf(stderr, "\n");
+    if (step_ms && steps > TPOT_BINS_FROM) print_tpot_bins(step_ms, steps, n_prompt);
+    free(step_ms);
     free(piece);
     sampler_free(&sampler);
     if (s.attn) s.attn->destroy(s.attn);
@@ -700,6 +742,12 @@ static float *chat_prefill(Chat *c, const int *ids, int from, int n) {
     char err[MODEL_ERR_LEN];
     float *logits = NULL;
     c->n_cache = from;
+    if (from == 0 && c->s.dev && c->s.be->prompt_whole && c->s.be->prompt_whole(c->s.dev, n)) { // a first message longer than the GPU's cache
+        if (!(logits = model_forward(c->m, &c->s, ids, n, 0, 0, err))) die("%s", err);
+        memcpy(c->cache, ids, (size_t)n * sizeof(int));
+        c->n_cache = n;
+        return logits;
+    }
     for (int i = from; i < n; i += c->s.chunk) {
         if (interrupted) return NULL;
         int T = n - i < c->s.chunk ? n - i : c->s.chunk;
@@ -920,6 +968,23 @@ static int run_bench(const Options *o) {
     return rc;
 }
 
+// Generation on random weights of a real shape (no tokenizer: --ids), on the GPU: long-context
+// runs of the real path (a prompt of random ids, then -n steps) where no model file of that size
+// is at hand.
+static int run_synthetic(const Options *o) {
+    if (o->model_path) die("give either a model file or --synthetic NAME, not both");
+    if (!o->ids) die("--synthetic has no tokenizer: give the prompt as ids (--ids -p \"1 2 3\" or --ids -f FILE)");
+    if (o->chat || o->render_chat || o->score_file || o->tokenize) die("--synthetic runs generation (or --bench) only");
+    Model m;
+    if (model_synthetic(&m, o->synthetic) != 0) die("unknown --synthetic model '%s' (llama3.1-8b, qwen3-8b, qwen3-0.6b)", o->synthetic);
+    if (o->device && strcmp(o->device, "cpu") == 0) die("--synthetic runs on the GPU (its weights are made there)");
+    select_device(&m, "gpu");
+    run_generate(&m, NULL, o);
+    model_free(&m);
+    flush_out();
+    return interrupted ? 130 : 0;
+}
+
 int main(int argc, char **argv) {
     Options o = {0};
     o.steps = 256;
@@ -1028,6 +1093,7 @@ int main(int argc, char **argv) {
     if (o.attn.zone_fp8 && o.attn.method == ATTN_FULL)
         die("--kv-store-dtype fp8 applies to a retrieval zone: it needs --attn pariskv (or a peer), not full");
     if (o.bench) return run_bench(&o);
+    if (o.synthetic) return run_synthetic(&o);
     if (!o.model_path) {
         usage(stderr);
         return 1;

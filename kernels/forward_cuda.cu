@@ -7,8 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cuda_common.h"
 #include "forward_cuda.h"
+#include "gpu_state.h"
 #include "kernels.h"
 #include "flash_prefill.h"
 #include "pariskv_attend.h"
@@ -21,89 +21,12 @@ extern "C" {
 #include "../model/bf16.h"
 }
 
-#define ERR_LEN 512
-
-static void set_err(char *err, const char *fmt, ...) {
+void gpu_set_err(char *err, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(err, ERR_LEN, fmt, ap);
     va_end(ap);
 }
-
-typedef struct {
-    bf16 *wqkv;         // (q_dim + 2 kv_dim, dim): rows of wq, wk, wv; columns times attn_norm
-    bf16 *wo;           // (dim, q_dim)
-    bf16 *wgu;          // (2 hidden, dim): gate and up rows interleaved (2i gate, 2i+1 up); columns times ffn_norm
-    bf16 *wdown;        // (dim, hidden)
-    float *attn_norm;   // (dim), folded into wqkv's columns after upload
-    float *ffn_norm;    // (dim), folded into wgu's columns after upload
-    float *q_norm;      // (hd) or NULL
-    float *k_norm;      // (hd) or NULL
-} GpuLayer;
-
-// ParisKV past the dense threshold (attention/attention.h has the regions and the protocol,
-// attention/policy.c the CPU reference). Every step: select, fetch, attend, captured in one
-// graph that reads the position and the zone from memory; every U steps, before that step's
-// graph: encode the keys entering the zone (their rows are already in the store: written
-// through by each step, or copied after a prefill).
-typedef struct {
-    int on;
-    AttnConfig cfg;
-    GpuKV kv;           // the device cache (sink + ring) and the zone's store
-    HostStore hs;       // the zone's rows when kv.host is set
-    PkvGpuIndex ix;
-    PkvGpuScratch sc;
-    float *q;           // (n_heads, hd) the step's queries, fp32
-    float *partial;     // pkv_attend scratch
-    unsigned *counters; // (n_kv)
-    int *d_meta;        // zone_end, zone slots: device copy of h_meta
-    int *h_meta;        // pinned
-    int indexed;        // zone slots in the index
-    int synced;         // host store: rows of positions [sink, synced) are in it
-    int seen_end;       // end of the last call's positions (an earlier start is a rewind)
-    int ring_hi;        // one past the highest position written to the device cache since position 0
-    cudaGraphExec_t graph;
-    int graph_ready;
-} Pkv;
-
-struct GpuState {
-    Config c;
-    int ctx, chunk, logit_rows;
-    cudaStream_t st;
-    cublasHandle_t blas;
-    // weights
-    bf16 *embd;         // (vocab, dim)
-    bf16 *head;         // (vocab, dim); == embd when tied
-    float *out_norm;    // (dim)
-    float *inv_freq;    // (hd / 2)
-    float *rope_cs;     // (hd): cos, sin at the decode step's position
-    GpuLayer *layers;   // host array of device pointers
-    size_t weight_bytes;
-    // KV cache: (n_layers, n_kv, ctx, hd) bf16
-    bf16 *kcache, *vcache;
-    // activations for up to chunk tokens
-    float *x;           // (chunk, dim) residual stream
-    bf16 *xb;           // (chunk, max(dim, q_dim, hidden)) matmul input
-    float *proj;        // (chunk, max(q_dim + 2 kv_dim, 2 hidden)) matmul output
-    bf16 *q;            // (chunk, q_dim)
-    bf16 *att;          // (chunk, q_dim)
-    bf16 *hb;           // (chunk, hidden) SwiGLU output
-    float *logits;      // (logit_rows, vocab)
-    float *partial;     // flash-decoding scratch
-    float *sumsq_a, *sumsq_b; // decode: per-block sums of squares of the residual (gemv_bf16_add_stats)
-    unsigned *counters; // (n_kv) decode attention's split counters, zero between steps
-    int *d_tokens;      // (chunk)
-    int *d_pos;         // (1)
-    int *h_tokens;      // pinned (chunk)
-    int *h_pos;         // pinned (1)
-    float *h_logits;    // pinned (chunk, vocab)
-    int skip;           // PKV_DECODE_SKIP: decode stages left out, for timing breakdowns only
-    float *h_step;      // pinned (vocab): the logits of a decode step
-    cudaGraphExec_t decode_graph;
-    int graph_ready;
-    int dcap;           // positions of the device cache kcache/vcache (== ctx unless the zone is in the host store)
-    Pkv pkv;
-};
 
 static size_t align256(size_t x) { return (x + 255) & ~(size_t)255; }
 
@@ -292,7 +215,7 @@ static size_t pkv_device_bytes(const Config *c, const AttnConfig *a, int ctx) {
 
 // The positions the device cache needs at least under ParisKV with the zone in the host store:
 // the dense phase, the ring (sink + local window + update buffer + the new token), a prefill chunk.
-static int pkv_min_positions(const AttnConfig *a, int chunk) {
+int pkv_min_positions(const AttnConfig *a, int chunk) {
     int ring = a->sink + a->local + a->update + 1, t = attn_dense_threshold(a);
     return (t > ring ? t : ring) + chunk;
 }
@@ -302,33 +225,33 @@ static int pkv_min_positions(const AttnConfig *a, int chunk) {
 static void *gpu_create_ex(const Model *m, int ctx, int chunk, int all_logits, const AttnConfig *attn, int dcap_want, char *err) {
     int n_dev = 0;
     if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
-        set_err(err, "no CUDA device found (use --device cpu)");
+        gpu_set_err(err, "no CUDA device found (use --device cpu)");
         return NULL;
     }
     const Config *c = &m->c;
     const char *why = unsupported_shape(c);
     if (why) {
-        set_err(err, "the CUDA path cannot run this model (head_dim %u, %u / %u heads, dim %u, hidden %u): %s; use --device cpu",
+        gpu_set_err(err, "the CUDA path cannot run this model (head_dim %u, %u / %u heads, dim %u, hidden %u): %s; use --device cpu",
                 c->head_dim, c->n_heads, c->n_kv_heads, c->dim, c->hidden_dim, why);
         return NULL;
     }
     if (attn && attn->method != ATTN_FULL && attn->method != ATTN_PARISKV) {
-        set_err(err, "--attn %s runs on the CPU only (add --device cpu); the GPU runs full and pariskv", attn_method_name(attn->method));
+        gpu_set_err(err, "--attn %s runs on the CPU only (add --device cpu); the GPU runs full and pariskv", attn_method_name(attn->method));
         return NULL;
     }
     int pkv = attn && attn->method == ATTN_PARISKV && ctx >= attn_dense_threshold(attn);
     if (pkv && attn->topk > 4096) {
-        set_err(err, "--attn pariskv on the GPU takes --topk up to 4096, not %d", attn->topk);
+        gpu_set_err(err, "--attn pariskv on the GPU takes --topk up to 4096, not %d", attn->topk);
         return NULL;
     }
     if (pkv && c->head_dim != 64 && c->head_dim != 128) {
-        set_err(err, "--attn pariskv on the GPU needs head_dim 64 or 128 (this model: %u); use --device cpu", c->head_dim);
+        gpu_set_err(err, "--attn pariskv on the GPU needs head_dim 64 or 128 (this model: %u); use --device cpu", c->head_dim);
         return NULL;
     }
     int logit_rows = all_logits ? chunk : 1;
     size_t free_b = 0, total_b = 0;
     if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
-        set_err(err, "cannot query GPU memory");
+        gpu_set_err(err, "cannot query GPU memory");
         return NULL;
     }
     size_t slack = 256u << 20; // cuBLAS workspace and slack
@@ -348,7 +271,7 @@ static void *gpu_create_ex(const Model *m, int ctx, int chunk, int all_logits, c
             dcap = want < ctx ? (int)want : ctx;
             if (dcap > fit && dcap_want <= 0 && !env) dcap = (int)fit; // never above what fits
             if (dcap < least && dcap < ctx) {
-                set_err(err, "GPU memory: weights %.2f GiB + ParisKV index %.2f GiB + activations %.2f GiB leave room for %ld cached positions, "
+                gpu_set_err(err, "GPU memory: weights %.2f GiB + ParisKV index %.2f GiB + activations %.2f GiB leave room for %ld cached positions, "
                         "but the host-store mode needs at least %d: lower --ctx",
                         gib(need_w), gib(need_p), gib(need_a), fit, least);
                 return NULL;
@@ -359,12 +282,12 @@ static void *gpu_create_ex(const Model *m, int ctx, int chunk, int all_logits, c
     size_t need = need_w + need_kv + need_a + need_p + slack;
     if (need > free_b) {
         if (pkv)
-            set_err(err, "GPU memory: weights %.2f GiB + KV cache for %d positions %.2f GiB + ParisKV index %.2f GiB + activations %.2f GiB = %.2f GiB, "
+            gpu_set_err(err, "GPU memory: weights %.2f GiB + KV cache for %d positions %.2f GiB + ParisKV index %.2f GiB + activations %.2f GiB = %.2f GiB, "
                          "but only %.2f GiB of %.2f GiB is free: lower --ctx%s",
                     gib(need_w), dcap, gib(need_kv), gib(need_p), gib(need_a), gib(need), gib(free_b), gib(total_b),
                     host ? "" : " or use --kv-store host");
         else
-            set_err(err, "GPU memory: weights %.2f GiB + KV cache for %d positions %.2f GiB + activations %.2f GiB = %.2f GiB, "
+            gpu_set_err(err, "GPU memory: weights %.2f GiB + KV cache for %d positions %.2f GiB + activations %.2f GiB = %.2f GiB, "
                          "but only %.2f GiB of %.2f GiB is free: lower --ctx%s",
                     gib(need_w), ctx, gib(need_kv), gib(need_a), gib(need), gib(free_b), gib(total_b),
                     attn && attn->method == ATTN_FULL ? "" : " (--attn pariskv keeps the long context in host memory)");
@@ -372,7 +295,7 @@ static void *gpu_create_ex(const Model *m, int ctx, int chunk, int all_logits, c
     }
     GpuState *g = (GpuState *)calloc(1, sizeof(GpuState));
     if (!g) {
-        set_err(err, "out of memory");
+        gpu_set_err(err, "out of memory");
         return NULL;
     }
     g->c = *c;
@@ -441,7 +364,7 @@ static void *gpu_create_ex(const Model *m, int ctx, int chunk, int all_logits, c
     if (e == cudaSuccess) e = cudaMallocHost((void **)&g->h_step, (size_t)c->vocab_size * 4);
     if (e == cudaSuccess) e = cudaStreamSynchronize(g->st);
     if (e != cudaSuccess) {
-        set_err(err, "GPU setup failed: %s", cudaGetErrorString(e));
+        gpu_set_err(err, "GPU setup failed: %s", cudaGetErrorString(e));
         gpu_free(g);
         return NULL;
     }
@@ -464,10 +387,14 @@ extern "C" void gpu_set_prefill_len(void *dev, int prefill_len) {
 
 extern "C" void gpu_destroy(void *dev) { gpu_free((GpuState *)dev); }
 
+void gpu_drop_graphs(GpuState *g) {
+    if (g->graph_ready) cudaGraphExecDestroy(g->decode_graph), g->graph_ready = 0;
+    if (g->pkv.graph_ready) cudaGraphExecDestroy(g->pkv.graph), g->pkv.graph_ready = 0;
+}
+
 // ---- the forward pass ----
 
-// y (T, d) fp32 (= or +=) x (T, n) bf16 · W^T; W (d, n) bf16.
-static cudaError_t gemm(GpuState *g, float *y, const bf16 *x, const bf16 *W, int T, int n, int d, int accumulate) {
+cudaError_t gpu_gemm(GpuState *g, float *y, const bf16 *x, const bf16 *W, int T, int n, int d, int accumulate) {
     float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
     cublasStatus_t s = cublasGemmEx(g->blas, CUBLAS_OP_T, CUBLAS_OP_N, d, T, n, &alpha, W, CUDA_R_16BF, n, x, CUDA_R_16BF,
                                     n, &beta, y, CUDA_R_32F, d, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
@@ -531,21 +458,21 @@ static cudaError_t enqueue_forward(GpuState *g, int T, int pos, int all_logits) 
         GpuLayer *w = &g->layers[l];
         bf16 *kc = g->kcache + l * layer_kv, *vc = g->vcache + l * layer_kv;
         CU_TRY(rmsnorm_bf16(g->xb, g->x, NULL, T, dim, c->norm_eps, st)); // weights folded into wqkv
-        CU_TRY(gemm(g, g->proj, g->xb, w->wqkv, T, dim, q_dim + 2 * kv_dim, 0));
+        CU_TRY(gpu_gemm(g, g->proj, g->xb, w->wqkv, T, dim, q_dim + 2 * kv_dim, 0));
         CU_TRY(qkv_rope_store(g->q, kc, vc, g->proj, w->q_norm, w->k_norm, g->inv_freq, g->d_pos, T, nh, nkv, hd, g->dcap,
                               c->norm_eps, st));
         if (hd == 64 || hd == 128) CU_TRY(flash_prefill(g->att, g->q, kc, vc, pos, T, nh, nkv, hd, g->dcap, st));
         else CU_TRY(attn_prefill_simple(g->att, g->q, kc, vc, pos, T, nh, nkv, hd, g->dcap, st)); // other head sizes
-        CU_TRY(gemm(g, g->x, g->att, w->wo, T, q_dim, dim, 1));
+        CU_TRY(gpu_gemm(g, g->x, g->att, w->wo, T, q_dim, dim, 1));
         CU_TRY(rmsnorm_bf16(g->xb, g->x, NULL, T, dim, c->norm_eps, st)); // weights folded into wgu
-        CU_TRY(gemm(g, g->proj, g->xb, w->wgu, T, dim, 2 * hidden, 0));
+        CU_TRY(gpu_gemm(g, g->proj, g->xb, w->wgu, T, dim, 2 * hidden, 0));
         CU_TRY(swiglu_pairs(g->hb, g->proj, T, hidden, st));
-        CU_TRY(gemm(g, g->x, g->hb, w->wdown, T, hidden, dim, 1));
+        CU_TRY(gpu_gemm(g, g->x, g->hb, w->wdown, T, hidden, dim, 1));
     }
     int first = all_logits ? 0 : T - 1, n = T - first;
     CU_TRY(rmsnorm_bf16(g->xb, g->x + (size_t)first * dim, g->out_norm, n, dim, c->norm_eps, st));
     if (n == 1) CU_TRY(gemv_bf16(g->logits, g->head, g->xb, dim, c->vocab_size, GEMV_STORE, st));
-    else CU_TRY(gemm(g, g->logits, g->xb, g->head, n, dim, c->vocab_size, 0));
+    else CU_TRY(gpu_gemm(g, g->logits, g->xb, g->head, n, dim, c->vocab_size, 0));
     return cudaMemcpyAsync(g->h_logits, g->logits, (size_t)n * c->vocab_size * 4, cudaMemcpyDeviceToHost, st);
 }
 
@@ -584,7 +511,7 @@ static void pkv_reset(GpuState *g, int pos) {
 // Makes the index cover the zone [sink, zone_end) before a step that sees it. The keys entering
 // it are read from the store: with a host store, rows of positions not yet written through
 // (a prefill, dense steps) are copied there first.
-static cudaError_t pkv_index_to(GpuState *g, int zone_end, int pos, char *err) {
+cudaError_t pkv_index_to(GpuState *g, int zone_end, int pos, char *err) {
     Pkv *p = &g->pkv;
     int S = p->cfg.sink, n = zone_end - S;
     if (p->kv.host) {
@@ -592,7 +519,7 @@ static cudaError_t pkv_index_to(GpuState *g, int zone_end, int pos, char *err) {
             int from = p->synced > S ? p->synced : S;
             // Those positions were written by the prefill or dense steps, all below dcap: still in the cache.
             if (pos > g->dcap) {
-                set_err(err, "internal: positions %d..%d are not in the host store and no longer in the device cache", from, pos);
+                gpu_set_err(err, "internal: positions %d..%d are not in the host store and no longer in the device cache", from, pos);
                 return cudaErrorInvalidValue;
             }
             if (host_store_grow(&p->hs, pos - S, err) != 0) return cudaErrorMemoryAllocation;
@@ -645,7 +572,7 @@ static cudaError_t pkv_step(GpuState *g, int token, int pos, char *err) {
 }
 
 static float *forward_failed(GpuState *g, cudaError_t e, char *err) {
-    if (e != cudaErrorMemoryAllocation || !err[0]) set_err(err, "GPU forward pass failed: %s", cudaGetErrorString(e));
+    if (e != cudaErrorMemoryAllocation || !err[0]) gpu_set_err(err, "GPU forward pass failed: %s", cudaGetErrorString(e));
     (void)g;
     return NULL;
 }
@@ -661,7 +588,7 @@ static float *pkv_forward(GpuState *g, const int *tokens, int T, int pos, int al
         int wrapped = p->ring_hi > g->dcap;
         int nd0 = attn_is_dense(cf, pos);
         if (pos > 0 && wrapped && (nd0 || attn_zone_end(cf, pos) < p->ring_hi - (g->dcap - cf->sink))) {
-            set_err(err, "cannot go back to position %d: the device cache no longer holds its window (%d positions); start over", pos, g->dcap);
+            gpu_set_err(err, "cannot go back to position %d: the device cache no longer holds its window (%d positions); start over", pos, g->dcap);
             return NULL;
         }
         pkv_reset(g, pos);
@@ -671,9 +598,13 @@ static float *pkv_forward(GpuState *g, const int *tokens, int T, int pos, int al
     int nd = 0;
     while (nd < T && attn_is_dense(cf, pos + nd)) nd++;
     cudaError_t e = cudaSuccess;
+    if (pos == 0 && nd == T && !all_logits && gpu_prefill_is_layered(g, T)) { // a prompt longer than the device cache
+        e = gpu_prefill_layered(g, tokens, T, err);
+        return e == cudaSuccess ? g->h_logits : forward_failed(g, e, err);
+    }
     if (nd > 0) {
         if (pos + nd > g->dcap) {
-            set_err(err, "the prompt reaches position %d, but the GPU holds a prompt's K/V for %d positions (the rest of the context is in host memory): "
+            gpu_set_err(err, "the prompt reaches position %d, but the GPU holds a prompt's K/V for %d positions (the rest of the context is in host memory): "
                     "shorten the prompt", pos + nd, g->dcap);
             return NULL;
         }
@@ -720,7 +651,7 @@ extern "C" float *gpu_forward(void *dev, const int *tokens, int T, int pos, int 
     }
     if (e == cudaSuccess) e = cudaStreamSynchronize(g->st);
     if (e != cudaSuccess) {
-        set_err(err, "GPU forward pass failed: %s", cudaGetErrorString(e));
+        gpu_set_err(err, "GPU forward pass failed: %s", cudaGetErrorString(e));
         return NULL;
     }
     return T == 1 ? g->h_step : g->h_logits;
@@ -899,13 +830,16 @@ extern "C" cudaError_t gpu_pkv_time_skip(void *dev, int pos, int skip, int n, fl
     return e;
 }
 
+// Whether a prompt of n tokens must come in one forward call (prefilled layer by layer).
+static int gpu_prompt_whole(void *dev, int n) { return gpu_prefill_is_layered((GpuState *)dev, n); }
+
 static int gpu_available(void) {
     int n = 0;
     return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
 }
 
 static const Backend backend_cuda = {
-    "cuda", NULL, NULL, NULL, NULL, NULL, NULL, gpu_available, gpu_create, gpu_set_prefill_len, gpu_forward, gpu_destroy, gpu_bench, 4096,
+    "cuda", NULL, NULL, NULL, NULL, NULL, NULL, gpu_available, gpu_create, gpu_set_prefill_len, gpu_forward, gpu_destroy, gpu_bench, 4096, gpu_prompt_whole,
 };
 
 extern "C" const Backend *backend_cuda_get(void) { return &backend_cuda; }

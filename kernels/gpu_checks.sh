@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the repo root, with binaries from kernels/prepare_device.sh in .dev/:
 # kernel tests against the CPU reference, whole-model GPU vs CPU, and the decode benchmark.
-# Usage: kernels/gpu_checks.sh [kernels|models|smollm2|pkvrand|pkvchat|pkvsmol|pkvfp8|pkvbench|bench|prefill|peer|hfcheck|all]...
+# Usage: kernels/gpu_checks.sh [kernels|models|smollm2|pkvrand|pkvchat|pkvsmol|pkvfp8|pkvlayer|pkvlong|pkvbench|bench|prefill|peer|hfcheck|all]...
 # Exits non-zero when any check fails: every command's status counts (pipefail: a `cmd | tee`
 # fails when cmd does), and a GPU/CPU mismatch is a failure, not a note.
 set -uo pipefail
@@ -157,7 +157,59 @@ print(f"{'ok  ' if ok else 'FAIL'} fp8 store: GPU mean NLL {m[0] if m else '?'} 
 sys.exit(0 if ok else 1)
 PY
     else echo "FAIL pkvfp8 needs pkvrand first"; status=1; fi
-    timeout 280 $D/run --bench --synthetic llama3.1-8b --attn pariskv --kv-store-dtype fp8 --topk 100 --bench-ctx 1048576 2>&1 | tee -a "$OUT/pkvfp8.txt" || status=1
+    [ "${PKV_FP8_BENCH:-1}" = 1 ] && { timeout 280 $D/run --bench --synthetic llama3.1-8b --attn pariskv --kv-store-dtype fp8 --topk 100 --bench-ctx 1048576 2>&1 |
+        tee -a "$OUT/pkvfp8.txt" || status=1; }
+fi
+if want pkvlayer; then
+    # A prompt longer than the device cache is prefilled layer by layer (kernels/prefill_layered.cu):
+    # the same kernels on the same chunks as a chunked prefill, so the greedy continuation must be
+    # identical -- on pkvrand's random SmolLM2-shaped model, bf16 and fp8 stores, layered when asked
+    # and when the device cache is too small for the prompt. Then real prefills of 256K and 512K
+    # random ids on Llama-3.1-8B's shape (256K also chunked, and dense where it fits), timed.
+    echo "=== pariskv layered prefill"
+    lay() { # name, env, run args...: greedy ids into /tmp/lay.NAME, stderr kept
+        local name=$1 env=$2; shift 2
+        env $env timeout 200 $D/run "$@" -n 128 --temp 0 --ignore-eos > /tmp/lay.$name 2> "$OUT/lay.$name.err" ||
+            { echo "FAIL $name"; tail -n 3 "$OUT/lay.$name.err"; status=1; }
+        echo "$name: $(grep -h 'layer by layer\|tok/s' "$OUT/lay.$name.err" | tr '\n' ' ')"
+    }
+    if [ -f /dev/shm/smolrand.bin ]; then
+        # 9,000 ids: longer than the device cache's least size (6,096 positions: the dense phase + a chunk)
+        python3 -c "import random; random.seed(9); print(' '.join(str(random.randrange(49152)) for _ in range(9000)))" > /tmp/ids9k.txt
+        for dt in bf16 fp8; do
+            R="/dev/shm/smolrand.bin --ids -f /tmp/ids9k.txt --ctx 9200 --kv-store host --kv-store-dtype $dt"
+            lay chunk-$dt X=0 $R
+            lay layer-$dt PKV_PREFILL_LAYERED=1 $R
+            lay small-$dt PKV_DEVICE_POSITIONS=2600 $R
+            grep -q "layer by layer" "$OUT/lay.small-$dt.err" && grep -q "layer by layer" "$OUT/lay.layer-$dt.err" &&
+                ! grep -q "layer by layer" "$OUT/lay.chunk-$dt.err" || { echo "FAIL $dt: the layered prefill did not run where expected"; status=1; }
+            cmp -s /tmp/lay.chunk-$dt /tmp/lay.layer-$dt && cmp -s /tmp/lay.chunk-$dt /tmp/lay.small-$dt && [ -s /tmp/lay.chunk-$dt ] &&
+                echo "ok   $dt store: 128 greedy tokens after the layered prefill == after the chunked one (9,000-id prompt)" ||
+                { echo "FAIL $dt store: the layered prefill's continuation differs"; status=1; }
+        done
+    else echo "FAIL pkvlayer needs pkvrand first"; status=1; fi
+    for N in ${PKV_LAYER_CTX-262144 524288}; do
+        python3 -c "import random; random.seed($N); print(' '.join(str(random.randrange(128000)) for _ in range($N)))" > /tmp/ids$N.txt
+        for mode in layered ${PKV_LAYER_CMP:-chunked dense}; do
+            [ $N -gt 300000 ] && [ $mode != layered ] && continue # the K/V of 512K positions does not fit the GPU
+            case $mode in
+                layered) env="PKV_PREFILL_LAYERED=1" args="--attn pariskv --kv-store host" ;;
+                chunked) env="X=0" args="--attn pariskv --kv-store host" ;;
+                dense) env="X=0" args="--attn full" ;;
+            esac
+            echo "--- $N tokens, $mode prefill"
+            env $env timeout 500 $D/run --synthetic llama3.1-8b --ids -f /tmp/ids$N.txt -n 8 --temp 0 --ctx $((N + 16)) $args 2>&1 >/dev/null |
+                grep -v "^warning" | tee -a "$OUT/pkvlayer.txt" || status=1
+        done
+    done
+fi
+if want pkvlong; then
+    # -n 38000 after a 128K-token prompt on Llama-3.1-8B's shape under ParisKV, zone in the host
+    # store: TPOT in bins over the generation (index updates included).
+    N=131072
+    python3 -c "import random; random.seed(7); print(' '.join(str(random.randrange(128000)) for _ in range($N)))" > /tmp/ids$N.txt
+    timeout 590 $D/run --synthetic llama3.1-8b --ids -f /tmp/ids$N.txt -n ${PKV_LONG_N:-38000} --temp 0 --ctx $((N + 38016)) --attn pariskv \
+        --kv-store host 2>&1 >/dev/null | grep -v "^warning" | tee "$OUT/pkvlong.txt" || status=1
 fi
 if want pkvbench; then
     # ParisKV decode on the synthetic 8B shapes: zone in pinned host memory, k = 100 and 2048, and

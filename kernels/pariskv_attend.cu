@@ -315,9 +315,12 @@ extern "C" cudaError_t pkv_attend(bf16 *out, const float *q, const int *sel, con
 
 // ---- moving and filling rows ----
 
+// The rows-out kernels read the source cache src (its layers 0 .. src.n_layers - 1) and write
+// layer layer0 + l of the destination kv: its host store, or its device cache.
+
 // fp8 rows: one warp per (position, layer, head, K or V) row: its max magnitude, then its codes
 // (fp8_quantize_row on the bf16 values), lane 0 the scale.
-__global__ void rows_to_host_fp8_kernel(GpuKV kv, int p0, long n_rows) {
+__global__ void rows_to_host_fp8_kernel(GpuKV kv, GpuKV src, int layer0, int p0, long n_rows) {
     int lane = threadIdx.x & 31;
     long warps = (long)gridDim.x * (blockDim.x / 32);
     for (long i = blockIdx.x * (long)(blockDim.x / 32) + (threadIdx.x >> 5); i < n_rows; i += warps) {
@@ -326,22 +329,23 @@ __global__ void rows_to_host_fp8_kernel(GpuKV kv, int p0, long n_rows) {
         t /= 2;
         int h = (int)(t % kv.n_kv);
         t /= kv.n_kv;
-        int layer = (int)(t % kv.n_layers);
-        int p = p0 + (int)(t / kv.n_layers);
-        const bf16 *src = (isv ? kv.vc : kv.kc) + cache_off(kv, layer, h, p);
+        int layer = (int)(t % src.n_layers);
+        int p = p0 + (int)(t / src.n_layers);
+        const bf16 *s = (isv ? src.vc : src.kc) + cache_off(src, layer, h, p);
         float amax = 0.0f;
-        for (int j = lane; j < kv.hd; j += 32) amax = fmaxf(amax, fabsf(__bfloat162float(src[j])));
+        for (int j = lane; j < kv.hd; j += 32) amax = fmaxf(amax, fabsf(__bfloat162float(s[j])));
 #pragma unroll
         for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
         float inv = amax > 0.0f ? FP8_E4M3_MAX / amax : 0.0f;
-        char *row = host_row(kv, layer, h, p - kv.sink);
-        for (int j = lane; j < kv.hd; j += 32) row[isv * kv.hd + j] = (char)fp8_e4m3_encode(__bfloat162float(src[j]) * inv);
+        char *row = host_row(kv, layer0 + layer, h, p - kv.sink);
+        for (int j = lane; j < kv.hd; j += 32) row[isv * kv.hd + j] = (char)fp8_e4m3_encode(__bfloat162float(s[j]) * inv);
         if (lane == 0) ((float *)(row + 2 * kv.hd))[isv] = fp8_row_scale(amax);
     }
 }
 
-// One thread per 16 bytes: (position, layer, head, K or V, 16-byte part).
-__global__ void rows_to_host_kernel(GpuKV kv, int p0, long n_items) {
+// One thread per 16 bytes: (position, layer, head, K or V, 16-byte part). to_host: into kv's
+// host store (bf16 rows), else into kv's device cache.
+__global__ void rows_out_kernel(GpuKV kv, GpuKV src, int layer0, int p0, long n_items, int to_host) {
     int parts = kv.hd / 8;
     for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n_items; i += (long)gridDim.x * blockDim.x) {
         long t = i;
@@ -351,27 +355,41 @@ __global__ void rows_to_host_kernel(GpuKV kv, int p0, long n_items) {
         t /= 2;
         int h = (int)(t % kv.n_kv);
         t /= kv.n_kv;
-        int layer = (int)(t % kv.n_layers);
-        int p = p0 + (int)(t / kv.n_layers);
-        size_t o = cache_off(kv, layer, h, p);
-        const uint4 *src = (const uint4 *)((isv ? kv.vc : kv.kc) + o);
-        uint4 *dst = (uint4 *)((bf16 *)host_row(kv, layer, h, p - kv.sink) + isv * kv.hd);  // bf16 rows
-        dst[part] = src[part];
+        int layer = (int)(t % src.n_layers);
+        int p = p0 + (int)(t / src.n_layers);
+        const uint4 *s = (const uint4 *)((isv ? src.vc : src.kc) + cache_off(src, layer, h, p));
+        uint4 *dst = to_host ? (uint4 *)((bf16 *)host_row(kv, layer0 + layer, h, p - kv.sink) + isv * kv.hd) // bf16 rows
+                             : (uint4 *)((isv ? kv.vc : kv.kc) + cache_off(kv, layer0 + layer, h, p));
+        dst[part] = s[part];
     }
+}
+
+static cudaError_t rows_out(GpuKV kv, GpuKV src, int layer0, int p0, int p1, int to_host, cudaStream_t st) {
+    if (p1 <= p0) return cudaSuccess;
+    if (to_host && kv.fp8) {
+        long rows = (long)(p1 - p0) * src.n_layers * kv.n_kv * 2, blocks = (rows + 7) / 8;
+        rows_to_host_fp8_kernel<<<(unsigned)(blocks < 4096 ? blocks : 4096), 256, 0, st>>>(kv, src, layer0, p0, rows);
+        return cudaGetLastError();
+    }
+    long n = (long)(p1 - p0) * src.n_layers * kv.n_kv * 2 * (kv.hd / 8);
+    long blocks = (n + 255) / 256;
+    rows_out_kernel<<<(unsigned)(blocks < 4096 ? blocks : 4096), 256, 0, st>>>(kv, src, layer0, p0, n, to_host);
+    return cudaGetLastError();
 }
 
 extern "C" cudaError_t pkv_rows_to_host(GpuKV kv, int p0, int p1, cudaStream_t st) {
     if (p0 < kv.sink) p0 = kv.sink;
-    if (!kv.host || p1 <= p0) return cudaSuccess;
-    if (kv.fp8) {
-        long rows = (long)(p1 - p0) * kv.n_layers * kv.n_kv * 2, blocks = (rows + 7) / 8;
-        rows_to_host_fp8_kernel<<<(unsigned)(blocks < 4096 ? blocks : 4096), 256, 0, st>>>(kv, p0, rows);
-        return cudaGetLastError();
-    }
-    long n = (long)(p1 - p0) * kv.n_layers * kv.n_kv * 2 * (kv.hd / 8);
-    long blocks = (n + 255) / 256;
-    rows_to_host_kernel<<<(unsigned)(blocks < 4096 ? blocks : 4096), 256, 0, st>>>(kv, p0, n);
-    return cudaGetLastError();
+    if (!kv.host) return cudaSuccess;
+    return rows_out(kv, kv, 0, p0, p1, 1, st);
+}
+
+extern "C" cudaError_t pkv_layer_rows_out(GpuKV kv, int layer, const bf16 *k, const bf16 *v, int cap, int p0, int p1, int to_host,
+                                          cudaStream_t st) {
+    if (to_host && !kv.host) return cudaErrorInvalidValue;
+    if (to_host && p0 < kv.sink) p0 = kv.sink;
+    // The source as a one-layer cache of cap positions: slot p holds position p (no ring).
+    GpuKV src = {(bf16 *)k, (bf16 *)v, NULL, 1, kv.n_kv, kv.hd, cap, 0, 0, 0};
+    return rows_out(kv, src, layer, p0, p1, to_host, st);
 }
 
 __device__ __forceinline__ unsigned hash32(unsigned long long x) {

@@ -53,6 +53,13 @@ cudaError_t pkv_attend(bf16 *out, const float *q, const int *sel, const int *nse
 // prompt's rows after a prefill; positions written by dense steps). kv.host must be set.
 cudaError_t pkv_rows_to_host(GpuKV kv, int p0, int p1, cudaStream_t st);
 
+// One layer's rows from a layer-sized cache k, v (n_kv, cap, hd) bf16 (slot p = position p: a
+// prompt prefilled layer by layer) into layer `layer` of kv: positions [p0, p1) into the host
+// store (to_host; positions below the sink are skipped, fp8 rows quantized as the QKV kernel
+// does), or into the device cache's slots (the sink and the ring).
+cudaError_t pkv_layer_rows_out(GpuKV kv, int layer, const bf16 *k, const bf16 *v, int cap, int p0, int p1, int to_host,
+                               cudaStream_t st);
+
 // Random K/V for a benchmark: zone slots [0, n_slots) in the host store (or the device cache),
 // and every device-cache slot. Values uniform in [-1, 1].
 cudaError_t pkv_fill_random(GpuKV kv, int n_slots, unsigned long long seed, cudaStream_t st);

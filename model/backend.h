@@ -43,6 +43,10 @@ typedef struct Backend {
     // attn: NULL or full for dense attention, or ParisKV (its store, k, ...).
     int (*bench)(const struct Model *m, const int *ctx_list, int n_ctx, int steps, int real_prefill, int chunk, const struct AttnConfig *attn);
     int max_chunk; // preferred prefill chunk
+    // Whether a prompt of n tokens at position 0 (logits of the last only) must be given to
+    // forward in one call instead of chunks (NULL: never): the CUDA pass prefills a prompt longer
+    // than its device cache layer by layer, which needs every token at once.
+    int (*prompt_whole)(void *dev, int n);
 } Backend;
 
 extern const Backend backend_cpu;

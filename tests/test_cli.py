@@ -149,6 +149,21 @@ def main():
             "--kv-store-dtype fp8 keeps the retrieval zone in the host store")
     refused("--kv-store-dtype fp8 with --attn full is refused", run(model, "-p", "Hi", "--kv-store-dtype", "fp8", "--attn", "full"),
             "--kv-store-dtype fp8 applies to a retrieval zone")
+    # A long generation prints its TPOT in bins (first, middle, last 1,000 decode steps); a short one does not.
+    p = run(model, "--ids", "-p", "1 2 3", "-n", "3100", "--temp", "0", "--ignore-eos", "--ctx", "3200", "--attn", "full")
+    rows = [l for l in p.stderr.decode().splitlines() if re.match(r"\| (first|middle|last) \| \d+-\d+ \|", l)]
+    check("-n 3100 prints TPOT bins of 1,000 steps", p.returncode == 0 and len(rows) == 3 and "| first | 1-1000 |" in rows[0]
+          and "| last | 2100-3099 |" in rows[2], f"exit {p.returncode}, {rows}")
+    p = run(model, "--ids", "-p", "1 2 3", "-n", "64", "--temp", "0", "--ignore-eos")
+    check("-n 64 prints no TPOT bins", p.returncode == 0 and b"TPOT over the generation" not in p.stderr, f"exit {p.returncode}")
+    # --synthetic outside --bench: generation from ids on the GPU, nothing else.
+    refused("--synthetic without --ids is refused", run("--synthetic", "llama3.1-8b", "-p", "1 2"), "--synthetic has no tokenizer")
+    refused("--synthetic with a model file is refused", run(model, "--synthetic", "llama3.1-8b", "--ids", "-p", "1 2"),
+            "give either a model file or --synthetic NAME")
+    refused("--synthetic NAME unknown is refused", run("--synthetic", "llama9", "--ids", "-p", "1 2"), "unknown --synthetic model 'llama9'")
+    refused("--synthetic --chat is refused", run("--synthetic", "qwen3-8b", "--ids", "--chat"), "--synthetic runs generation (or --bench) only")
+    refused("--synthetic --device cpu is refused", run("--synthetic", "qwen3-8b", "--ids", "-p", "1", "--device", "cpu"),
+            "--synthetic runs on the GPU")
 
     for f in os.listdir(tmp):
         os.unlink(os.path.join(tmp, f))

@@ -1,0 +1,115 @@
+// The CUDA backend's state (forward_cuda.cu), shared by the units that run parts of its pass
+// (prefill_layered.cu). Private to kernels/: the rest of the program sees an opaque pointer.
+#ifndef GPU_STATE_H
+#define GPU_STATE_H
+
+#include <cublas_v2.h>
+
+#include "cuda_common.h"
+#include "forward_cuda.h"
+#include "pariskv_attend.h"
+#include "pariskv_gpu.h"
+#include "../offload/host_store.h"
+
+extern "C" {
+#include "../attention/attention.h"
+#include "../model/config.h"
+}
+
+#define ERR_LEN 512
+
+typedef struct {
+    bf16 *wqkv;         // (q_dim + 2 kv_dim, dim): rows of wq, wk, wv; columns times attn_norm
+    bf16 *wo;           // (dim, q_dim)
+    bf16 *wgu;          // (2 hidden, dim): gate and up rows interleaved (2i gate, 2i+1 up); columns times ffn_norm
+    bf16 *wdown;        // (dim, hidden)
+    float *attn_norm;   // (dim), folded into wqkv's columns after upload
+    float *ffn_norm;    // (dim), folded into wgu's columns after upload
+    float *q_norm;      // (hd) or NULL
+    float *k_norm;      // (hd) or NULL
+} GpuLayer;
+
+// ParisKV past the dense threshold (attention/attention.h has the regions and the protocol,
+// attention/policy.c the CPU reference). Every step: select, fetch, attend, captured in one
+// graph that reads the position and the zone from memory; every U steps, before that step's
+// graph: encode the keys entering the zone (their rows are already in the store: written
+// through by each step, or copied after a prefill).
+typedef struct {
+    int on;
+    AttnConfig cfg;
+    GpuKV kv;           // the device cache (sink + ring) and the zone's store
+    HostStore hs;       // the zone's rows when kv.host is set
+    PkvGpuIndex ix;
+    PkvGpuScratch sc;
+    float *q;           // (n_heads, hd) the step's queries, fp32
+    float *partial;     // pkv_attend scratch
+    unsigned *counters; // (n_kv)
+    int *d_meta;        // zone_end, zone slots: device copy of h_meta
+    int *h_meta;        // pinned
+    int indexed;        // zone slots in the index
+    int synced;         // host store: rows of positions [sink, synced) are in it
+    int seen_end;       // end of the last call's positions (an earlier start is a rewind)
+    int ring_hi;        // one past the highest position written to the device cache since position 0
+    cudaGraphExec_t graph;
+    int graph_ready;
+} Pkv;
+
+struct GpuState {
+    Config c;
+    int ctx, chunk, logit_rows;
+    cudaStream_t st;
+    cublasHandle_t blas;
+    // weights
+    bf16 *embd;         // (vocab, dim)
+    bf16 *head;         // (vocab, dim); == embd when tied
+    float *out_norm;    // (dim)
+    float *inv_freq;    // (hd / 2)
+    float *rope_cs;     // (hd): cos, sin at the decode step's position
+    GpuLayer *layers;   // host array of device pointers
+    size_t weight_bytes;
+    // KV cache: (n_layers, n_kv, ctx, hd) bf16
+    bf16 *kcache, *vcache;
+    // activations for up to chunk tokens
+    float *x;           // (chunk, dim) residual stream
+    bf16 *xb;           // (chunk, max(dim, q_dim, hidden)) matmul input
+    float *proj;        // (chunk, max(q_dim + 2 kv_dim, 2 hidden)) matmul output
+    bf16 *q;            // (chunk, q_dim)
+    bf16 *att;          // (chunk, q_dim)
+    bf16 *hb;           // (chunk, hidden) SwiGLU output
+    float *logits;      // (logit_rows, vocab)
+    float *partial;     // flash-decoding scratch
+    float *sumsq_a, *sumsq_b; // decode: per-block sums of squares of the residual (gemv_bf16_add_stats)
+    unsigned *counters; // (n_kv) decode attention's split counters, zero between steps
+    int *d_tokens;      // (chunk)
+    int *d_pos;         // (1)
+    int *h_tokens;      // pinned (chunk)
+    int *h_pos;         // pinned (1)
+    float *h_logits;    // pinned (chunk, vocab)
+    int skip;           // PKV_DECODE_SKIP: decode stages left out, for timing breakdowns only
+    float *h_step;      // pinned (vocab): the logits of a decode step
+    cudaGraphExec_t decode_graph;
+    int graph_ready;
+    int dcap;           // positions of the device cache kcache/vcache (== ctx unless the zone is in the host store)
+    Pkv pkv;
+};
+
+void gpu_set_err(char *err, const char *fmt, ...);
+// y (T, d) fp32 (= or +=) x (T, n) bf16 · W^T; W (d, n) bf16.
+cudaError_t gpu_gemm(GpuState *g, float *y, const bf16 *x, const bf16 *W, int T, int n, int d, int accumulate);
+// The positions the device cache needs at least under ParisKV with the zone in the host store.
+int pkv_min_positions(const AttnConfig *a, int chunk);
+// Makes the ParisKV index cover the zone [sink, zone_end) before a step at pos that sees it.
+cudaError_t pkv_index_to(GpuState *g, int zone_end, int pos, char *err);
+// Frees the decode graphs (they hold the device cache's address and size).
+void gpu_drop_graphs(GpuState *g);
+
+// A prompt of n tokens at position 0 under ParisKV with the zone in the host store, computed one
+// layer at a time over the whole prompt, so that only one layer's K/V is in GPU memory at once
+// (prefill_layered.cu). Leaves the state as a chunked prefill would (zone rows in the store,
+// sink and ring rows in the device cache, which may shrink); the last token's logits in h_logits.
+cudaError_t gpu_prefill_layered(GpuState *g, const int *tokens, int n, char *err);
+// Whether a prompt of n tokens is prefilled that way: it does not fit the device cache (or
+// PKV_PREFILL_LAYERED=1 asks for it, tests).
+int gpu_prefill_is_layered(const GpuState *g, int n);
+
+#endif
