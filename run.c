@@ -106,8 +106,8 @@ static void usage(FILE *f) {
             "benchmark (GPU):\n"
             "  --bench          time decode steps at each context and print TPOT beside the bandwidth floor\n"
             "  --synthetic NAME random weights of a real shape instead of a model file:\n"
-            "                   llama3.1-8b, qwen3-8b, qwen3-0.6b; also without --bench, to generate\n"
-            "                   from a prompt of ids (--ids -f FILE -n N) on the GPU\n"
+            "                   llama3.1-8b, qwen3-8b, qwen3-0.6b; also without --bench, on the GPU, to\n"
+            "                   generate from a prompt of ids (--ids -f FILE -n N) or --score ids (--ids)\n"
             "  --bench-ctx LIST contexts to fill, e.g. 4096,32768,131072 (default 4096,32768,131072)\n"
             "  --bench-steps N  timed decode steps per context (default 64, at least 64)\n"
             "  --bench-prefill  fill by a real prefill of random tokens (timed) instead of random K/V\n"
@@ -974,12 +974,13 @@ static int run_bench(const Options *o) {
 static int run_synthetic(const Options *o) {
     if (o->model_path) die("give either a model file or --synthetic NAME, not both");
     if (!o->ids) die("--synthetic has no tokenizer: give the prompt as ids (--ids -p \"1 2 3\" or --ids -f FILE)");
-    if (o->chat || o->render_chat || o->score_file || o->tokenize) die("--synthetic runs generation (or --bench) only");
+    if (o->chat || o->render_chat || o->tokenize) die("--synthetic runs generation, --score (or --bench) only");
     Model m;
     if (model_synthetic(&m, o->synthetic) != 0) die("unknown --synthetic model '%s' (llama3.1-8b, qwen3-8b, qwen3-0.6b)", o->synthetic);
     if (o->device && strcmp(o->device, "cpu") == 0) die("--synthetic runs on the GPU (its weights are made there)");
     select_device(&m, "gpu");
-    run_generate(&m, NULL, o);
+    if (o->score_file) run_score(&m, NULL, o);
+    else run_generate(&m, NULL, o);
     model_free(&m);
     flush_out();
     return interrupted ? 130 : 0;

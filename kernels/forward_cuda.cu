@@ -34,8 +34,8 @@ static void pkv_free(Pkv *p) {
     if (p->graph_ready) cudaGraphExecDestroy(p->graph);
     pkv_gpu_index_free(&p->ix);
     pkv_gpu_scratch_free(&p->sc);
-    cudaFree(p->q), cudaFree(p->partial), cudaFree(p->counters), cudaFree(p->d_meta);
-    cudaFreeHost(p->h_meta);
+    cudaFree(p->q), cudaFree(p->partial), cudaFree(p->counters), cudaFree(p->d_meta), cudaFree(p->d_pos_chunk), cudaFree(p->rope_chunk);
+    cudaFreeHost(p->h_meta), cudaFreeHost(p->h_pos_chunk);
     host_store_close(&p->hs);
 }
 
@@ -354,6 +354,9 @@ static void *gpu_create_ex(const Model *m, int ctx, int chunk, int all_logits, c
         if (e == cudaSuccess) e = cudaMemset(p->counters, 0, c->n_kv_heads * sizeof(unsigned));
         ALLOC(p->d_meta, 2 * sizeof(int));
         if (e == cudaSuccess) e = cudaMallocHost((void **)&p->h_meta, 2 * sizeof(int));
+        ALLOC(p->d_pos_chunk, T * sizeof(int));
+        ALLOC(p->rope_chunk, T * hd * sizeof(float));
+        if (e == cudaSuccess) e = cudaMallocHost((void **)&p->h_pos_chunk, T * sizeof(int));
         p->kv = (GpuKV){g->kcache, g->vcache, host ? p->hs.base : NULL, (int)c->n_layers, (int)c->n_kv_heads, (int)hd, dcap, attn->sink,
                         host ? p->hs.alias_slots : 0, host && attn->zone_fp8};
     }
@@ -625,8 +628,25 @@ static float *pkv_forward(GpuState *g, const int *tokens, int T, int pos, int al
         if (e == cudaSuccess) e = cudaStreamSynchronize(g->st);
         if (e != cudaSuccess) return forward_failed(g, e, err);
         if (pos + nd > p->ring_hi) p->ring_hi = pos + nd;
+        // The prompt's end: its zone rows to the store and the index built now, as part of the
+        // prefill, rather than inside the first decode step.
+        int end = pos + nd;
+        if (end == cf->prefill_len && !attn_is_dense(cf, end)) {
+            e = pkv_index_to(g, attn_zone_end(cf, end), end, err);
+            if (e == cudaSuccess) e = cudaStreamSynchronize(g->st);
+            if (e != cudaSuccess) return forward_failed(g, e, err);
+        }
     }
-    for (int t = nd; t < T; t++) {
+    // Past the dense phase: a lone position is a decode step (its graph); several go as chunks
+    // (pkv_chunk.cu), each query still selecting for itself.
+    for (int t = nd, n; t < T; t += n) {
+        n = pkv_chunk_len(g, pos + t, T - t);
+        if (n > 1 && !getenv("PKV_NO_CHUNK")) { // PKV_NO_CHUNK: decode steps only, for comparisons
+            e = pkv_chunk(g, tokens + t, n, pos + t, all_logits, all_logits ? g->h_logits + (size_t)t * V : g->h_logits, err);
+            if (e != cudaSuccess) return forward_failed(g, e, err);
+            continue;
+        }
+        n = 1;
         e = pkv_step(g, tokens[t], pos + t, err);
         if (e == cudaSuccess) e = cudaStreamSynchronize(g->st);
         if (e != cudaSuccess) return forward_failed(g, e, err);

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the repo root, with binaries from kernels/prepare_device.sh in .dev/:
 # kernel tests against the CPU reference, whole-model GPU vs CPU, and the decode benchmark.
-# Usage: kernels/gpu_checks.sh [kernels|models|smollm2|pkvrand|pkvchat|pkvsmol|pkvfp8|pkvlayer|pkvlong|pkvbench|bench|prefill|peer|hfcheck|all]...
+# Usage: kernels/gpu_checks.sh [kernels|models|smollm2|pkvrand|pkvchat|pkvsmol|pkvfp8|pkvlayer|pkvchunk|pkvlong|pkvbench|bench|prefill|peer|hfcheck|all]...
 # Exits non-zero when any check fails: every command's status counts (pipefail: a `cmd | tee`
 # fails when cmd does), and a GPU/CPU mismatch is a failure, not a note.
 set -uo pipefail
@@ -106,16 +106,18 @@ if want pkvrand; then
 fi
 if want pkvchat; then
     # A chat under ParisKV on the GPU (the random SmolLM2-shaped model of pkvrand): a first message of
-    # ~3,000 tokens (prefilled densely), then turns whose tokens are decode steps past the dense
-    # threshold, with the rewinds a re-rendered conversation makes. Both stores must write the same
-    # transcript, and the turns must run under ParisKV.
+    # ~3,000 tokens (prefilled densely), then turns past the dense threshold, prefilled in chunks
+    # of ParisKV positions (kernels/pkv_chunk.cu), with the rewinds a re-rendered conversation
+    # makes. Both stores must write the same transcript, and the turns must run under ParisKV.
     [ -f /dev/shm/smolrand.bin ] || { echo "FAIL pkvchat needs pkvrand first"; status=1; }
-    { tr '\n' ' ' < ../shared/papers/000_6344a563c06c180c.txt 2>/dev/null | head -c 12000 || head -c 12000 .pkvcpu/text8k.txt | tr '\n' ' '; echo;
+    { cat README.md tests/bench/GPU.md | tr '\n' ' ' | head -c 12000; echo; # text that is always there (~3,000 tokens)
       echo "Summarize that in one line."; echo "And now in three words."; } > /tmp/chat.in
     for store in host gpu; do
         timeout 120 $D/run /dev/shm/smolrand.bin --chat --ctx 8192 -n 40 --temp 0 --ignore-eos --kv-store $store < /tmp/chat.in \
             > /tmp/chat.$store 2> "$OUT/chat.$store.err" || { echo "FAIL chat --kv-store $store"; tail -n 3 "$OUT/chat.$store.err"; status=1; }
-        echo "chat --kv-store $store: $(grep -c . /tmp/chat.$store) lines; $(grep -h 'pariskv on the GPU' "$OUT/chat.$store.err")"
+        echo "chat --kv-store $store: $(grep -c . /tmp/chat.$store) lines; $(grep -h 'pariskv on the GPU\|^\[prefill' "$OUT/chat.$store.err" | tr '\n' ' ')"
+        [ "$(grep -c '^\[prefill' "$OUT/chat.$store.err")" = 3 ] && grep -q 'prefill [0-9]* tokens (0 cached).*context [2-9][0-9][0-9][0-9]/' "$OUT/chat.$store.err" ||
+            { echo "FAIL chat --kv-store $store: not 3 turns past the dense threshold"; status=1; }
     done
     cmp -s /tmp/chat.host /tmp/chat.gpu && [ -s /tmp/chat.host ] && echo "ok   chat of 3 turns under ParisKV: host store == GPU store" ||
         { echo "FAIL chat transcripts differ between the stores"; status=1; }
@@ -201,6 +203,33 @@ if want pkvlayer; then
             env $env timeout 500 $D/run --synthetic llama3.1-8b --ids -f /tmp/ids$N.txt -n 8 --temp 0 --ctx $((N + 16)) $args 2>&1 >/dev/null |
                 grep -v "^warning" | tee -a "$OUT/pkvlayer.txt" || status=1
         done
+    done
+fi
+if want pkvchunk; then
+    # Positions past the dense phase in chunks (kernels/pkv_chunk.cu: weights read once a chunk,
+    # each query selecting for itself) against one decode step each (PKV_NO_CHUNK=1): pkvrand's
+    # random model scored (mean NLL within 0.02; the arithmetic of the projections differs, GEMM
+    # against GEMV), then the time of 6,000 such positions on Llama-3.1-8B's shape.
+    echo "=== pariskv chunks of positions past the dense phase"
+    if [ -f /dev/shm/smolrand.bin ]; then
+        for mode in chunk step; do
+            env $([ $mode = step ] && echo PKV_NO_CHUNK=1 || echo X=0) timeout 200 $D/run /dev/shm/smolrand.bin --score /dev/shm/ids6k.txt --ids \
+                --attn pariskv --kv-store host > "$OUT/rand-$mode.score" 2> /tmp/rand-$mode.err || { echo "FAIL score $mode"; status=1; }
+            echo "random model, $mode: $(grep mean_nll "$OUT/rand-$mode.score") $(grep 'score:' /tmp/rand-$mode.err)"
+        done
+        python3 - "$OUT/rand-chunk.score" "$OUT/rand-step.score" <<'PY' || status=1
+import sys
+m = [float(l.split()[1]) for f in sys.argv[1:] for l in open(f) if l.startswith("mean_nll")]
+ok = len(m) == 2 and abs(m[0] - m[1]) <= 0.02
+print(f"{'ok  ' if ok else 'FAIL'} chunks vs decode steps: mean NLL {m[0] if m else '?'} vs {m[1] if len(m) > 1 else '?'} (bound 0.02)")
+sys.exit(0 if ok else 1)
+PY
+    else echo "FAIL pkvchunk needs pkvrand first"; status=1; fi
+    python3 -c "import random; random.seed(8); print(' '.join(str(random.randrange(128000)) for _ in range(8000)))" > /tmp/ids8k.txt
+    for mode in chunk step; do
+        env $([ $mode = step ] && echo PKV_NO_CHUNK=1 || echo X=0) timeout 200 $D/run --synthetic llama3.1-8b --score /tmp/ids8k.txt --ids \
+            --attn pariskv --kv-store host 2>&1 >/dev/null | grep "score:" | sed "s/^/llama3.1-8b shape, 8,000 ids (6,000 past the dense phase), $mode: /" |
+            tee -a "$OUT/pkvchunk.txt" || status=1
     done
 fi
 if want pkvlong; then

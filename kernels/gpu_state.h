@@ -52,6 +52,9 @@ typedef struct {
     int ring_hi;        // one past the highest position written to the device cache since position 0
     cudaGraphExec_t graph;
     int graph_ready;
+    int *d_pos_chunk;   // (chunk) positions of a chunk of ParisKV steps (pkv_chunk.cu)
+    int *h_pos_chunk;   // pinned (chunk)
+    float *rope_chunk;  // (chunk, hd) their RoPE tables
 } Pkv;
 
 struct GpuState {
@@ -111,5 +114,11 @@ cudaError_t gpu_prefill_layered(GpuState *g, const int *tokens, int n, char *err
 // Whether a prompt of n tokens is prefilled that way: it does not fit the device cache (or
 // PKV_PREFILL_LAYERED=1 asks for it, tests).
 int gpu_prefill_is_layered(const GpuState *g, int n);
+
+// Positions [pos, pos + T) past the dense phase as one pass (pkv_chunk.cu): how many of them one
+// chunk takes (those before the next index update, at most the chunk size), and the pass, with
+// the logits of every position (all_logits) or of the last into logits_out (pinned host).
+int pkv_chunk_len(const GpuState *g, int pos, int T);
+cudaError_t pkv_chunk(GpuState *g, const int *tokens, int T, int pos, int all_logits, float *logits_out, char *err);
 
 #endif

@@ -161,7 +161,7 @@ def main():
     refused("--synthetic with a model file is refused", run(model, "--synthetic", "llama3.1-8b", "--ids", "-p", "1 2"),
             "give either a model file or --synthetic NAME")
     refused("--synthetic NAME unknown is refused", run("--synthetic", "llama9", "--ids", "-p", "1 2"), "unknown --synthetic model 'llama9'")
-    refused("--synthetic --chat is refused", run("--synthetic", "qwen3-8b", "--ids", "--chat"), "--synthetic runs generation (or --bench) only")
+    refused("--synthetic --chat is refused", run("--synthetic", "qwen3-8b", "--ids", "--chat"), "--synthetic runs generation, --score (or --bench) only")
     refused("--synthetic --device cpu is refused", run("--synthetic", "qwen3-8b", "--ids", "-p", "1", "--device", "cpu"),
             "--synthetic runs on the GPU")
 
