@@ -27,6 +27,7 @@ typedef struct {
     const char *prompt;       // -p
     const char *prompt_file;  // -f
     const char *score_file;   // --score
+    int score_prompt;         // --score-prompt: its first N tokens are a prompt (attended densely)
     int tokenize;             // --tokenize
     int ids;                  // --ids: prompts and outputs are token ids
     int steps;                // -n
@@ -96,6 +97,8 @@ static void usage(FILE *f) {
             "  --score FILE     teacher-forced scoring of FILE's text (no BOS), or of its ids with\n"
             "                   --ids: one line 'i next_id nll top1' per position (top1: the most\n"
             "                   likely next id), then 'mean_nll X ppl Y'\n"
+            "  --score-prompt N its first N tokens are a prompt, attended densely as -p's would be\n"
+            "                   (then the attention policy from N on, as for a generation; default 0)\n"
             "  --tokenize -f FILE   print the token ids of FILE's text (no BOS)\n"
             "memory and device:\n"
             "  --ctx N          KV cache positions (default: what the run needs, at most the model's)\n"
@@ -397,7 +400,12 @@ static void run_score(const Model *m, const Tokenizer *tok, const Options *o) {
         if (n > ctx) die("'%s' has %d tokens, more than the context of %d", o->score_file, n, ctx);
         die("%s", err);
     }
-    s.attn = make_attn(o, m, &s, 0);
+    if (o->score_prompt > n) {
+        run_state_free(&s);
+        free(tokens);
+        die("--score-prompt %d: '%s' has only %d tokens", o->score_prompt, o->score_file, n);
+    }
+    s.attn = make_attn(o, m, &s, o->score_prompt);
     ThreadTuner tt[2];
     attach_tuners(&s, tt, o);
     print_summary(m, &s, o);
@@ -1038,6 +1046,8 @@ int main(int argc, char **argv) {
             o.stops[o.n_stops++] = v;
         } else if (strcmp(a, "--score") == 0) {
             NEEDS_VALUE(); o.score_file = v;
+        } else if (strcmp(a, "--score-prompt") == 0) {
+            NEEDS_VALUE(); o.score_prompt = (int)parse_long(v, a, 0, INT_MAX / 2);
         } else if (strcmp(a, "--tokenize") == 0) {
             o.tokenize = 1;
         } else if (strcmp(a, "--ids") == 0) {
@@ -1093,6 +1103,7 @@ int main(int argc, char **argv) {
         die("--kv-store-dtype fp8 keeps the retrieval zone in the host store: use --kv-store host or auto, not gpu");
     if (o.attn.zone_fp8 && o.attn.method == ATTN_FULL)
         die("--kv-store-dtype fp8 applies to a retrieval zone: it needs --attn pariskv (or a peer), not full");
+    if (o.score_prompt && !o.score_file) die("--score-prompt applies to --score");
     if (o.bench) return run_bench(&o);
     if (o.synthetic) return run_synthetic(&o);
     if (!o.model_path) {

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the repo root, with binaries from kernels/prepare_device.sh in .dev/:
 # kernel tests against the CPU reference, whole-model GPU vs CPU, and the decode benchmark.
-# Usage: kernels/gpu_checks.sh [kernels|models|smollm2|pkvrand|pkvchat|pkvsmol|pkvfp8|pkvlayer|pkvchunk|pkvlong|pkvbench|bench|prefill|peer|hfcheck|all]...
+# Usage: kernels/gpu_checks.sh [kernels|models|smollm2|pkvrand|pkvchat|pkvsmol|pkvfp8|pkvlayer|pkvchunk|pkvdrift|pkvsan|pkvlong|pkvbench|bench|prefill|peer|hfcheck|all]...
 # Exits non-zero when any check fails: every command's status counts (pipefail: a `cmd | tee`
 # fails when cmd does), and a GPU/CPU mismatch is a failure, not a note.
 set -uo pipefail
@@ -230,6 +230,42 @@ PY
         env $([ $mode = step ] && echo PKV_NO_CHUNK=1 || echo X=0) timeout 200 $D/run --synthetic llama3.1-8b --score /tmp/ids8k.txt --ids \
             --attn pariskv --kv-store host 2>&1 >/dev/null | grep "score:" | sed "s/^/llama3.1-8b shape, 8,000 ids (6,000 past the dense phase), $mode: /" |
             tee -a "$OUT/pkvchunk.txt" || status=1
+    done
+fi
+if want pkvdrift; then
+    # Drift through the GPU path (tests/bench/pkv_drift.py): SmolLM2, a 4,000-token prompt, 4,096
+    # greedy tokens, teacher-forced under full and ParisKV on both paths; per quarter, the GPU's
+    # top-1 agreement within 1 point of the CPU's. SmolLM2 assembled as for pkvsmol.
+    echo "=== pariskv drift, SmolLM2"
+    G=/root/smol/model.gguf T=.pkvcpu/text8k.txt
+    [ -f $T ] || T=/root/pkvcpu/text8k.txt
+    mkdir -p /root/smol; for d in .smol .smol0 .smol1 .smol2; do [ -d $d ] && { cp $d/part0* /root/smol/ || status=1; }; done
+    [ -f $G ] || cat /root/smol/part0* > $G
+    [ -f /tmp/smol.bin ] || timeout 120 $D/export $G /tmp/smol.bin > /dev/null 2>&1 || { echo "FAIL export SmolLM2"; status=1; }
+    for temp in 0 0.8; do
+        OMP_NUM_THREADS=16 timeout 280 python3 tests/bench/pkv_drift.py $D/run /tmp/smol.bin $T --temp $temp 2>&1 | tee -a "$OUT/pkvdrift.txt" || status=1
+    done
+fi
+if want pkvsan; then
+    # compute-sanitizer memcheck and racecheck over the ParisKV kernels' tests (quick sizes) and the
+    # paths that only ./run drives: the layered prefill, chunks of ParisKV positions, decode steps
+    # from the host store (pkvrand's random model, a 9,000-id prompt, a 2,600-position device cache).
+    CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+    [ -f /dev/shm/smolrand.bin ] || { echo "FAIL pkvsan needs pkvrand first"; status=1; }
+    python3 -c "import random; random.seed(9); print(' '.join(str(random.randrange(49152)) for _ in range(9000)))" > /tmp/ids9k.txt
+    for tool in memcheck racecheck; do
+        for t in test_pkv_attend test_pariskv_gpu; do
+            PKV_TEST_QUICK=1 timeout 280 $CS --tool $tool --error-exitcode 9 $D/$t > "$OUT/san-$tool-$t.log" 2>&1 ||
+                { echo "FAIL $tool $t"; tail -n 5 "$OUT/san-$tool-$t.log"; status=1; }
+            echo "$tool $t: $(grep -h 'ERROR SUMMARY\|RACECHECK SUMMARY\|passed' "$OUT/san-$tool-$t.log" | tr '\n' ' ')"
+        done
+        PKV_DEVICE_POSITIONS=2600 timeout 280 $CS --tool $tool --error-exitcode 9 $D/run /dev/shm/smolrand.bin --ids -f /tmp/ids9k.txt --ctx 9300 -n 24 \
+            --temp 0 --ignore-eos --kv-store host > /dev/null 2> "$OUT/san-$tool-run.log" || { echo "FAIL $tool run"; tail -n 5 "$OUT/san-$tool-run.log"; status=1; }
+        head -c 2000 /tmp/ids9k.txt > /tmp/ids-short.txt
+        printf '%s ' $(seq 3 2600) >> /tmp/ids-short.txt # past the dense threshold: chunks of ParisKV positions when scored
+        timeout 280 $CS --tool $tool --error-exitcode 9 $D/run /dev/shm/smolrand.bin --score /tmp/ids-short.txt --ids --kv-store host \
+            > /dev/null 2> "$OUT/san-$tool-score.log" || { echo "FAIL $tool score"; tail -n 5 "$OUT/san-$tool-score.log"; status=1; }
+        echo "$tool run (layered prefill, decode steps) and score (chunks): $(grep -h 'ERROR SUMMARY\|RACECHECK SUMMARY' "$OUT/san-$tool-run.log" "$OUT/san-$tool-score.log" | tr '\n' ' ')"
     done
 fi
 if want pkvlong; then

@@ -156,6 +156,22 @@ def main():
           and "| last | 2100-3099 |" in rows[2], f"exit {p.returncode}, {rows}")
     p = run(model, "--ids", "-p", "1 2 3", "-n", "64", "--temp", "0", "--ignore-eos")
     check("-n 64 prints no TPOT bins", p.returncode == 0 and b"TPOT over the generation" not in p.stderr, f"exit {p.returncode}")
+    # --score-prompt: only with --score, at most the text's length; N = the whole text scores as full attention does.
+    refused("--score-prompt without --score is refused", run(model, "-p", "Hi", "--score-prompt", "4"), "--score-prompt applies to --score")
+    with open(os.path.join(tmp, "ids5.txt"), "w") as f:
+        f.write("1 2 3 4 5")
+    refused("--score-prompt past the text is refused", run(model, "--score", os.path.join(tmp, "ids5.txt"), "--ids", "--score-prompt", "6"),
+            "--score-prompt 6:")
+    # 2,500 ids: past ParisKV's dense threshold (2,000), so the policy changes the scores unless they are all prompt.
+    long_ids = os.path.join(tmp, "ids2500.txt")
+    with open(long_ids, "w") as f:
+        f.write(" ".join(str((i * 7919) % 97 + 3) for i in range(2500)))
+    full = run(model, "--score", long_ids, "--ids", "--ctx", "2600", "--attn", "full")
+    whole = run(model, "--score", long_ids, "--ids", "--ctx", "2600", "--score-prompt", "2500")
+    none = run(model, "--score", long_ids, "--ids", "--ctx", "2600")
+    check("--score-prompt N = the whole text scores as --attn full, without it ParisKV differs",
+          full.returncode == 0 and whole.stdout == full.stdout and none.returncode == 0 and none.stdout != full.stdout and b"mean_nll" in full.stdout,
+          f"exit {full.returncode} {whole.returncode} {none.returncode}, {whole.stderr[-200:]!r}")
     # --synthetic outside --bench: generation from ids on the GPU, nothing else.
     refused("--synthetic without --ids is refused", run("--synthetic", "llama3.1-8b", "-p", "1 2"), "--synthetic has no tokenizer")
     refused("--synthetic with a model file is refused", run(model, "--synthetic", "llama3.1-8b", "--ids", "-p", "1 2"),
