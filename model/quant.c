@@ -75,15 +75,22 @@ void quantize_row_q8_0(const float *x, uint8_t *out, size_t n) {
     }
 }
 
+// The dot products dequantize each block in registers: w = d q is exact in fp32 (11 + 8 bits),
+// so this is the fp32 dot product over GGML's dequantized weights. 32 lanes of partial sums
+// (one per position in a block, summed at the end) keep the loop vectorized across blocks.
 float dot_q8_0(const uint8_t *w, const float *x, int n) {
-    float s = 0.0f;
+    float acc[QK8_0] = {0};
+    // Widening the quants into their own array first, one block per iteration, is what gcc
+    // vectorizes well (4x faster than one fused loop, which it unrolled into scalar code).
+#pragma GCC unroll 1
     for (int b = 0; b < n / QK8_0; b++, w += Q8_0_BYTES, x += QK8_0) {
         const int8_t *q = (const int8_t *)(w + 2);
-        float bs = 0.0f;
-#pragma omp simd reduction(+ : bs)
-        for (int j = 0; j < QK8_0; j++) bs += (float)q[j] * x[j];
-        s += h2f(w) * bs;
+        float d = h2f(w), qf[QK8_0];
+        for (int j = 0; j < QK8_0; j++) qf[j] = (float)q[j];
+        for (int j = 0; j < QK8_0; j++) acc[j] += d * qf[j] * x[j];
     }
+    float s = 0.0f;
+    for (int j = 0; j < QK8_0; j++) s += acc[j];
     return s;
 }
 
@@ -229,31 +236,29 @@ static void dequantize_block_q4_k(const uint8_t *b, float *y) {
     }
 }
 
-// sum_j w_j x_j = sum_s d sc_s (sum q x) - dmin m_s (sum x) over the sub-blocks s.
+// As dot_q8_0: each weight is formed exactly as dequantize_block_q4_k forms it. Bytes
+// 32p .. 32p + 31 hold sub-blocks 2p (low nibbles) and 2p + 1 (high), done together.
 float dot_q4_k(const uint8_t *w, const float *x, int n) {
-    float s = 0.0f;
+    float acc[32] = {0};
+#pragma GCC unroll 1
     for (int b = 0; b < n / QK_K; b++, w += Q4_K_BYTES, x += QK_K) {
-        const uint8_t *qs = w + 16;
-        float acc = 0.0f, acc_min = 0.0f;
+        float d = h2f(w), dmin = h2f(w + 2);
+#pragma GCC unroll 1
         for (int p = 0; p < 4; p++) {
             int sc0, m0, sc1, m1;
             q4_k_scale_min(2 * p, w + 4, &sc0, &m0);
             q4_k_scale_min(2 * p + 1, w + 4, &sc1, &m1);
-            const uint8_t *q = qs + 32 * p;
-            const float *xl = x + 64 * p, *xh = xl + 32;
-            float ql = 0, qh = 0, sl = 0, sh = 0;
-#pragma omp simd reduction(+ : ql, qh, sl, sh)
-            for (int l = 0; l < 32; l++) {
-                ql += (float)(q[l] & 15) * xl[l];
-                qh += (float)(q[l] >> 4) * xh[l];
-                sl += xl[l];
-                sh += xh[l];
-            }
-            acc += (float)sc0 * ql + (float)sc1 * qh;
-            acc_min += (float)m0 * sl + (float)m1 * sh;
+            float dl0 = d * (float)sc0, ml0 = dmin * (float)m0, dl1 = d * (float)sc1, ml1 = dmin * (float)m1;
+            const uint8_t *q = w + 16 + 32 * p;
+            const float *xs = x + 64 * p;
+            float lo[32], hi[32];
+            for (int l = 0; l < 32; l++) lo[l] = (float)(q[l] & 15), hi[l] = (float)(q[l] >> 4);
+            for (int l = 0; l < 32; l++) acc[l] += (dl0 * lo[l] - ml0) * xs[l];
+            for (int l = 0; l < 32; l++) acc[l] += (dl1 * hi[l] - ml1) * xs[32 + l];
         }
-        s += h2f(w) * acc - h2f(w + 2) * acc_min;
     }
+    float s = 0.0f;
+    for (int l = 0; l < 32; l++) s += acc[l];
     return s;
 }
 
