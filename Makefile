@@ -145,7 +145,7 @@ test-march:
 	@echo "=== float-sensitive tests built with -march=$(ALT_MARCH)"
 	$(MAKE) BUILD=build-march NO_CUDA=1 OPT="-O3 -march=$(ALT_MARCH)" build-march/run build-march/export \
 		$(addprefix build-march/tests/,$(FLOAT_TESTS))
-	PKV_BUILD=build-march PKV_ONLY="$(FLOAT_TESTS) test_hf_reference.py" bash tests/run_all.sh
+	PKV_BUILD=build-march PKV_ONLY="$(FLOAT_TESTS) test_hf_reference.py test_quant.py" bash tests/run_all.sh
 
 # valgrind over generate, score and chat (tests/valgrind.sh): a CPU-only x86-64-v3 build in
 # build-vg/, since valgrind cannot decode AVX-512 (-march=native here).
