@@ -71,7 +71,13 @@ void quantize_row_q8_0(const float *x, uint8_t *out, size_t n) {
         // The quants use the unrounded d's reciprocal; only the stored d is rounded to fp16.
         float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
         wr16(out, f32_to_f16(d));
-        for (int j = 0; j < QK8_0; j++) out[2 + j] = (uint8_t)(int8_t)roundf(x[j] * id); // half away from 0
+        for (int j = 0; j < QK8_0; j++) {
+            float v = roundf(x[j] * id); // half away from zero
+            // |v| <= 127 always, but for amax below 2^-121, where 1 / d overflows (GGML converts the
+            // Inf to int8 there, undefined behaviour; such a block's fp16 d is 0 anyway).
+            if (!(fabsf(v) <= 127.0f)) v = v > 0 ? 127.0f : v < 0 ? -127.0f : 0.0f;
+            out[2 + j] = (uint8_t)(int8_t)v;
+        }
     }
 }
 

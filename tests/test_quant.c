@@ -68,10 +68,10 @@ static void test_quantize_error(Rng *r) {
     enum { COLS = 1024 };
     float x[COLS], back[COLS];
     uint8_t blk[COLS / QK8_0 * Q8_0_BYTES];
-    // Q8_0 on rows of several scales, one all zero, one with an outlier
+    // Q8_0 on rows of several scales (one so small that 1 / d overflows), one all zero, outliers
     int bad = 0;
     for (int row = 0; row < 40; row++) {
-        float scale = ldexpf(1.0f, -20 + row);
+        float scale = ldexpf(1.0f, row == 39 ? -125 : -20 + row); // 2^-125: 1 / d overflows to Inf
         for (int j = 0; j < COLS; j++) x[j] = row == 0 ? 0.0f : gauss(r) * scale * (j == 77 ? 30.0f : 1.0f);
         quantize_row_q8_0(x, blk, COLS);
         weights_rows_to_f32(blk, DTYPE_Q8_0, 0, 1, COLS, back);
