@@ -81,22 +81,24 @@ void quantize_row_q8_0(const float *x, uint8_t *out, size_t n) {
     }
 }
 
-// The dot products dequantize each block in registers: w = d q is exact in fp32 (11 + 8 bits),
-// so this is the fp32 dot product over GGML's dequantized weights. 32 lanes of partial sums
-// (one per position in a block, summed at the end) keep the loop vectorized across blocks.
+// sum_b d_b sum_j q_j x_j, activations in fp32 (not quantized). Each term d q x meets at most
+// n / 32 + 12 roundings (product, the block's partial sums, the scale, a lane's sum over blocks,
+// the lanes' sum), within the usual gamma_n bound of an fp32 dot product of length n >= 32.
 float dot_q8_0(const uint8_t *w, const float *x, int n) {
-    float acc[QK8_0] = {0};
+    float acc[8] = {0};
     // Widening the quants into their own array first, one block per iteration, is what gcc
-    // vectorizes well (4x faster than one fused loop, which it unrolled into scalar code).
+    // vectorizes well (4x faster than one fused loop, which it unrolled into scalar code); the
+    // scale multiplies a block's 8-lane partial sums once instead of each product.
 #pragma GCC unroll 1
     for (int b = 0; b < n / QK8_0; b++, w += Q8_0_BYTES, x += QK8_0) {
         const int8_t *q = (const int8_t *)(w + 2);
-        float d = h2f(w), qf[QK8_0];
+        float d = h2f(w), qf[QK8_0], t[8];
         for (int j = 0; j < QK8_0; j++) qf[j] = (float)q[j];
-        for (int j = 0; j < QK8_0; j++) acc[j] += d * qf[j] * x[j];
+        for (int j = 0; j < 8; j++) t[j] = qf[j] * x[j] + qf[j + 8] * x[j + 8] + qf[j + 16] * x[j + 16] + qf[j + 24] * x[j + 24];
+        for (int j = 0; j < 8; j++) acc[j] += d * t[j];
     }
     float s = 0.0f;
-    for (int j = 0; j < QK8_0; j++) s += acc[j];
+    for (int j = 0; j < 8; j++) s += acc[j];
     return s;
 }
 
@@ -242,7 +244,8 @@ static void dequantize_block_q4_k(const uint8_t *b, float *y) {
     }
 }
 
-// As dot_q8_0: each weight is formed exactly as dequantize_block_q4_k forms it. Bytes
+// Each weight formed exactly as dequantize_block_q4_k forms it (the fp32 dot product over GGML's
+// dequantized weights), in 32 lanes of partial sums summed at the end. Bytes
 // 32p .. 32p + 31 hold sub-blocks 2p (low nibbles) and 2p + 1 (high), done together.
 float dot_q4_k(const uint8_t *w, const float *x, int n) {
     float acc[32] = {0};

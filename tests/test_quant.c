@@ -9,9 +9,11 @@
 //    wherever the level is not clamped, and its rms error on Gaussian rows under 0.1 of theirs.
 // 3. The matrix products (decode T = 1: the block dot products; T > 1: dequantized panels through
 //    sgemm, or row by row without BLAS) and the embedding lookup against a double-precision
-//    reference over the dequantized weights. Bound per output: (n + 2) u sum_j |w_j x_j|, u = 2^-24
-//    (every weight d q or d sc q - dmin m is formed exactly as dequantized, then n products and
-//    at most n - 1 additions in any order: the classic gamma_n bound, with 1% for its 1/(1 - nu)).
+//    reference over the dequantized weights. Bound per output: (n + 2) u sum_j |w_j x_j|, u = 2^-24:
+//    the classic gamma_n bound of a length-n dot product in any order (1% for its 1/(1 - nu)). Q4_K
+//    forms each weight d sc q - dmin m exactly as dequantized, then a product and at most n - 1
+//    additions; Q8_0 scales each block's sum of q x by d: at most n / 32 + 12 roundings a term;
+//    sgemm on dequantized panels: one product and n - 1 additions.
 #include "../model/backend.h"
 #include "../model/bf16.h"
 #include "../model/quant.h"
