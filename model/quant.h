@@ -24,7 +24,8 @@ uint32_t dtype_block_elems(uint32_t dtype); // 1 for f32 / bf16; 0 for an unknow
 uint64_t dtype_row_bytes(uint32_t dtype, uint64_t cols);
 
 // One row of n weights (n a multiple of the block) to blocks. Q8_0 is GGML's (and gguf-py's)
-// quantize_row_q8_0_ref, Q4_K its quantize_row_q4_K_ref (no importance matrix).
+// quantize_row_q8_0_ref, Q4_K its quantize_row_q4_K_ref (no importance matrix), each operation
+// rounded as written (a GGML built with fused multiply-adds may differ in a rare Q4_K block).
 void quantize_row_q8_0(const float *x, uint8_t *out, size_t n);
 void quantize_row_q4_k(const float *x, uint8_t *out, size_t n);
 
