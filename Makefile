@@ -56,7 +56,7 @@ WEIGHTS_SRC = $(wildcard weights/*.c)
 
 obj = $(patsubst %.cc,$(BUILD)/%.o,$(patsubst %.c,$(BUILD)/%.o,$(1)))
 RUN_OBJ    = $(call obj,run.c $(MODEL_SRC) $(TOK_SRC) $(ATTN_SRC)) $(CUDA_OBJ)
-EXPORT_OBJ = $(call obj,$(WEIGHTS_SRC) $(TOK_SRC) model/modelfile.c model/guard.c)
+EXPORT_OBJ = $(call obj,$(WEIGHTS_SRC) $(TOK_SRC) model/modelfile.c model/guard.c model/quant.c)
 LIB_OBJ    = $(call obj,$(MODEL_SRC) $(TOK_SRC) $(ATTN_SRC) $(filter-out weights/export.c,$(WEIGHTS_SRC))) $(CUDA_OBJ)
 
 TEST_SRC  = $(wildcard tests/test_*.c)
@@ -140,12 +140,12 @@ asan-bins: $(BUILD)/run $(BUILD)/export $(TEST_BIN) $(BUILD)/tests/tok_tool $(FU
 # has AVX-512, else x86-64-v2: other vector widths, other FMA use, other summation orders), so a
 # bound tuned to one machine's rounding fails here rather than on the next machine's CI.
 ALT_MARCH = $(if $(shell grep -m1 -ow avx512f /proc/cpuinfo 2>/dev/null),x86-64-v4,x86-64-v2)
-FLOAT_TESTS = test_bf16 test_fp8 test_pariskv test_pariskv_model test_pariskv_policy test_selectors
+FLOAT_TESTS = test_bf16 test_fp8 test_pariskv test_pariskv_model test_pariskv_policy test_quant test_selectors
 test-march:
 	@echo "=== float-sensitive tests built with -march=$(ALT_MARCH)"
 	$(MAKE) BUILD=build-march NO_CUDA=1 OPT="-O3 -march=$(ALT_MARCH)" build-march/run build-march/export \
 		$(addprefix build-march/tests/,$(FLOAT_TESTS))
-	PKV_BUILD=build-march PKV_ONLY="$(FLOAT_TESTS) test_hf_reference.py" bash tests/run_all.sh
+	PKV_BUILD=build-march PKV_ONLY="$(FLOAT_TESTS) test_hf_reference.py test_quant.py" bash tests/run_all.sh
 
 # valgrind over generate, score and chat (tests/valgrind.sh): a CPU-only x86-64-v3 build in
 # build-vg/, since valgrind cannot decode AVX-512 (-march=native here).

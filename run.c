@@ -295,8 +295,9 @@ static void print_summary(const Model *m, const RunState *s, const Options *o) {
     char thr[48] = "";
     if (!s->dev) snprintf(thr, sizeof thr, ", %s%d thread%s%s", o->threads ? "" : "up to ", omp_get_max_threads(), plural(omp_get_max_threads()),
                           o->threads ? "" : " (tuned)");
+    char dt[64];
     fprintf(stderr, "%s, %.1fM parameters, %s weights, context %d (trained %u), %s%s\n", c->arch == ARCH_QWEN3 ? "qwen3" : "llama",
-            params / 1e6, c->weight_dtype == DTYPE_BF16 ? "bf16" : "f32", s->ctx, c->max_seq_len, s->dev ? "gpu" : "cpu", thr);
+            params / 1e6, model_weights_desc(m, dt, sizeof dt), s->ctx, c->max_seq_len, s->dev ? "gpu" : "cpu", thr);
 }
 
 // The CPU pass's thread tuners (decode steps, chunks) for a run's state.
@@ -935,7 +936,15 @@ static void run_chat(const Model *m, const Tokenizer *tok, const Options *o) {
 static void select_device(Model *m, const char *device) {
     const Backend *cuda = backend_cuda_get();
     int want_gpu = device && strcmp(device, "gpu") == 0, want_cpu = device && strcmp(device, "cpu") == 0;
+    // The GPU path uploads bf16 / f32 matrices only: a quantized model runs on the CPU.
+    if (m->n_quantized && want_gpu)
+        die("--device gpu: this model has %d quantized (q8_0 / q4_k) matrices, which the GPU path does not read yet: "
+            "run it with --device cpu, or export it with --dtype bf16", m->n_quantized);
     int have_gpu = cuda && cuda->available();
+    if (m->n_quantized && have_gpu && !want_cpu) {
+        fprintf(stderr, "note: quantized weights run on the CPU (the GPU path does not read them yet)\n");
+        return;
+    }
     if (want_gpu && !have_gpu)
         die(cuda ? "--device gpu: no CUDA device is available" : "--device gpu: this build has no CUDA support");
     if (have_gpu && !want_cpu) m->be = cuda;

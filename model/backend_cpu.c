@@ -1,8 +1,9 @@
 // The CPU backend: the reference every other backend is checked against. fp32 math, OpenMP
-// across output rows, bf16 weights widened on the fly.
+// across output rows, bf16 weights widened and Q8_0 / Q4_K blocks dequantized on the fly.
 #include "backend.h"
 #include "bf16.h"
 #include "config.h"
+#include "quant.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -25,30 +26,40 @@ static float dot_bf16(const uint16_t *w, const float *x, int n) {
     return s;
 }
 
+// One output of a product: row i of W (n weights stored in dtype) times x. Quantized rows are
+// multiplied block by block (model/quant.h), the activations staying fp32.
+static float dot_row(const void *w, uint32_t dtype, size_t i, const float *x, int n) {
+    switch (dtype) {
+    case DTYPE_BF16: return dot_bf16((const uint16_t *)w + i * n, x, n);
+    case DTYPE_Q8_0: return dot_q8_0((const uint8_t *)w + i * dtype_row_bytes(dtype, (uint64_t)n), x, n);
+    case DTYPE_Q4_K: return dot_q4_k((const uint8_t *)w + i * dtype_row_bytes(dtype, (uint64_t)n), x, n);
+    default: return dot_f32((const float *)w + i * n, x, n);
+    }
+}
+
 #ifndef NO_BLAS
 #define PANEL 64 // weight rows a thread widens to fp32 and multiplies at once (64 x 4096 floats: 1 MiB)
 
 // y (T, d) = x (T, n) · W^T as a matrix product: OpenBLAS's sgemm on panels of PANEL weight
-// rows, each widened once by the thread that multiplies it (OpenBLAS runs one thread inside our
-// parallel region). The products' sums run in sgemm's order, not dot_f32's: results agree with
-// the row-by-row path to fp32 rounding, not bit for bit.
+// rows, each widened (bf16) or dequantized (Q8_0, Q4_K) once by the thread that multiplies it
+// (OpenBLAS runs one thread inside our parallel region). The products' sums run in sgemm's
+// order, not dot_f32's: results agree with the row-by-row path to fp32 rounding, not bit for bit.
 static void matmul_blas(float *y, const float *x, const void *w, uint32_t dtype, int T, int n, int d) {
     int panels = (d + PANEL - 1) / PANEL;
 #pragma omp parallel
     {
-        float *wp = dtype == DTYPE_BF16 ? malloc((size_t)PANEL * n * sizeof(float)) : NULL;
+        float *wp = dtype != DTYPE_F32 ? malloc((size_t)PANEL * n * sizeof(float)) : NULL;
 #pragma omp for schedule(dynamic, 1)
         for (int p = 0; p < panels; p++) {
             int i0 = p * PANEL, rows = d - i0 < PANEL ? d - i0 : PANEL;
             const float *wr = (const float *)w + (size_t)i0 * n;
-            if (dtype == DTYPE_BF16) {
-                const uint16_t *src = (const uint16_t *)w + (size_t)i0 * n;
-                if (!wp) { // no scratch: widen inside the dot products
+            if (dtype != DTYPE_F32) {
+                if (!wp) { // no scratch: convert inside the dot products
                     for (int t = 0; t < T; t++)
-                        for (int r = 0; r < rows; r++) y[(size_t)t * d + i0 + r] = dot_bf16(src + (size_t)r * n, x + (size_t)t * n, n);
+                        for (int r = 0; r < rows; r++) y[(size_t)t * d + i0 + r] = dot_row(w, dtype, (size_t)(i0 + r), x + (size_t)t * n, n);
                     continue;
                 }
-                for (size_t j = 0; j < (size_t)rows * n; j++) wp[j] = bf16_to_f32(src[j]);
+                weights_rows_to_f32(w, dtype, (size_t)i0, (size_t)rows, (size_t)n, wp);
                 wr = wp;
             }
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, rows, n, 1.0f, x, n, wr, n, 0.0f, y + i0, d);
@@ -61,9 +72,7 @@ static void matmul_blas(float *y, const float *x, const void *w, uint32_t dtype,
 static void matmul(float *y, const float *x, const void *w, uint32_t dtype, int T, int n, int d) {
     if (T == 1) { // decode: one pass over the weights, nothing to reuse
 #pragma omp parallel for schedule(static)
-        for (int i = 0; i < d; i++)
-            y[i] = dtype == DTYPE_BF16 ? dot_bf16((const uint16_t *)w + (size_t)i * n, x, n)
-                                       : dot_f32((const float *)w + (size_t)i * n, x, n);
+        for (int i = 0; i < d; i++) y[i] = dot_row(w, dtype, (size_t)i, x, n);
         return;
     }
 #ifndef NO_BLAS
@@ -73,17 +82,15 @@ static void matmul(float *y, const float *x, const void *w, uint32_t dtype, int 
     // Several tokens: widen each weight row once and reuse it for every token.
 #pragma omp parallel
     {
-        float *row = dtype == DTYPE_BF16 ? malloc((size_t)n * sizeof(float)) : NULL;
+        float *row = dtype != DTYPE_F32 ? malloc((size_t)n * sizeof(float)) : NULL;
 #pragma omp for schedule(static)
         for (int i = 0; i < d; i++) {
             const float *wr;
-            if (dtype == DTYPE_BF16 && row) {
-                const uint16_t *src = (const uint16_t *)w + (size_t)i * n;
-                for (int j = 0; j < n; j++) row[j] = bf16_to_f32(src[j]);
+            if (dtype != DTYPE_F32 && row) {
+                weights_rows_to_f32(w, dtype, (size_t)i, 1, (size_t)n, row);
                 wr = row;
-            } else if (dtype == DTYPE_BF16) { // no scratch row: widen inside the dot product
-                for (int t = 0; t < T; t++)
-                    y[(size_t)t * d + i] = dot_bf16((const uint16_t *)w + (size_t)i * n, x + (size_t)t * n, n);
+            } else if (dtype != DTYPE_F32) { // no scratch row: convert inside the dot product
+                for (int t = 0; t < T; t++) y[(size_t)t * d + i] = dot_row(w, dtype, (size_t)i, x + (size_t)t * n, n);
                 continue;
             } else {
                 wr = (const float *)w + (size_t)i * n;
@@ -105,15 +112,7 @@ static void rmsnorm(float *out, const float *x, const float *w, int T, int n, fl
 }
 
 static void embed(float *out, const void *E, uint32_t dtype, const int *tokens, int T, int dim) {
-    for (int t = 0; t < T; t++) {
-        float *o = out + (size_t)t * dim;
-        if (dtype == DTYPE_BF16) {
-            const uint16_t *r = (const uint16_t *)E + (size_t)tokens[t] * dim;
-            for (int j = 0; j < dim; j++) o[j] = bf16_to_f32(r[j]);
-        } else {
-            memcpy(o, (const float *)E + (size_t)tokens[t] * dim, (size_t)dim * sizeof(float));
-        }
-    }
+    for (int t = 0; t < T; t++) weights_rows_to_f32(E, dtype, (size_t)tokens[t], 1, (size_t)dim, out + (size_t)t * dim);
 }
 
 static void rope(float *x, const float *inv_freq, int pos0, int T, int n_heads, int head_dim) {

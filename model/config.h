@@ -13,7 +13,9 @@ enum RopeScaling {
     ROPE_SCALING_FREQ_FACTORS = 2, // per-frequency divisors stored as tensor "rope_freqs" (GGUF)
 };
 
-enum DType { DTYPE_F32 = 0, DTYPE_BF16 = 1 };
+// Q8_0 and Q4_K are GGML's blocks (model/quant.h); a format-2 file may hold any matrix in one of
+// them, whatever weight_dtype says (the dtype of the matrices that are not quantized).
+enum DType { DTYPE_F32 = 0, DTYPE_BF16 = 1, DTYPE_Q8_0 = 2, DTYPE_Q4_K = 3 };
 
 typedef struct {
     uint32_t arch;            // Arch
@@ -34,7 +36,7 @@ typedef struct {
     uint32_t rope_orig_ctx;   // llama3: original_max_position_embeddings
     uint32_t qk_norm;         // 1: per-head RMSNorm of q and k before RoPE (Qwen3)
     uint32_t tied_embeddings; // 1: the LM head is the token embedding
-    uint32_t weight_dtype;    // DType of the matrices (norm vectors are always f32)
+    uint32_t weight_dtype;    // F32 or BF16: the matrices not quantized (norm vectors are always f32)
     // Sampling defaults from generation_config.json (has_gen_defaults = 0 when absent).
     uint32_t has_gen_defaults;
     uint32_t gen_do_sample;

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <sys/sysinfo.h>
 #include "errmsg.h"
+#include "quant.h"
 
 #define fail(err, ...) err_fail(err, MODEL_ERR_LEN, __VA_ARGS__)
 
@@ -49,25 +50,30 @@ int model_load(Model *m, const char *path, char *err) {
     // modelfile_open checked every tensor's presence, dtype and shape, so lookups cannot fail.
     const ModelFile *f = &m->file;
     m->token_embd = modelfile_tensor(f, "token_embd");
+    m->token_embd_dt = modelfile_entry(f, "token_embd")->dtype;
     m->output_norm = modelfile_tensor(f, "output_norm");
     m->output = c->tied_embeddings ? m->token_embd : modelfile_tensor(f, "output");
+    m->output_dt = c->tied_embeddings ? m->token_embd_dt : modelfile_entry(f, "output")->dtype;
     char name[TENSOR_NAME_LEN];
     for (uint32_t l = 0; l < c->n_layers; l++) {
         LayerWeights *w = &m->layers[l];
 #define GET(field, suffix) snprintf(name, sizeof name, "blk.%u." suffix, l), w->field = modelfile_tensor(f, name)
+#define GETM(field, suffix) GET(field, suffix), w->field##_dt = modelfile_entry(f, name)->dtype
         GET(attn_norm, "attn_norm");
-        GET(wq, "attn_q");
-        GET(wk, "attn_k");
-        GET(wv, "attn_v");
+        GETM(wq, "attn_q");
+        GETM(wk, "attn_k");
+        GETM(wv, "attn_v");
         GET(q_norm, "attn_q_norm");
         GET(k_norm, "attn_k_norm");
-        GET(wo, "attn_output");
+        GETM(wo, "attn_output");
         GET(ffn_norm, "ffn_norm");
-        GET(w_gate, "ffn_gate");
-        GET(w_up, "ffn_up");
-        GET(w_down, "ffn_down");
+        GETM(w_gate, "ffn_gate");
+        GETM(w_up, "ffn_up");
+        GETM(w_down, "ffn_down");
+#undef GETM
 #undef GET
     }
+    for (uint32_t i = 0; i < f->header->n_tensors; i++) m->n_quantized += dtype_is_quant(f->tensors[i].dtype);
     rope_inv_freq(c, modelfile_tensor(f, "rope_freqs"), m->inv_freq);
     m->be = &backend_cpu;
     return 0;
@@ -80,6 +86,7 @@ int model_synthetic(Model *m, const char *name) {
     c->rope_scaling = ROPE_SCALING_NONE;
     c->norm_eps = 1e-6f;
     c->weight_dtype = DTYPE_BF16;
+    m->token_embd_dt = m->output_dt = DTYPE_BF16; // the layers' are on the device only
     c->head_dim = 128;
     c->n_kv_heads = 8;
     if (strcmp(name, "llama3.1-8b") == 0) {
@@ -102,6 +109,24 @@ int model_synthetic(Model *m, const char *name) {
     rope_inv_freq(c, NULL, m->inv_freq);
     m->be = &backend_cpu;
     return 0;
+}
+
+const char *model_weights_desc(const Model *m, char *buf, size_t n) {
+    int count[4] = {0}, kinds = 0;
+    const ModelFile *f = &m->file;
+    if (!f->header) return snprintf(buf, n, "%s", dtype_name(m->c.weight_dtype)), buf;
+    for (uint32_t i = 0; i < f->header->n_tensors; i++)
+        if (f->tensors[i].ndim == 2 && f->tensors[i].dtype < 4) kinds += count[f->tensors[i].dtype]++ == 0;
+    static const uint32_t order[] = {DTYPE_Q4_K, DTYPE_Q8_0, DTYPE_BF16, DTYPE_F32}; // what the file is, first
+    size_t at = 0;
+    buf[0] = 0;
+    for (int i = 0; i < 4; i++) {
+        uint32_t dt = order[i];
+        if (!count[dt] || at >= n) continue;
+        if (kinds == 1) at += (size_t)snprintf(buf + at, n - at, "%s", dtype_name(dt));
+        else at += (size_t)snprintf(buf + at, n - at, "%s%s x%d", at ? " + " : "", dtype_name(dt), count[dt]);
+    }
+    return buf;
 }
 
 void model_free(Model *m) {
@@ -189,9 +214,8 @@ static float *forward(const Model *m, RunState *s, const int *tokens, int T, int
     const Backend *be = m->be;
     int dim = (int)c->dim, hd = (int)c->head_dim, hidden = (int)c->hidden_dim;
     int q_dim = (int)c->n_heads * hd, kv_dim = (int)c->n_kv_heads * hd;
-    uint32_t dt = c->weight_dtype;
 
-    be->embed(s->x, m->token_embd, dt, tokens, T, dim);
+    be->embed(s->x, m->token_embd, m->token_embd_dt, tokens, T, dim);
     for (uint32_t l = 0; l < c->n_layers; l++) {
         const LayerWeights *w = &m->layers[l];
         size_t layer_off = (size_t)l * (size_t)s->ctx * (size_t)kv_dim;
@@ -200,9 +224,9 @@ static float *forward(const Model *m, RunState *s, const int *tokens, int T, int
         float *v = s->value_cache + layer_off + (size_t)pos * kv_dim;
 
         be->rmsnorm(s->xb, s->x, w->attn_norm, T, dim, c->norm_eps);
-        be->matmul(s->q, s->xb, w->wq, dt, T, dim, q_dim);
-        be->matmul(k, s->xb, w->wk, dt, T, dim, kv_dim);
-        be->matmul(v, s->xb, w->wv, dt, T, dim, kv_dim);
+        be->matmul(s->q, s->xb, w->wq, w->wq_dt, T, dim, q_dim);
+        be->matmul(k, s->xb, w->wk, w->wk_dt, T, dim, kv_dim);
+        be->matmul(v, s->xb, w->wv, w->wv_dt, T, dim, kv_dim);
         if (c->qk_norm) { // Qwen3: RMSNorm over each head before RoPE
             be->rmsnorm(s->q, s->q, w->q_norm, T * (int)c->n_heads, hd, c->norm_eps);
             be->rmsnorm(k, k, w->k_norm, T * (int)c->n_kv_heads, hd, c->norm_eps);
@@ -216,20 +240,20 @@ static float *forward(const Model *m, RunState *s, const int *tokens, int T, int
         else
             attention_dense(s->xb, s->q, s->key_cache + layer_off, s->value_cache + layer_off, pos, T,
                             (int)c->n_heads, (int)c->n_kv_heads, hd, s->att_scratch);
-        be->matmul(s->xb2, s->xb, w->wo, dt, T, q_dim, dim);
+        be->matmul(s->xb2, s->xb, w->wo, w->wo_dt, T, q_dim, dim);
         be->add(s->x, s->xb2, (long)T * dim);
 
         be->rmsnorm(s->xb, s->x, w->ffn_norm, T, dim, c->norm_eps);
-        be->matmul(s->hb, s->xb, w->w_gate, dt, T, dim, hidden);
-        be->matmul(s->hb2, s->xb, w->w_up, dt, T, dim, hidden);
+        be->matmul(s->hb, s->xb, w->w_gate, w->w_gate_dt, T, dim, hidden);
+        be->matmul(s->hb2, s->xb, w->w_up, w->w_up_dt, T, dim, hidden);
         be->swiglu(s->hb, s->hb2, (long)T * hidden);
-        be->matmul(s->xb2, s->hb, w->w_down, dt, T, hidden, dim);
+        be->matmul(s->xb2, s->hb, w->w_down, w->w_down_dt, T, hidden, dim);
         be->add(s->x, s->xb2, (long)T * dim);
     }
     // Only the rows whose logits are wanted go through the final norm and the head.
     int first = all_logits ? 0 : T - 1, n = T - first;
     be->rmsnorm(s->xb, s->x + (size_t)first * dim, m->output_norm, n, dim, c->norm_eps);
-    be->matmul(s->logits, s->xb, m->output, dt, n, dim, (int)c->vocab_size);
+    be->matmul(s->logits, s->xb, m->output, m->output_dt, n, dim, (int)c->vocab_size);
     return s->logits;
 }
 

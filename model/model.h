@@ -21,6 +21,8 @@ typedef struct {
     const void *w_gate;      // (hidden_dim, dim)
     const void *w_up;        // (hidden_dim, dim)
     const void *w_down;      // (dim, hidden_dim)
+    // Each matrix's DType: the configuration's weight_dtype, or Q8_0 / Q4_K (model/quant.h).
+    uint32_t wq_dt, wk_dt, wv_dt, wo_dt, w_gate_dt, w_up_dt, w_down_dt;
 } LayerWeights;
 
 typedef struct Model {
@@ -32,6 +34,8 @@ typedef struct Model {
     LayerWeights *layers;     // (n_layers)
     float *inv_freq;          // (head_dim / 2) RoPE angular frequencies, scaling applied
     const Backend *be;
+    uint32_t token_embd_dt, output_dt; // DType of the embedding and of the LM head
+    int n_quantized;          // matrices stored as Q8_0 / Q4_K blocks (the GPU path reads none yet)
 } Model;
 
 // Activations for up to `chunk` tokens at once, and the KV cache for `ctx` positions.
@@ -76,6 +80,10 @@ float *model_forward(const Model *m, RunState *s, const int *tokens, int T, int 
 // Fills a synthetic model (no file, random weights on the device) with a named real shape:
 // llama3.1-8b, qwen3-8b, qwen3-0.6b. Returns 0, or -1 for an unknown name.
 int model_synthetic(Model *m, const char *name);
+
+// "bf16", or the matrices' dtypes with their counts when they differ ("q8_0 x155 + q4_k x30"),
+// for the load summary.
+const char *model_weights_desc(const Model *m, char *buf, size_t n);
 
 // RoPE frequencies for a configuration (rope_freqs: per-frequency divisors, or NULL).
 void rope_inv_freq(const Config *c, const float *rope_freqs, float *inv_freq);

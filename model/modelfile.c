@@ -3,9 +3,11 @@
 #include "errmsg.h"
 #include "guard.h"
 #include "bf16.h"
+#include "quant.h"
 
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,8 +18,6 @@
 #include <unistd.h>
 
 #define fail(err, ...) err_fail(err, MODEL_ERR_LEN, __VA_ARGS__)
-
-size_t dtype_size(uint32_t dtype) { return dtype == DTYPE_BF16 ? 2 : 4; }
 
 int model_tensor_list(const Config *c, TensorVisitor fn, void *ctx) {
     uint32_t wd = c->weight_dtype, hd = c->head_dim;
@@ -93,6 +93,13 @@ typedef struct {
     int index, bad;
 } CheckCtx;
 
+// May a tensor that the configuration expects in `want` be stored in `got`? A matrix of a
+// format-2 file may be quantized (model/quant.h), when its rows are whole blocks.
+static int dtype_allowed(uint32_t version, uint32_t want, uint32_t got, uint32_t ndim, uint64_t cols) {
+    if (got == want) return 1;
+    return version >= 2 && ndim == 2 && dtype_is_quant(got) && dtype_row_bytes(got, cols) != 0;
+}
+
 static void check_tensor(const char *name, uint32_t dtype, uint32_t ndim, uint64_t rows, uint64_t cols, void *p) {
     CheckCtx *cc = p;
     if (cc->bad) return;
@@ -102,14 +109,18 @@ static void check_tensor(const char *name, uint32_t dtype, uint32_t ndim, uint64
         return;
     }
     uint64_t want_cols = ndim == 2 ? cols : 1;
-    if (t->dtype != dtype || t->ndim != ndim || t->shape[0] != rows || (ndim == 2 && t->shape[1] != want_cols)) {
-        cc->bad = fail(cc->err, "tensor '%s': expected dtype %u shape [%llu, %llu], found dtype %u shape [%llu, %llu]",
-                       name, dtype, (unsigned long long)rows, (unsigned long long)want_cols, t->dtype,
-                       (unsigned long long)t->shape[0], (unsigned long long)(t->ndim == 2 ? t->shape[1] : 1));
+    uint32_t version = cc->mf->header->version;
+    if (!dtype_allowed(version, dtype, t->dtype, ndim, want_cols) || t->ndim != ndim || t->shape[0] != rows ||
+        (ndim == 2 && t->shape[1] != want_cols)) {
+        char alt[64] = "";
+        if (version >= 2 && ndim == 2) snprintf(alt, sizeof alt, " (or %s, %s with whole blocks)", dtype_name(DTYPE_Q8_0), dtype_name(DTYPE_Q4_K));
+        cc->bad = fail(cc->err, "tensor '%s': expected dtype %s%s shape [%llu, %llu], found dtype %u (%s) shape [%llu, %llu]",
+                       name, dtype_name(dtype), alt, (unsigned long long)rows, (unsigned long long)want_cols, t->dtype,
+                       dtype_name(t->dtype), (unsigned long long)t->shape[0], (unsigned long long)(t->ndim == 2 ? t->shape[1] : 1));
         return;
     }
-    // rows * cols * size cannot overflow: each factor is bounded by config_validate.
-    uint64_t nbytes = rows * want_cols * dtype_size(dtype);
+    // rows * row bytes cannot overflow: rows and cols are bounded by config_validate.
+    uint64_t nbytes = rows * dtype_row_bytes(t->dtype, want_cols);
     if (t->nbytes != nbytes || t->offset % MODEL_ALIGN != 0 || t->offset > cc->mf->size || nbytes > cc->mf->size - t->offset) {
         cc->bad = fail(cc->err, "tensor '%s': data (offset %llu, %llu bytes) lies outside the %zu-byte file",
                        name, (unsigned long long)t->offset, (unsigned long long)t->nbytes, cc->mf->size);
@@ -145,8 +156,9 @@ int modelfile_open(ModelFile *mf, const char *path, char *err) {
     int rc = -1;
     if (memcmp(h->magic, MODEL_MAGIC, 8) != 0) {
         fail(err, "'%s' is not a model file (bad magic; convert checkpoints with ./export)", path);
-    } else if (h->version != MODEL_VERSION) {
-        fail(err, "'%s' has format version %u, this runner reads version %u: re-export it", path, h->version, MODEL_VERSION);
+    } else if (h->version < MODEL_VERSION_MIN || h->version > MODEL_VERSION) {
+        fail(err, "'%s' has format version %u, this runner reads versions %u to %u: re-export it", path, h->version,
+             MODEL_VERSION_MIN, MODEL_VERSION);
     } else if (h->header_size != sizeof(FileHeader)) {
         fail(err, "'%s': header size %u, expected %zu", path, h->header_size, sizeof(FileHeader));
     } else if (h->file_size != size) {
@@ -178,10 +190,15 @@ void modelfile_close(ModelFile *mf) {
     mf->fd = -1;
 }
 
-const void *modelfile_tensor(const ModelFile *mf, const char *name) {
+const TensorEntry *modelfile_entry(const ModelFile *mf, const char *name) {
     for (uint32_t i = 0; i < mf->header->n_tensors; i++)
-        if (strcmp(mf->tensors[i].name, name) == 0) return mf->data + mf->tensors[i].offset;
+        if (strcmp(mf->tensors[i].name, name) == 0) return &mf->tensors[i];
     return NULL;
+}
+
+const void *modelfile_tensor(const ModelFile *mf, const char *name) {
+    const TensorEntry *t = modelfile_entry(mf, name);
+    return t ? mf->data + t->offset : NULL;
 }
 
 // ---- writing ----
@@ -198,18 +215,23 @@ struct ModelWriter {
 
 typedef struct {
     TensorEntry *entries;
-    int i;
+    const uint32_t *dtypes;
+    int i, bad, quantized;
 } FillCtx;
 
 static void fill_entry(const char *name, uint32_t dtype, uint32_t ndim, uint64_t rows, uint64_t cols, void *p) {
     FillCtx *fc = p;
-    TensorEntry *t = &fc->entries[fc->i++];
+    TensorEntry *t = &fc->entries[fc->i];
+    uint32_t dt = fc->dtypes ? fc->dtypes[fc->i] : dtype;
+    fc->i++;
     snprintf(t->name, TENSOR_NAME_LEN, "%s", name);
-    t->dtype = dtype;
+    t->dtype = dt;
     t->ndim = ndim;
     t->shape[0] = rows;
     t->shape[1] = ndim == 2 ? cols : 1;
-    t->nbytes = rows * t->shape[1] * dtype_size(dtype);
+    t->nbytes = rows * dtype_row_bytes(dt, t->shape[1]);
+    if (!dtype_allowed(MODEL_VERSION, dtype, dt, ndim, t->shape[1])) fc->bad = 1;
+    fc->quantized |= dtype_is_quant(dt);
 }
 
 static int write_zeros(FILE *f, uint64_t n) {
@@ -241,7 +263,8 @@ static int write_failed(ModelWriter *w, char *err) {
                 (unsigned long long)w->total, strerror(e ? e : EIO));
 }
 
-ModelWriter *modelwriter_create(const char *path, const Config *c, const void *tok, size_t tok_size, char *err) {
+ModelWriter *modelwriter_create(const char *path, const Config *c, const void *tok, size_t tok_size,
+                                const uint32_t *dtypes, char *err) {
     if (config_validate(c, err) != 0) return NULL;
     ModelWriter *w = calloc(1, sizeof *w);
     if (!w) return fail(err, "out of memory"), NULL;
@@ -255,11 +278,15 @@ ModelWriter *modelwriter_create(const char *path, const Config *c, const void *t
         return fail(err, "out of memory"), NULL;
     }
     snprintf(w->tmp_path, tl, "%s.tmp", path);
-    FillCtx fc = {w->entries, 0};
+    FillCtx fc = {w->entries, dtypes, 0, 0, 0};
     model_tensor_list(c, fill_entry, &fc);
+    if (fc.bad) {
+        modelwriter_abort(w);
+        return fail(err, "internal: a tensor's dtype does not fit its shape"), NULL;
+    }
 
     memcpy(w->h.magic, MODEL_MAGIC, 8);
-    w->h.version = MODEL_VERSION;
+    w->h.version = fc.quantized ? 2 : 1; // format 1 readers still take what has no quantized matrix
     w->h.header_size = sizeof(FileHeader);
     w->h.config = *c;
     w->h.tokenizer_offset = align_up(sizeof(FileHeader), 64);
@@ -295,13 +322,74 @@ ModelWriter *modelwriter_create(const char *path, const Config *c, const void *t
     return w;
 }
 
-int modelwriter_add(ModelWriter *w, const char *name, const float *data, char *err) {
-    if (w->next >= w->n) return fail(err, "internal: too many tensors (at '%s')", name);
+const TensorEntry *modelwriter_next(const ModelWriter *w) { return w->next < w->n ? &w->entries[w->next] : NULL; }
+
+static TensorEntry *next_entry(ModelWriter *w, const char *name, char *err) {
+    if (w->next >= w->n) return fail(err, "internal: too many tensors (at '%s')", name), NULL;
     TensorEntry *t = &w->entries[w->next];
-    if (strcmp(t->name, name) != 0) return fail(err, "internal: tensor '%s' written where '%s' belongs", name, t->name);
+    if (strcmp(t->name, name) != 0) return fail(err, "internal: tensor '%s' written where '%s' belongs", name, t->name), NULL;
     t->offset = w->pos;
+    return t;
+}
+
+// Pads the tensor just written to the alignment and moves on.
+static int end_tensor(ModelWriter *w, const TensorEntry *t, char *err) {
+    uint64_t end = w->pos + t->nbytes;
+    w->pos = align_up(end, MODEL_ALIGN);
+    if (write_zeros(w->f, w->pos - end) != 0) return write_failed(w, err);
+    w->next++;
+    return 0;
+}
+
+int modelwriter_add_raw(ModelWriter *w, const char *name, const void *data, char *err) {
+    TensorEntry *t = next_entry(w, name, err);
+    if (!t) return -1;
+    if (fwrite(data, 1, t->nbytes, w->f) != t->nbytes) return write_failed(w, err);
+    return end_tensor(w, t, err);
+}
+
+// Quantizes data row by row into t's blocks and writes them. Each row is dequantized again to
+// check it: values too large for an fp16 scale (past 65504 * 127 for Q8_0) would come back as
+// Inf, and a model file must not hold what the runner would only find at its first token.
+static int add_quantized(ModelWriter *w, const TensorEntry *t, const float *data, char *err) {
+    uint64_t rows = t->shape[0], cols = t->shape[1], rb = dtype_row_bytes(t->dtype, cols);
+    uint8_t *buf = malloc(rb);
+    float *back = malloc(cols * sizeof(float));
+    int rc = -1;
+    if (!buf || !back) {
+        fail(err, "out of memory quantizing '%s'", t->name);
+        goto out;
+    }
+    for (uint64_t r = 0; r < rows; r++) {
+        const float *x = data + r * cols;
+        if (t->dtype == DTYPE_Q8_0) quantize_row_q8_0(x, buf, cols);
+        else quantize_row_q4_k(x, buf, cols);
+        weights_rows_to_f32(buf, t->dtype, 0, 1, cols, back);
+        for (uint64_t j = 0; j < cols; j++)
+            if (!isfinite(back[j])) {
+                fail(err, "tensor '%s' row %llu: its values (up to %g) do not fit %s's fp16 scales", t->name,
+                     (unsigned long long)r, (double)x[j], dtype_name(t->dtype));
+                goto out;
+            }
+        if (fwrite(buf, 1, rb, w->f) != rb) {
+            write_failed(w, err);
+            goto out;
+        }
+    }
+    rc = 0;
+out:
+    free(buf);
+    free(back);
+    return rc;
+}
+
+int modelwriter_add(ModelWriter *w, const char *name, const float *data, char *err) {
+    TensorEntry *t = next_entry(w, name, err);
+    if (!t) return -1;
     uint64_t count = t->shape[0] * t->shape[1];
-    if (t->dtype == DTYPE_F32) {
+    if (dtype_is_quant(t->dtype)) {
+        if (add_quantized(w, t, data, err) != 0) return -1;
+    } else if (t->dtype == DTYPE_F32) {
         if (fwrite(data, 4, count, w->f) != count) goto io;
     } else {
         uint16_t buf[4096];
@@ -311,11 +399,7 @@ int modelwriter_add(ModelWriter *w, const char *name, const float *data, char *e
             if (fwrite(buf, 2, k, w->f) != k) goto io;
         }
     }
-    uint64_t end = w->pos + t->nbytes;
-    w->pos = align_up(end, MODEL_ALIGN);
-    if (write_zeros(w->f, w->pos - end) != 0) goto io;
-    w->next++;
-    return 0;
+    return end_tensor(w, t, err);
 io:
     return write_failed(w, err);
 }

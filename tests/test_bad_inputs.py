@@ -106,6 +106,19 @@ def main():
         at = blob.find(b"token_embd\0")
         check_error("tensor shape mismatch", [RUN, patched(good, os.path.join(tmp, "s.bin"), at + 48 + 8, struct.pack("<Q", 5)), "-p", "hi"], "shape")
         check_error("tensor offset outside file", [RUN, patched(good, os.path.join(tmp, "o.bin"), at + 48 + 8 + 16, struct.pack("<Q", 1 << 40)), "-p", "hi"], "outside")
+        # Quantized matrices (format 2): a file cut short, a dtype its rows are not whole blocks of,
+        # a quantized dtype in a format-1 file, an unknown dtype, a byte count that disagrees.
+        q8 = os.path.join(tmp, "q8.bin")
+        p = subprocess.run([EXPORT, TINY, q8, "--quant", "q8_0"], capture_output=True, text=True, timeout=120)
+        qblob = open(q8, "rb").read()
+        qat = qblob.find(b"blk.0.attn_q\0")
+        with open(q8, "rb") as f, open(trunc, "wb") as g:
+            g.write(f.read(len(qblob) - 5000))
+        check_error("truncated quantized model file", [RUN, trunc, "-p", "hi"], "truncated")
+        check_error("q4_k dtype on rows that are not whole 256-blocks", [RUN, patched(q8, os.path.join(tmp, "q4.bin"), qat + 48, struct.pack("<I", 3)), "-p", "hi"], "whole blocks")
+        check_error("unknown tensor dtype", [RUN, patched(q8, os.path.join(tmp, "u.bin"), qat + 48, struct.pack("<I", 9)), "-p", "hi"], "dtype 9")
+        check_error("quantized matrix in a format-1 file", [RUN, patched(q8, os.path.join(tmp, "v1.bin"), 8, struct.pack("<I", 1)), "-p", "hi"], "expected dtype bf16 shape")
+        check_error("quantized tensor byte count wrong", [RUN, patched(q8, os.path.join(tmp, "n.bin"), qat + 48 + 8 + 24, struct.pack("<Q", 64 * 64 * 2)), "-p", "hi"], "outside")
 
         # --- run's inputs ---
         check_error("token id out of range", [RUN, good, "--ids", "-p", "1 2 99999999", "-n", "1"], "token id")

@@ -6,6 +6,9 @@
 // were unbounded, then overflows to Inf). The distances from |f| to both are exact in double (all
 // three are floats within one binade of each other); the nearer wins, a tie goes to the one with
 // the even last mantissa bit. NaN must give a quiet NaN of the same sign, Inf the same Inf.
+// f32_to_f16 (the scales of quantized blocks): every one of the 2^32 floats, walked in order of
+// magnitude through the intervals between consecutive fp16 values (the nearer end wins, a tie the
+// even one; past 65504 the next end is 2^16, which becomes Inf), both signs; NaN a quiet NaN.
 // bf16_to_f32 and f16_to_f32: every one of the 2^16 inputs against (-1)^s 2^(e-bias) (1 + m/2^p)
 // (subnormals 2^(1-bias) m/2^p) computed with ldexp in double. Then named cases: ties to even both
 // ways, NaN, +-Inf, overflow, subnormals, -0.
@@ -120,6 +123,38 @@ static void case_nan(uint32_t u, const char *what) {
           (u & 0x80000000u) ? "negative" : "positive", h, what);
 }
 
+// The magnitude of a finite fp16 pattern (sign bit clear), from the definition.
+static double f16_mag(uint32_t h) {
+    uint32_t e = (h >> 10) & 0x1f, m = h & 0x3ff;
+    return e == 0 ? ldexp((double)m, -24) : ldexp(1024.0 + m, (int)e - 25);
+}
+
+// All 2^32 floats through f32_to_f16. Returns the number of wrong results.
+static unsigned long long exhaustive_f32_to_f16(void) {
+    unsigned long long bad = 0;
+    // Finite magnitudes from 0 up to 2^16: interval [mag(h), mag(h + 1)) for h = 0 .. 0x7bff.
+#pragma omp parallel for schedule(dynamic, 64) reduction(+ : bad)
+    for (uint32_t h = 0; h < 0x7c00u; h++) {
+        double lo = f16_mag(h), hi = h == 0x7bff ? 65536.0 : f16_mag(h + 1);
+        float flo = (float)lo, fhi = (float)hi;
+        uint16_t tie = (h & 1) ? (uint16_t)(h + 1) : (uint16_t)h;
+        for (uint32_t u = u_of(flo); u < u_of(fhi); u++) {
+            double a = (double)f_of(u), dlo = a - lo, dhi = hi - a;
+            uint16_t want = dlo < dhi ? (uint16_t)h : dhi < dlo ? (uint16_t)(h + 1) : tie;
+            bad += f32_to_f16(f_of(u)) != want;
+            bad += f32_to_f16(f_of(u | 0x80000000u)) != (want | 0x8000);
+        }
+    }
+    // From 2^16 to Inf: Inf; NaN: a quiet NaN of the same sign.
+#pragma omp parallel for schedule(static) reduction(+ : bad)
+    for (uint32_t u = u_of(65536.0f); u <= 0x7fffffffu; u++) {
+        uint16_t p = f32_to_f16(f_of(u)), n = f32_to_f16(f_of(u | 0x80000000u));
+        if (u <= 0x7f800000u) bad += p != 0x7c00 || n != 0xfc00;
+        else bad += (p & 0xfe00) != 0x7e00 || (n & 0xfe00) != 0xfe00;
+    }
+    return bad;
+}
+
 int main(void) {
     // bf16_to_f32: every pattern against the definition.
     int bad = 0, first = -1;
@@ -158,6 +193,15 @@ int main(void) {
               u_of(f16_to_f32(0x3c00)) == u_of(1.0f),
           "f16_to_f32: smallest subnormal 2^-24 (both signs), largest subnormal, smallest normal 2^-14, "
           "65504, -0, 1");
+
+    unsigned long long bad16 = exhaustive_f32_to_f16();
+    check(bad16 == 0, "f32_to_f16: all 2^32 floats round to the nearest fp16 (ties to even, 65520 and up to Inf), "
+                      "NaN to a quiet NaN of its sign (%llu wrong)", bad16);
+    check(f32_to_f16(65519.996f) == 0x7bff && f32_to_f16(65520.0f) == 0x7c00 && f32_to_f16(0x1p-25f) == 0 &&
+              f32_to_f16(0x1.000002p-25f) == 1 && f32_to_f16(0x1.8p-24f) == 2 && f32_to_f16(-0.0f) == 0x8000 &&
+              f32_to_f16(0x1.ffcp-15f) == 0x0400 && f32_to_f16(1.0f + 0x1p-11f) == 0x3c00,
+          "f32_to_f16: 65504 / Inf edge, 2^-25 ties to 0, just above it 2^-24, 1.5 2^-24 ties to 2 2^-24, -0, "
+          "subnormal carry into the smallest normal, 1 + 2^-11 ties to 1");
 
     // Round trip: every non-NaN bf16 comes back unchanged.
     bad = 0, first = -1;

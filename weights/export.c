@@ -1,8 +1,9 @@
-// ./export SRC out.bin [--dtype bf16|f32]
+// ./export SRC out.bin [--dtype bf16|f32|keep] [--quant q8_0|q4_k]
 // SRC is a Hugging Face checkpoint directory or a GGUF file. Writes model.bin (model/modelfile.h).
 #include "../model/errmsg.h"
 #include "../model/guard.h"
 #include "../model/modelfile.h"
+#include "../model/quant.h"
 #include "../model/version.h"
 #include "../tokenizer/tokenizer.h"
 #include "gguf.h"
@@ -54,16 +55,42 @@ static void hf_name(const char *name, char *out, size_t n) {
 }
 
 // GGUF's llama converter permutes Q and K rows per head from HF's rotate-half order
-// (half, pair) to interleaved (pair, half). Undo it so one RoPE serves every source.
-static void unpermute_rows(float *w, uint64_t rows, uint64_t cols, uint32_t head_dim, float *tmp) {
+// (half, pair) to interleaved (pair, half). Undo it so one RoPE serves every source. Rows are
+// row_bytes each: floats, or a quantized row's blocks (rows never share a block).
+static void unpermute_rows(uint8_t *w, uint64_t rows, uint64_t row_bytes, uint32_t head_dim, uint8_t *tmp) {
     uint64_t half = head_dim / 2;
     for (uint64_t h = 0; h < rows / head_dim; h++) {
-        float *blk = w + h * head_dim * cols;
-        memcpy(tmp, blk, head_dim * cols * sizeof(float));
+        uint8_t *blk = w + h * head_dim * row_bytes;
+        memcpy(tmp, blk, head_dim * row_bytes);
         for (uint64_t i = 0; i < half; i++)
             for (uint64_t s = 0; s < 2; s++)
-                memcpy(blk + (s * half + i) * cols, tmp + (2 * i + s) * cols, cols * sizeof(float));
+                memcpy(blk + (s * half + i) * row_bytes, tmp + (2 * i + s) * row_bytes, row_bytes);
     }
+}
+
+// Un-permutes a GGUF llama tensor's rows in place when it is Q or K.
+static int unpermute_if_qk(const Source *src, const char *name, void *data, uint64_t rows, uint64_t row_bytes, char *err) {
+    int is_q = strstr(name, "attn_q") && !strstr(name, "norm"), is_k = strstr(name, "attn_k") && !strstr(name, "norm");
+    if (src->c->arch != ARCH_LLAMA || !(is_q || is_k)) return 0;
+    uint8_t *tmp = malloc(src->c->head_dim * row_bytes);
+    if (!tmp) return efail(err, "out of memory"), -1;
+    unpermute_rows(data, rows, row_bytes, src->c->head_dim, tmp);
+    free(tmp);
+    return 0;
+}
+
+// The GGUF tensor for a model.bin name, its shape checked against the configuration's.
+static const GgufTensor *gguf_lookup(const Source *src, const char *name, uint64_t rows, uint64_t cols, char *err) {
+    char gn[128];
+    snprintf(gn, sizeof gn, "%s.weight", name);
+    const GgufTensor *t = gguf_tensor(&src->gg, gn);
+    if (!t) return efail(err, "GGUF file has no tensor '%s'", gn), NULL;
+    int shape_ok = t->ndim == 1 ? (t->ne[0] == rows && cols == 1) : (t->ndim == 2 && t->ne[0] == cols && t->ne[1] == rows);
+    if (t->n_elems != rows * cols || !shape_ok)
+        return efail(err, "tensor '%s' has shape [%llu, %llu], the configuration needs [%llu, %llu]", gn,
+                     (unsigned long long)t->ne[1], (unsigned long long)t->ne[0], (unsigned long long)rows,
+                     (unsigned long long)cols), NULL;
+    return t;
 }
 
 static int fetch(Source *src, const char *name, uint64_t rows, uint64_t cols, float *out, char *err) {
@@ -81,24 +108,25 @@ static int fetch(Source *src, const char *name, uint64_t rows, uint64_t cols, fl
         st_to_f32(t, out);
         return 0;
     }
-    char gn[128];
-    snprintf(gn, sizeof gn, "%s.weight", name);
-    const GgufTensor *t = gguf_tensor(&src->gg, gn);
-    if (!t) return efail(err, "GGUF file has no tensor '%s'", gn), -1;
-    int shape_ok = t->ndim == 1 ? (t->ne[0] == rows && cols == 1) : (t->ndim == 2 && t->ne[0] == cols && t->ne[1] == rows);
-    if (t->n_elems != want || !shape_ok)
-        return efail(err, "tensor '%s' has shape [%llu, %llu], the configuration needs [%llu, %llu]", gn,
-                        (unsigned long long)t->ne[1], (unsigned long long)t->ne[0], (unsigned long long)rows,
-                        (unsigned long long)cols), -1;
-    if (gguf_dequantize(t, out, err) != 0) return -1;
-    int is_q = strstr(name, "attn_q") && !strstr(name, "norm"), is_k = strstr(name, "attn_k") && !strstr(name, "norm");
-    if (src->c->arch == ARCH_LLAMA && (is_q || is_k)) {
-        float *tmp = malloc(src->c->head_dim * cols * sizeof(float));
-        if (!tmp) return efail(err, "out of memory"), -1;
-        unpermute_rows(out, rows, cols, src->c->head_dim, tmp);
-        free(tmp);
-    }
-    return 0;
+    const GgufTensor *t = gguf_lookup(src, name, rows, cols, err);
+    if (!t || gguf_dequantize(t, out, err) != 0) return -1;
+    return unpermute_if_qk(src, name, out, rows, cols * sizeof(float), err);
+}
+
+// A GGUF tensor's blocks as they are (its type is `dtype`'s, checked by the caller), Q/K rows
+// un-permuted: out holds rows * dtype_row_bytes(dtype, cols) bytes.
+static int fetch_raw(Source *src, const char *name, uint32_t dtype, uint64_t rows, uint64_t cols, uint8_t *out, char *err) {
+    const GgufTensor *t = gguf_lookup(src, name, rows, cols, err);
+    if (!t) return -1;
+    uint64_t rb = dtype_row_bytes(dtype, cols);
+    if (rb == 0 || t->nbytes != rows * rb) return efail(err, "internal: '%s' is not whole %s blocks", name, dtype_name(dtype)), -1;
+    memcpy(out, t->data, t->nbytes);
+    return unpermute_if_qk(src, name, out, rows, rb, err);
+}
+
+// The model.bin dtype of a GGUF type kept as it is, or -1 (it is dequantized).
+static int kept_dtype(uint32_t ggml_type) {
+    return ggml_type == GGML_Q8_0 ? DTYPE_Q8_0 : ggml_type == GGML_Q4_K ? DTYPE_Q4_K : -1;
 }
 
 // ---- GGUF configuration ----
@@ -234,6 +262,44 @@ out:
 
 // ---- writing ----
 
+// What each tensor is stored as: the configuration's dtype (f32 vectors, bf16 / f32 matrices),
+// or, for a matrix, Q8_0 / Q4_K blocks (--quant, or a GGUF's own under --dtype keep).
+typedef struct {
+    const Source *src;
+    int keep;      // --dtype keep: a GGUF's Q8_0 and Q4_K matrices stay as they are
+    int quant;     // --quant: DTYPE_Q8_0 or DTYPE_Q4_K, or -1
+    uint32_t *dtypes;
+    int i;
+    uint64_t total; // bytes of tensor data, for the progress lines
+} PlanCtx;
+
+// The GGUF type of a tensor, or -1 (not a GGUF source, or no such tensor: fetch says so later).
+static int gguf_type_of(const Source *src, const char *name) {
+    char gn[128];
+    snprintf(gn, sizeof gn, "%s.weight", name);
+    const GgufTensor *t = src->is_gguf ? gguf_tensor(&src->gg, gn) : NULL;
+    return t ? (int)t->type : -1;
+}
+
+static void plan_one(const char *name, uint32_t dtype, uint32_t ndim, uint64_t rows, uint64_t cols, void *p) {
+    PlanCtx *pc = p;
+    uint32_t dt = dtype;
+    if (ndim == 2 && pc->quant >= 0) {
+        uint32_t target = (uint32_t)pc->quant;
+        // The embedding / LM head gets 8 bits under either target: the head's errors go straight
+        // into the logits (llama.cpp's presets keep it at 6 bits or more too). So does a matrix
+        // whose rows are not whole 256-weight super-blocks (SmolLM2's 576-wide ones).
+        int embd_or_head = strcmp(name, "token_embd") == 0 || strcmp(name, "output") == 0;
+        if (target == DTYPE_Q4_K && (embd_or_head || dtype_row_bytes(target, cols) == 0)) target = DTYPE_Q8_0;
+        if (dtype_row_bytes(target, cols) != 0) dt = target; // else (rows not whole 32-blocks) as configured
+    } else if (ndim == 2 && pc->keep) {
+        int k = kept_dtype((uint32_t)gguf_type_of(pc->src, name));
+        if (k >= 0 && dtype_row_bytes((uint32_t)k, cols) != 0) dt = (uint32_t)k;
+    }
+    pc->dtypes[pc->i++] = dt;
+    pc->total += rows * dtype_row_bytes(dt, ndim == 2 ? cols : 1);
+}
+
 typedef struct {
     Source *src;
     ModelWriter *w;
@@ -243,29 +309,35 @@ typedef struct {
     int shown; // last percentage printed
     float *buf;
     uint64_t buf_cap;
+    uint8_t *raw;
+    uint64_t raw_cap;
 } WriteCtx;
 
-static void count_bytes(const char *name, uint32_t dtype, uint32_t ndim, uint64_t rows, uint64_t cols, void *p) {
-    (void)name, (void)ndim;
-    ((WriteCtx *)p)->total += rows * cols * dtype_size(dtype);
+// Grows *buf to n bytes; 0 or -1.
+static int reserve(void **buf, uint64_t *cap, uint64_t n) {
+    if (n <= *cap) return 0;
+    free(*buf);
+    *buf = malloc(n);
+    *cap = *buf ? n : 0;
+    return *buf ? 0 : -1;
 }
 
 static void write_one(const char *name, uint32_t dtype, uint32_t ndim, uint64_t rows, uint64_t cols, void *p) {
+    (void)dtype; // the plan's, in the writer's entry, is what counts
     WriteCtx *wc = p;
     if (wc->failed) return;
-    uint64_t n = rows * (ndim == 2 ? cols : 1);
-    if (n > wc->buf_cap) {
-        free(wc->buf);
-        wc->buf = malloc(n * sizeof(float));
-        wc->buf_cap = wc->buf ? n : 0;
-        if (!wc->buf) {
-            efail(wc->err, "out of memory for tensor '%s' (%llu floats)", name, (unsigned long long)n);
-            wc->failed = 1;
-            return;
-        }
+    const TensorEntry *e = modelwriter_next(wc->w);
+    if (!e) return;
+    uint32_t dt = e->dtype;
+    cols = ndim == 2 ? cols : 1;
+    uint64_t n = rows * cols;
+    if (reserve((void **)&wc->buf, &wc->buf_cap, n * sizeof(float)) != 0) {
+        efail(wc->err, "out of memory for tensor '%s' (%llu floats)", name, (unsigned long long)n);
+        wc->failed = 1;
+        return;
     }
-    if (fetch(wc->src, name, rows, ndim == 2 ? cols : 1, wc->buf, wc->err) != 0 ||
-        modelwriter_add(wc->w, name, wc->buf, wc->err) != 0) {
+    // Every tensor is read as floats first, also one kept as blocks: that checks its values.
+    if (fetch(wc->src, name, rows, cols, wc->buf, wc->err) != 0) {
         wc->failed = 1;
         return;
     }
@@ -275,7 +347,22 @@ static void write_one(const char *name, uint32_t dtype, uint32_t ndim, uint64_t 
             wc->failed = 1;
             return;
         }
-    wc->done += n * dtype_size(dtype);
+    // A GGUF tensor already in the dtype it is stored in is copied as it is.
+    int type = gguf_type_of(wc->src, name);
+    uint64_t nbytes = rows * dtype_row_bytes(dt, cols);
+    if (dtype_is_quant(dt) && type >= 0 && kept_dtype((uint32_t)type) == (int)dt) {
+        if (reserve((void **)&wc->raw, &wc->raw_cap, nbytes) != 0) {
+            efail(wc->err, "out of memory for tensor '%s' (%llu bytes)", name, (unsigned long long)nbytes);
+            wc->failed = 1;
+            return;
+        }
+        wc->failed = fetch_raw(wc->src, name, dt, rows, cols, wc->raw, wc->err) != 0 ||
+                     modelwriter_add_raw(wc->w, name, wc->raw, wc->err) != 0;
+    } else {
+        wc->failed = modelwriter_add(wc->w, name, wc->buf, wc->err) != 0;
+    }
+    if (wc->failed) return;
+    wc->done += nbytes;
     int pct = (int)(100.0 * (double)wc->done / (double)wc->total);
     if (pct / 5 != wc->shown / 5) { // a line each 5%: readable in a terminal and in a log
         fprintf(stderr, "export: %3d%% (%s)\n", pct, name);
@@ -283,19 +370,34 @@ static void write_one(const char *name, uint32_t dtype, uint32_t ndim, uint64_t 
     }
 }
 
+// "q8_0 x155 + q4_k x30" for the closing line.
+static const char *quant_census(const uint32_t *dtypes, int n) {
+    static char buf[64];
+    int q8 = 0, q4 = 0;
+    for (int i = 0; i < n; i++) q8 += dtypes[i] == DTYPE_Q8_0, q4 += dtypes[i] == DTYPE_Q4_K;
+    if (q4 && q8) snprintf(buf, sizeof buf, "q4_k x%d + q8_0 x%d", q4, q8);
+    else snprintf(buf, sizeof buf, "%s x%d", q4 ? "q4_k" : "q8_0", q4 ? q4 : q8);
+    return buf;
+}
+
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: ./export SRC out.bin [--dtype bf16|f32]\n"
+            "usage: ./export SRC out.bin [--dtype bf16|f32|keep] [--quant q8_0|q4_k]\n"
             "  SRC: a Hugging Face checkpoint directory (config.json, *.safetensors, tokenizer.json)\n"
             "       or a GGUF v3 file (llama or qwen3; F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,\n"
-            "       Q2_K..Q6_K tensors, dequantized)\n"
-            "  --dtype: how matrices are stored (default bf16; norms are always f32)\n"
+            "       Q2_K..Q6_K tensors)\n"
+            "  --dtype: how matrices are stored (default bf16; norms are always f32); keep: a GGUF's\n"
+            "           Q8_0 and Q4_K matrices stay as they are (quantized), the others bf16\n"
+            "  --quant: matrices quantized to Q8_0, or Q4_K (the embedding / LM head and rows that are\n"
+            "           not whole 256-weight blocks: Q8_0); a GGUF's tensors already so are copied\n"
+            "  Quantized models run on the CPU only (the GPU path reads bf16 / f32).\n"
             "  --version, -h/--help\n");
 }
 
 int main(int argc, char **argv) {
     const char *src_path = NULL, *out_path = NULL;
     uint32_t dtype = DTYPE_BF16;
+    int keep = 0, quant = -1;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
             usage(stdout);
@@ -305,10 +407,19 @@ int main(int argc, char **argv) {
             return 0;
         } else if (strcmp(argv[i], "--dtype") == 0 && i + 1 < argc) {
             const char *d = argv[++i];
-            if (strcmp(d, "bf16") == 0) dtype = DTYPE_BF16;
-            else if (strcmp(d, "f32") == 0) dtype = DTYPE_F32;
+            if (strcmp(d, "bf16") == 0) dtype = DTYPE_BF16, keep = 0;
+            else if (strcmp(d, "f32") == 0) dtype = DTYPE_F32, keep = 0;
+            else if (strcmp(d, "keep") == 0) dtype = DTYPE_BF16, keep = 1;
             else {
-                fprintf(stderr, "error: --dtype must be bf16 or f32, not '%s'\n", d);
+                fprintf(stderr, "error: --dtype must be bf16, f32 or keep, not '%s'\n", d);
+                return 1;
+            }
+        } else if (strcmp(argv[i], "--quant") == 0 && i + 1 < argc) {
+            const char *q = argv[++i];
+            if (strcmp(q, "q8_0") == 0) quant = DTYPE_Q8_0;
+            else if (strcmp(q, "q4_k") == 0) quant = DTYPE_Q4_K;
+            else {
+                fprintf(stderr, "error: --quant must be q8_0 or q4_k, not '%s'\n", q);
                 return 1;
             }
         } else if (argv[i][0] == '-') {
@@ -324,6 +435,10 @@ int main(int argc, char **argv) {
     }
     if (!src_path || !out_path) {
         usage(stderr);
+        return 1;
+    }
+    if (keep && quant >= 0) {
+        fprintf(stderr, "error: --dtype keep and --quant: give one (--quant copies a GGUF's tensors already in its type)\n");
         return 1;
     }
     // A source truncated while mapped, or Ctrl-C: a one-line error and no partial output left.
@@ -365,26 +480,33 @@ int main(int argc, char **argv) {
         ok = mem && tokenizer_write(mem, &spec, err) == 0;
         if (mem) fclose(mem);
     }
-    ModelWriter *w = ok ? modelwriter_create(out_path, &c, tok, tok_size, err) : NULL;
+    // Each tensor's dtype, decided before anything is written (the writer sizes the file from it).
+    uint32_t *dtypes = ok ? calloc((size_t)model_tensor_list(&c, NULL, NULL), sizeof(uint32_t)) : NULL;
+    PlanCtx pc = {&src, keep, quant, dtypes, 0, 0};
+    if (ok && !dtypes) ok = 0, efail(err, "out of memory");
+    if (ok) src.c = &c, model_tensor_list(&c, plan_one, &pc);
+    ModelWriter *w = ok ? modelwriter_create(out_path, &c, tok, tok_size, dtypes, err) : NULL;
     if (w) {
-        c.weight_dtype = dtype;
-        WriteCtx wc = {&src, w, err, 0, 0, 0, 0, NULL, 0};
-        src.c = &c;
-        model_tensor_list(&c, count_bytes, &wc);
+        WriteCtx wc = {&src, w, err, 0, 0, pc.total, 0, NULL, 0, NULL, 0};
         model_tensor_list(&c, write_one, &wc);
         free(wc.buf);
+        free(wc.raw);
         if (wc.failed) {
             modelwriter_abort(w);
             ok = 0;
         } else {
             ok = modelwriter_finish(w, err) == 0;
         }
+        int n_quant = 0;
+        for (int i = 0; i < pc.i; i++) n_quant += dtype_is_quant(dtypes[i]);
         if (ok)
-            fprintf(stderr, "export: wrote %s (%s, %u layers, dim %u, vocab %u, %.1f MB of weights)\n", out_path,
-                    c.arch == ARCH_QWEN3 ? "qwen3" : "llama", c.n_layers, c.dim, c.vocab_size, (double)wc.total / 1e6);
+            fprintf(stderr, "export: wrote %s (%s, %u layers, dim %u, vocab %u, %.1f MB of weights%s%s)\n", out_path,
+                    c.arch == ARCH_QWEN3 ? "qwen3" : "llama", c.n_layers, c.dim, c.vocab_size, (double)wc.total / 1e6,
+                    n_quant ? ", quantized: " : "", n_quant ? quant_census(dtypes, pc.i) : "");
     } else {
         ok = 0;
     }
+    free(dtypes);
     free(tok);
     tokspec_free(&spec);
     if (src.is_gguf) gguf_close(&src.gg);

@@ -1,6 +1,7 @@
 // Fuzzes the GGUF reader and what ./export does with a GGUF file short of writing it: the
 // directory and metadata (gguf_open), the configuration and tokenizer import, the serialized
-// tokenizer, and every tensor the configuration needs, dequantized and un-permuted.
+// tokenizer, and every tensor the configuration needs, dequantized and un-permuted (and a Q8_0 /
+// Q4_K one also copied as blocks, as --dtype keep does).
 #define main export_main // the exporter's static functions, as tests reach them (DESIGN.md)
 #include "../../weights/export.c"
 #undef main
@@ -17,6 +18,12 @@ static void fetch_one(const char *name, uint32_t dtype, uint32_t ndim, uint64_t 
     char err[ERR_LEN];
     if (buf && fetch(src, name, rows, ndim == 2 ? cols : 1, buf, err) != 0) fuzz_check_err(err);
     free(buf);
+    // A Q8_0 / Q4_K matrix as --dtype keep copies it: blocks as they are, Q/K rows un-permuted.
+    int k = ndim == 2 ? kept_dtype((uint32_t)gguf_type_of(src, name)) : -1;
+    uint64_t rb = k >= 0 ? dtype_row_bytes((uint32_t)k, cols) : 0;
+    uint8_t *raw = rb && n <= MAX_ELEMS ? malloc(rows * rb) : NULL;
+    if (raw && fetch_raw(src, name, (uint32_t)k, rows, cols, raw, err) != 0) fuzz_check_err(err);
+    free(raw);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {

@@ -89,8 +89,8 @@ def gguf_writer(path, arch, tok_dir, pre, shape, rope_base):
     return w, tokens, template
 
 
-def write_gguf(path, arch, tok_dir, pre, qtypes, tied, rope_freqs):
-    dim, heads, kv, hd, hidden, layers = shape = 32, 2, 1, 16, 64, 1
+def write_gguf(path, arch, tok_dir, pre, qtypes, tied, rope_freqs, shape=(32, 2, 1, 16, 64, 1)):
+    dim, heads, kv, hd, hidden, layers = shape
     w, tokens, template = gguf_writer(path, arch, tok_dir, pre, shape, 10000.0)
     if template:
         w.add_chat_template(template)
@@ -186,6 +186,14 @@ def main():
             export(p, os.path.join(tmp, fname + ".bin"))  # the seed must be a file ./export accepts
             put("gguf", fname, open(p, "rb").read())
             put("modelfile", fname, modelbin_parts(open(os.path.join(tmp, fname + ".bin"), "rb").read())[1])
+        # model.bin heads with quantized matrices (format 2): tiny-qwen3 in Q8_0, and a dim-256
+        # qwen3 (Q4_K needs rows of 256) in Q4_K, its embedding and head Q8_0
+        blob = export(os.path.join(DATA, "tiny-qwen3"), os.path.join(tmp, "q8.bin"), "--quant", "q8_0")
+        put("modelfile", "tiny-qwen3-q8_0", modelbin_parts(blob)[1])
+        p = os.path.join(tmp, "k.gguf")
+        write_gguf(p, "qwen3", os.path.join(DATA, "tiny-qwen3"), "qwen2", ("F32",) * 5, False, False,
+                   shape=(256, 4, 2, 64, 512, 1))
+        put("modelfile", "qwen3-q4_k", modelbin_parts(export(p, os.path.join(tmp, "k.bin"), "--quant", "q4_k"))[1])
         # safetensors: the JSON header, with the data size as the zero padding to append
         for name in ("tiny-qwen3", "tiny-llama-fp16"):
             blob = open(os.path.join(DATA, name, "model.safetensors"), "rb").read()

@@ -1,0 +1,294 @@
+// Q8_0 and Q4_K blocks: sizes, GGML's reference quantization, dequantization, dot products.
+#include "quant.h"
+#include "bf16.h"
+
+#include <math.h>
+#include <string.h>
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+// The quantizers follow GGML's reference C, whose results depend on how each expression rounds:
+// no fused multiply-adds (gcc in ISO C mode already does not contract; clang would, unasked).
+#ifdef __clang__
+#pragma STDC FP_CONTRACT OFF
+#endif
+
+int dtype_is_quant(uint32_t dtype) { return dtype == DTYPE_Q8_0 || dtype == DTYPE_Q4_K; }
+
+const char *dtype_name(uint32_t dtype) {
+    switch (dtype) {
+    case DTYPE_F32: return "f32";
+    case DTYPE_BF16: return "bf16";
+    case DTYPE_Q8_0: return "q8_0";
+    case DTYPE_Q4_K: return "q4_k";
+    default: return "?";
+    }
+}
+
+uint32_t dtype_block_elems(uint32_t dtype) {
+    switch (dtype) {
+    case DTYPE_F32: case DTYPE_BF16: return 1;
+    case DTYPE_Q8_0: return QK8_0;
+    case DTYPE_Q4_K: return QK_K;
+    default: return 0;
+    }
+}
+
+uint64_t dtype_row_bytes(uint32_t dtype, uint64_t cols) {
+    uint32_t be = dtype_block_elems(dtype);
+    if (be == 0 || cols % be != 0) return 0;
+    switch (dtype) {
+    case DTYPE_F32: return cols * 4;
+    case DTYPE_BF16: return cols * 2;
+    case DTYPE_Q8_0: return cols / QK8_0 * Q8_0_BYTES;
+    default: return cols / QK_K * Q4_K_BYTES;
+    }
+}
+
+static uint16_t rd16(const uint8_t *p) { return (uint16_t)(p[0] | p[1] << 8); }
+static void wr16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v, p[1] = (uint8_t)(v >> 8); }
+
+// fp16 scale to float: the F16C instruction where the build has it (same values, exact).
+static inline float h2f(const uint8_t *p) {
+#if defined(__F16C__)
+    return _cvtsh_ss(rd16(p));
+#else
+    return f16_to_f32(rd16(p));
+#endif
+}
+
+// GGML's nearest_int: round to nearest, ties to even (its magic-number addition does exactly that
+// for the small values it is given; lrintf in the default rounding mode does the same).
+static int nearest_int(float x) { return (int)lrintf(x); }
+
+// ---- Q8_0 ----
+
+void quantize_row_q8_0(const float *x, uint8_t *out, size_t n) {
+    for (size_t b = 0; b < n / QK8_0; b++, x += QK8_0, out += Q8_0_BYTES) {
+        float amax = 0.0f;
+        for (int j = 0; j < QK8_0; j++) amax = fmaxf(amax, fabsf(x[j]));
+        // The quants use the unrounded d's reciprocal; only the stored d is rounded to fp16.
+        float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        wr16(out, f32_to_f16(d));
+        for (int j = 0; j < QK8_0; j++) {
+            float v = roundf(x[j] * id); // half away from zero
+            // |v| <= 127 always, but for amax below 2^-121, where 1 / d overflows (GGML converts the
+            // Inf to int8 there, undefined behaviour; such a block's fp16 d is 0 anyway).
+            if (!(fabsf(v) <= 127.0f)) v = v > 0 ? 127.0f : v < 0 ? -127.0f : 0.0f;
+            out[2 + j] = (uint8_t)(int8_t)v;
+        }
+    }
+}
+
+// sum_b d_b sum_j q_j x_j, activations in fp32 (not quantized). Each term d q x meets at most
+// n / 32 + 12 roundings (product, the block's partial sums, the scale, a lane's sum over blocks,
+// the lanes' sum), within the usual gamma_n bound of an fp32 dot product of length n >= 32.
+float dot_q8_0(const uint8_t *w, const float *x, int n) {
+    float acc[8] = {0};
+    // Widening the quants into their own array first, one block per iteration, is what gcc
+    // vectorizes well (4x faster than one fused loop, which it unrolled into scalar code); the
+    // scale multiplies a block's 8-lane partial sums once instead of each product.
+#pragma GCC unroll 1
+    for (int b = 0; b < n / QK8_0; b++, w += Q8_0_BYTES, x += QK8_0) {
+        const int8_t *q = (const int8_t *)(w + 2);
+        float d = h2f(w), qf[QK8_0], t[8];
+        for (int j = 0; j < QK8_0; j++) qf[j] = (float)q[j];
+        for (int j = 0; j < 8; j++) t[j] = qf[j] * x[j] + qf[j + 8] * x[j + 8] + qf[j + 16] * x[j + 16] + qf[j + 24] * x[j + 24];
+        for (int j = 0; j < 8; j++) acc[j] += d * t[j];
+    }
+    float s = 0.0f;
+    for (int j = 0; j < 8; j++) s += acc[j];
+    return s;
+}
+
+// ---- Q4_K ----
+
+// Scales and mins of sub-blocks 0..3 are the low 6 bits of bytes 0..3 and 4..7; those of 4..7
+// have their low 4 bits in bytes 8..11 (scale low nibble, min high nibble) and their top 2 bits
+// in the top bits of bytes 0..3 (scales) and 4..7 (mins).
+void q4_k_scale_min(int j, const uint8_t *q, int *sc, int *m) {
+    if (j < 4) {
+        *sc = q[j] & 63, *m = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 15) | (q[j - 4] >> 6) << 4;
+        *m = (q[j + 4] >> 4) | (q[j] >> 6) << 4;
+    }
+}
+
+// GGML's make_qkx2_quants for Q4_K's parameters (nmax 15, rmin -1, rdelta 0.1, 20 steps, squared
+// error): the scale and (negated) min of one 32-weight sub-block, minimizing the weighted squared
+// error over 21 candidate scales, each refit by least squares. L gets the 4-bit levels.
+static float fit_sub_block(const float *x, const float *w, uint8_t *L, float *neg_min) {
+    enum { N = 32, NMAX = 15, NSTEP = 20 };
+    const float rmin = -1.0f, rdelta = 0.1f;
+    uint8_t Laux[N];
+    float min = x[0], max = x[0], sum_w = w[0], sum_x = sum_w * x[0];
+    for (int i = 1; i < N; i++) {
+        if (x[i] < min) min = x[i];
+        if (x[i] > max) max = x[i];
+        sum_w += w[i];
+        sum_x += w[i] * x[i];
+    }
+    if (min > 0) min = 0;
+    if (max == min) {
+        memset(L, 0, N);
+        *neg_min = -min;
+        return 0.0f;
+    }
+    float iscale = (float)NMAX / (max - min), scale = 1 / iscale, best = 0;
+    for (int i = 0; i < N; i++) {
+        int l = nearest_int(iscale * (x[i] - min));
+        L[i] = (uint8_t)(l < 0 ? 0 : l > NMAX ? NMAX : l);
+        float diff = scale * L[i] + min - x[i];
+        best += w[i] * (diff * diff);
+    }
+    for (int is = 0; is <= NSTEP; is++) {
+        iscale = (rmin + rdelta * (float)is + (float)NMAX) / (max - min);
+        float sum_l = 0, sum_l2 = 0, sum_xl = 0;
+        for (int i = 0; i < N; i++) {
+            int l = nearest_int(iscale * (x[i] - min));
+            l = l < 0 ? 0 : l > NMAX ? NMAX : l;
+            Laux[i] = (uint8_t)l;
+            sum_l += w[i] * (float)l;
+            sum_l2 += w[i] * (float)l * (float)l;
+            sum_xl += w[i] * (float)l * x[i];
+        }
+        float D = sum_w * sum_l2 - sum_l * sum_l;
+        if (D > 0) {
+            float this_scale = (sum_w * sum_xl - sum_x * sum_l) / D;
+            float this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D;
+            if (this_min > 0) {
+                this_min = 0;
+                this_scale = sum_xl / sum_l2;
+            }
+            float err = 0;
+            for (int i = 0; i < N; i++) {
+                float diff = this_scale * Laux[i] + this_min - x[i];
+                err += w[i] * (diff * diff);
+            }
+            if (err < best) {
+                memcpy(L, Laux, N);
+                best = err;
+                scale = this_scale;
+                min = this_min;
+            }
+        }
+    }
+    *neg_min = -min;
+    return scale;
+}
+
+// GGML's quantize_row_q4_K_ref: each sub-block fitted (weights: its rms plus |x|), the eight
+// scales and mins quantized to 6 bits against the largest, then every weight's level recomputed
+// against the rounded scale and min.
+void quantize_row_q4_k(const float *x, uint8_t *out, size_t n) {
+    for (size_t b = 0; b < n / QK_K; b++, x += QK_K, out += Q4_K_BYTES) {
+        uint8_t L[QK_K], *sc = out + 4, *qs = out + 16;
+        float scales[8], mins[8], w[32], max_scale = 0, max_min = 0;
+        for (int j = 0; j < 8; j++) {
+            const float *xs = x + 32 * j;
+            float sum_x2 = 0;
+            for (int l = 0; l < 32; l++) sum_x2 += xs[l] * xs[l];
+            float av_x = sqrtf(sum_x2 / 32);
+            for (int l = 0; l < 32; l++) w[l] = av_x + fabsf(xs[l]);
+            scales[j] = fit_sub_block(xs, w, L + 32 * j, &mins[j]);
+            if (scales[j] > max_scale) max_scale = scales[j];
+            if (mins[j] > max_min) max_min = mins[j];
+        }
+        float inv_scale = max_scale > 0 ? 63.0f / max_scale : 0.0f, inv_min = max_min > 0 ? 63.0f / max_min : 0.0f;
+        memset(sc, 0, 12);
+        for (int j = 0; j < 8; j++) {
+            uint8_t ls = (uint8_t)nearest_int(inv_scale * scales[j]), lm = (uint8_t)nearest_int(inv_min * mins[j]);
+            ls = ls < 63 ? ls : 63;
+            lm = lm < 63 ? lm : 63;
+            if (j < 4) {
+                sc[j] = ls, sc[j + 4] = lm;
+            } else {
+                sc[j + 4] = (uint8_t)((ls & 15) | (lm & 15) << 4);
+                sc[j - 4] |= (uint8_t)((ls >> 4) << 6);
+                sc[j] |= (uint8_t)((lm >> 4) << 6);
+            }
+        }
+        wr16(out, f32_to_f16(max_scale / 63.0f));
+        wr16(out + 2, f32_to_f16(max_min / 63.0f));
+        float d = f16_to_f32(rd16(out)), dmin = f16_to_f32(rd16(out + 2));
+        for (int j = 0; j < 8; j++) {
+            int s, m;
+            q4_k_scale_min(j, sc, &s, &m);
+            float dl = d * (float)s;
+            if (dl == 0.0f) continue; // the fitted levels stay, as in GGML
+            float ml = dmin * (float)m;
+            for (int i = 0; i < 32; i++) {
+                int l = nearest_int((x[32 * j + i] + ml) / dl);
+                L[32 * j + i] = (uint8_t)(l < 0 ? 0 : l > 15 ? 15 : l);
+            }
+        }
+        // Bytes 32p .. 32p + 31 hold sub-block 2p in the low nibbles and 2p + 1 in the high.
+        for (int p = 0; p < 4; p++)
+            for (int l = 0; l < 32; l++) qs[32 * p + l] = (uint8_t)(L[64 * p + l] | L[64 * p + 32 + l] << 4);
+    }
+}
+
+// w = (d sc) q - (dmin m): d sc and dmin m are exact in fp32 (11 + 6 bits), so is (d sc) q, and
+// the one rounding is the subtraction: GGML's value whatever the evaluation order.
+static void dequantize_block_q4_k(const uint8_t *b, float *y) {
+    float d = h2f(b), dmin = h2f(b + 2);
+    for (int s = 0; s < 8; s++) {
+        int sc, m;
+        q4_k_scale_min(s, b + 4, &sc, &m);
+        float dl = d * (float)sc, ml = dmin * (float)m;
+        const uint8_t *q = b + 16 + 32 * (s / 2);
+        int shift = 4 * (s & 1);
+        for (int l = 0; l < 32; l++) y[32 * s + l] = dl * (float)((q[l] >> shift) & 15) - ml;
+    }
+}
+
+// Each weight formed exactly as dequantize_block_q4_k forms it (the fp32 dot product over GGML's
+// dequantized weights), in 32 lanes of partial sums summed at the end. Bytes
+// 32p .. 32p + 31 hold sub-blocks 2p (low nibbles) and 2p + 1 (high), done together.
+float dot_q4_k(const uint8_t *w, const float *x, int n) {
+    float acc[32] = {0};
+#pragma GCC unroll 1
+    for (int b = 0; b < n / QK_K; b++, w += Q4_K_BYTES, x += QK_K) {
+        float d = h2f(w), dmin = h2f(w + 2);
+#pragma GCC unroll 1
+        for (int p = 0; p < 4; p++) {
+            int sc0, m0, sc1, m1;
+            q4_k_scale_min(2 * p, w + 4, &sc0, &m0);
+            q4_k_scale_min(2 * p + 1, w + 4, &sc1, &m1);
+            float dl0 = d * (float)sc0, ml0 = dmin * (float)m0, dl1 = d * (float)sc1, ml1 = dmin * (float)m1;
+            const uint8_t *q = w + 16 + 32 * p;
+            const float *xs = x + 64 * p;
+            float lo[32], hi[32];
+            for (int l = 0; l < 32; l++) lo[l] = (float)(q[l] & 15), hi[l] = (float)(q[l] >> 4);
+            for (int l = 0; l < 32; l++) acc[l] += (dl0 * lo[l] - ml0) * xs[l];
+            for (int l = 0; l < 32; l++) acc[l] += (dl1 * hi[l] - ml1) * xs[32 + l];
+        }
+    }
+    float s = 0.0f;
+    for (int l = 0; l < 32; l++) s += acc[l];
+    return s;
+}
+
+void weights_rows_to_f32(const void *src, uint32_t dtype, size_t row0, size_t n_rows, size_t cols, float *out) {
+    const uint8_t *p = (const uint8_t *)src + row0 * dtype_row_bytes(dtype, cols);
+    size_t n = n_rows * cols;
+    switch (dtype) {
+    case DTYPE_F32:
+        memcpy(out, p, n * sizeof(float));
+        break;
+    case DTYPE_BF16:
+        for (size_t i = 0; i < n; i++) out[i] = bf16_to_f32(rd16(p + 2 * i));
+        break;
+    case DTYPE_Q8_0:
+        for (size_t b = 0; b < n / QK8_0; b++, p += Q8_0_BYTES, out += QK8_0) {
+            float d = h2f(p);
+            for (int j = 0; j < QK8_0; j++) out[j] = d * (float)(int8_t)p[2 + j];
+        }
+        break;
+    case DTYPE_Q4_K:
+        for (size_t b = 0; b < n / QK_K; b++, p += Q4_K_BYTES, out += QK_K) dequantize_block_q4_k(p, out);
+        break;
+    }
+}

@@ -1,0 +1,44 @@
+// Block-quantized matrices, byte for byte GGML's formats, so a GGUF tensor is kept as it is:
+//   Q8_0  32 weights in 34 bytes: fp16 d, 32 x int8 q; w = d q
+//   Q4_K  256 weights in 144 bytes: fp16 d, fp16 dmin, 12 bytes of eight 6-bit scales and eight
+//         6-bit mins, 128 bytes of 4-bit q; sub-block s (32 weights) has w = d sc_s q - dmin m_s
+// A row of a matrix is whole blocks (its length a multiple of 32 or 256), so rows never share a
+// block. Also the sizes of every dtype (f32, bf16 too), quantization (./export), dequantization
+// and the dot products the CPU path multiplies with.
+#ifndef QUANT_H
+#define QUANT_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "config.h"
+
+#define QK8_0 32
+#define Q8_0_BYTES 34
+#define QK_K 256
+#define Q4_K_BYTES 144
+
+int dtype_is_quant(uint32_t dtype);
+const char *dtype_name(uint32_t dtype); // "f32", "bf16", "q8_0", "q4_k", or "?"
+uint32_t dtype_block_elems(uint32_t dtype); // 1 for f32 / bf16; 0 for an unknown dtype
+// Bytes of one row of cols weights; 0 for an unknown dtype or a row that is not whole blocks.
+uint64_t dtype_row_bytes(uint32_t dtype, uint64_t cols);
+
+// One row of n weights (n a multiple of the block) to blocks. Q8_0 is GGML's (and gguf-py's)
+// quantize_row_q8_0_ref, Q4_K its quantize_row_q4_K_ref (no importance matrix), each operation
+// rounded as written (a GGML built with fused multiply-adds may differ in a rare Q4_K block).
+void quantize_row_q8_0(const float *x, uint8_t *out, size_t n);
+void quantize_row_q4_k(const float *x, uint8_t *out, size_t n);
+
+// Sub-block j (0..7) of a Q4_K block's 12 scale bytes: its 6-bit scale and min.
+void q4_k_scale_min(int j, const uint8_t *scales, int *sc, int *m);
+
+// The GPU upload's entry point (and the CPU's dequantizer): rows row0 .. row0 + n_rows of a
+// (rows, cols) matrix stored in dtype (f32, bf16, q8_0, q4_k) as fp32 in out (n_rows * cols),
+// each value exactly GGML's dequantization of it. cols must be whole blocks of dtype.
+void weights_rows_to_f32(const void *src, uint32_t dtype, size_t row0, size_t n_rows, size_t cols, float *out);
+
+// sum_j w_j x_j over one row of n weights, x fp32 (activations are not quantized).
+float dot_q8_0(const uint8_t *w, const float *x, int n);
+float dot_q4_k(const uint8_t *w, const float *x, int n);
+
+#endif

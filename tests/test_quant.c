@@ -1,0 +1,190 @@
+// Quantized weights (model/quant.h) on the CPU path.
+//
+// 1. weights_rows_to_f32 on random Q8_0 / Q4_K blocks (random bytes, finite fp16 scales of either
+//    sign, subnormals and zeros among them) equals weights/gguf.c's dequantization bit for bit:
+//    that one is checked against gguf-py's in tests/test_kquants.py, and both form each value
+//    with one rounding at most (the products are exact in fp32), so they must agree exactly.
+// 2. Quantization error: Q8_0 within 0.5 d + 127 |d - fp16(d)| (the quant is round(x / d) with
+//    d = amax / 127, the stored scale fp16(d)); Q4_K within half a step d sc of the rounded scale
+//    wherever the level is not clamped, and its rms error on Gaussian rows under 0.1 of theirs.
+// 3. The matrix products (decode T = 1: the block dot products; T > 1: dequantized panels through
+//    sgemm, or row by row without BLAS) and the embedding lookup against a double-precision
+//    reference over the dequantized weights. Bound per output: (n + 2) u sum_j |w_j x_j|, u = 2^-24:
+//    the classic gamma_n bound of a length-n dot product in any order (1% for its 1/(1 - nu)). Q4_K
+//    forms each weight d sc q - dmin m exactly as dequantized, then a product and at most n - 1
+//    additions; Q8_0 scales each block's sum of q x by d: at most n / 32 + 12 roundings a term;
+//    sgemm on dequantized panels: one product and n - 1 additions.
+#include "../model/backend.h"
+#include "../model/bf16.h"
+#include "../model/quant.h"
+#include "../weights/gguf.h"
+#include "test_pariskv_util.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static uint16_t random_f16(Rng *r) {
+    // finite, either sign, magnitude 2^-24 .. 2^4 (subnormals included), 1 in 16 zero
+    if (next_u64(r) % 16 == 0) return 0;
+    float v = ldexpf(1.0f + (float)uniform(r), -24 + (int)(next_u64(r) % 28));
+    return (uint16_t)(f32_to_f16(v) | (next_u64(r) & 1 ? 0x8000 : 0));
+}
+
+static void random_blocks(Rng *r, uint32_t dtype, uint8_t *p, size_t n_blocks) {
+    size_t bb = dtype == DTYPE_Q8_0 ? Q8_0_BYTES : Q4_K_BYTES;
+    for (size_t i = 0; i < n_blocks * bb; i++) p[i] = (uint8_t)next_u64(r);
+    for (size_t b = 0; b < n_blocks; b++) {
+        uint16_t d = random_f16(r), m = random_f16(r);
+        memcpy(p + b * bb, &d, 2);
+        if (dtype == DTYPE_Q4_K) memcpy(p + b * bb + 2, &m, 2);
+    }
+}
+
+static void test_dequantize(Rng *r) {
+    for (int k = 0; k < 2; k++) {
+        uint32_t dt = k ? DTYPE_Q4_K : DTYPE_Q8_0;
+        size_t rows = 7, cols = k ? 512 : 96, rb = dtype_row_bytes(dt, cols), n = rows * cols;
+        uint8_t *blk = malloc(rows * rb);
+        float *ours = malloc(n * sizeof(float)), *ref = malloc(n * sizeof(float));
+        random_blocks(r, dt, blk, rows * rb / (k ? Q4_K_BYTES : Q8_0_BYTES));
+        GgufTensor t = {.name = "t", .type = k ? GGML_Q4_K : GGML_Q8_0, .ndim = 2, .ne = {cols, rows, 1, 1},
+                        .n_elems = n, .data = blk, .nbytes = rows * rb};
+        char err[GGUF_ERR_LEN];
+        int ok = gguf_dequantize(&t, ref, err) == 0;
+        // whole, then row by row from an offset: the same values
+        weights_rows_to_f32(blk, dt, 0, rows, cols, ours);
+        size_t same = 0;
+        for (size_t i = 0; i < n; i++) same += memcmp(&ours[i], &ref[i], 4) == 0;
+        for (size_t i = 0; i < rows; i++) {
+            weights_rows_to_f32(blk, dt, i, 1, cols, ours + i * cols);
+        }
+        for (size_t i = 0; i < n; i++) same -= memcmp(&ours[i], &ref[i], 4) != 0;
+        check(ok && same == n, "%s: weights_rows_to_f32 equals gguf_dequantize bit for bit (%zu of %zu values)", dtype_name(dt), same, n);
+        free(blk), free(ours), free(ref);
+    }
+}
+
+static void test_quantize_error(Rng *r) {
+    enum { COLS = 1024 };
+    float x[COLS], back[COLS];
+    uint8_t blk[COLS / QK8_0 * Q8_0_BYTES];
+    // Q8_0 on rows of several scales (one so small that 1 / d overflows), one all zero, outliers
+    int bad = 0;
+    for (int row = 0; row < 40; row++) {
+        float scale = ldexpf(1.0f, row == 39 ? -125 : -20 + row); // 2^-125: 1 / d overflows to Inf
+        for (int j = 0; j < COLS; j++) x[j] = row == 0 ? 0.0f : gauss(r) * scale * (j == 77 ? 30.0f : 1.0f);
+        quantize_row_q8_0(x, blk, COLS);
+        weights_rows_to_f32(blk, DTYPE_Q8_0, 0, 1, COLS, back);
+        for (int b = 0; b < COLS / QK8_0; b++) {
+            float amax = 0;
+            for (int j = 0; j < QK8_0; j++) amax = fmaxf(amax, fabsf(x[b * QK8_0 + j]));
+            double d = (double)(amax / 127.0f), d16 = f16_to_f32(f32_to_f16(amax / 127.0f));
+            double bound = 0.5 * d * (1 + 1e-6) + 127 * fabs(d - d16) + 1e-45;
+            for (int j = 0; j < QK8_0; j++) bad += fabs((double)x[b * QK8_0 + j] - back[b * QK8_0 + j]) > bound;
+        }
+    }
+    check(bad == 0, "q8_0: every weight within 0.5 d + 127 |d - fp16(d)| of its source (%d outside)", bad);
+
+    // Q4_K on Gaussian rows: half a step wherever the level is not clamped; rms error
+    uint8_t kb[COLS / QK_K * Q4_K_BYTES];
+    double se = 0, sx = 0;
+    long unclamped = 0, over = 0;
+    for (int row = 0; row < 64; row++) {
+        for (int j = 0; j < COLS; j++) x[j] = gauss(r) * 0.02f + (row % 4 == 1 ? 0.01f : 0.0f);
+        quantize_row_q4_k(x, kb, COLS);
+        weights_rows_to_f32(kb, DTYPE_Q4_K, 0, 1, COLS, back);
+        for (int b = 0; b < COLS / QK_K; b++) {
+            const uint8_t *p = kb + b * Q4_K_BYTES;
+            float d = f16_to_f32((uint16_t)(p[0] | p[1] << 8)), dmin = f16_to_f32((uint16_t)(p[2] | p[3] << 8));
+            for (int s = 0; s < 8; s++) {
+                int sc, m;
+                q4_k_scale_min(s, p + 4, &sc, &m);
+                double dl = (double)d * sc, ml = (double)dmin * m;
+                for (int l = 0; l < 32; l++) {
+                    int j = b * QK_K + 32 * s + l;
+                    double lev = ((double)x[j] + ml) / dl;
+                    double e = fabs((double)x[j] - back[j]);
+                    se += e * e, sx += (double)x[j] * x[j];
+                    if (dl > 0 && lev >= -0.49 && lev <= 15.49) {
+                        unclamped++;
+                        over += e > 0.5 * dl * (1 + 1e-5) + 1e-6 * fabs(x[j]);
+                    }
+                }
+            }
+        }
+    }
+    check(over == 0 && unclamped > 64L * COLS * 9 / 10,
+          "q4_k: unclamped weights (%ld, >= 90%%) within half a step of their source (%ld outside)", unclamped, over);
+    check(sqrt(se / sx) < 0.1, "q4_k: rms error %.4f of the rows' rms (< 0.1)", sqrt(se / sx));
+    // an all-zero row: all-zero weights, finite scales
+    memset(x, 0, sizeof x);
+    quantize_row_q4_k(x, kb, COLS);
+    weights_rows_to_f32(kb, DTYPE_Q4_K, 0, 1, COLS, back);
+    int zero = 1;
+    for (int j = 0; j < COLS; j++) zero &= back[j] == 0.0f;
+    check(zero, "q4_k: an all-zero row comes back all zero");
+}
+
+// y = x W^T against double over the dequantized weights, within (n + 2) u sum |w x|.
+static void test_matmul(Rng *r, uint32_t dt, int T, int n, int d) {
+    size_t rb = dtype_row_bytes(dt, (uint64_t)n);
+    float *src = malloc((size_t)d * n * sizeof(float)), *w = malloc((size_t)d * n * sizeof(float));
+    float *x = malloc((size_t)T * n * sizeof(float)), *y = malloc((size_t)T * d * sizeof(float));
+    uint8_t *q = malloc((size_t)d * rb);
+    for (size_t i = 0; i < (size_t)d * n; i++) src[i] = gauss(r) * 0.05f + (i % 7 == 0 ? 0.02f : 0.0f);
+    for (size_t i = 0; i < (size_t)T * n; i++) x[i] = gauss(r) * (i % 11 == 0 ? 8.0f : 1.0f);
+    for (int i = 0; i < d; i++) {
+        if (dt == DTYPE_Q8_0) quantize_row_q8_0(src + (size_t)i * n, q + i * rb, (size_t)n);
+        else quantize_row_q4_k(src + (size_t)i * n, q + i * rb, (size_t)n);
+    }
+    weights_rows_to_f32(q, dt, 0, (size_t)d, (size_t)n, w);
+    backend_cpu.matmul(y, x, q, dt, T, n, d);
+    const double u = ldexp(1.0, -24);
+    int bad = 0;
+    double worst = 0;
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < d; i++) {
+            double ref = 0, mag = 0;
+            for (int j = 0; j < n; j++) {
+                double p = (double)w[(size_t)i * n + j] * x[(size_t)t * n + j];
+                ref += p, mag += fabs(p);
+            }
+            double e = fabs((double)y[(size_t)t * d + i] - ref), bound = 1.01 * (n + 2) * u * mag;
+            bad += !(e <= bound);
+            if (mag > 0 && e / (u * mag) > worst) worst = e / (u * mag);
+        }
+    check(bad == 0, "%s matmul T=%d n=%d d=%d: every output within (n + 2) u sum|w x| of double (worst %.1f u sum|w x|, %d outside)",
+          dtype_name(dt), T, n, d, worst, bad);
+    // the embedding lookup: rows exactly as dequantized
+    int tokens[3] = {0, d - 1, d / 2};
+    float *e = malloc(3 * (size_t)n * sizeof(float));
+    backend_cpu.embed(e, q, dt, tokens, 3, n);
+    int same = 1;
+    for (int k = 0; k < 3; k++) same &= memcmp(e + (size_t)k * n, w + (size_t)tokens[k] * n, (size_t)n * sizeof(float)) == 0;
+    if (T == 1) check(same, "%s embed: rows equal the dequantized weights", dtype_name(dt));
+    free(src), free(w), free(x), free(y), free(q), free(e);
+}
+
+static void test_sizes(void) {
+    check(dtype_row_bytes(DTYPE_Q8_0, 576) == 18 * 34 && dtype_row_bytes(DTYPE_Q4_K, 1536) == 6 * 144 &&
+              dtype_row_bytes(DTYPE_Q4_K, 576) == 0 && dtype_row_bytes(DTYPE_Q8_0, 33) == 0 &&
+              dtype_row_bytes(DTYPE_BF16, 3) == 6 && dtype_row_bytes(DTYPE_F32, 3) == 12 && dtype_row_bytes(7, 256) == 0,
+          "row sizes: q8_0 34 B / 32, q4_k 144 B / 256, partial blocks and unknown dtypes 0");
+}
+
+int main(void) {
+    Rng r = {14};
+    test_sizes();
+    test_dequantize(&r);
+    test_quantize_error(&r);
+    for (int k = 0; k < 2; k++) {
+        uint32_t dt = k ? DTYPE_Q4_K : DTYPE_Q8_0;
+        test_matmul(&r, dt, 1, 1536, 300);  // decode: the block dot products
+        test_matmul(&r, dt, 5, 512, 200);   // prefill: dequantized panels (sgemm, or row by row)
+        test_matmul(&r, dt, 1, 4096, 64);   // a long row
+    }
+    printf("%d passed, %d failed\n", passed, failed);
+    return failed ? 1 : 0;
+}
