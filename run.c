@@ -2,6 +2,7 @@
 #include "model/errmsg.h"
 #include "model/guard.h"
 #include "model/model.h"
+#include "model/session.h"
 #include "model/sampler.h"
 #include "model/version.h"
 #include "tokenizer/chat.h"
@@ -28,6 +29,8 @@ typedef struct {
     const char *prompt_file;  // -f
     const char *score_file;   // --score
     int score_prompt;         // --score-prompt: its first N tokens are a prompt (attended densely)
+    const char *save_session; // --save-session FILE: after the prompt
+    const char *load_session; // --load-session FILE: resume from it instead of prefilling
     int tokenize;             // --tokenize
     int ids;                  // --ids: prompts and outputs are token ids
     int steps;                // -n
@@ -93,6 +96,10 @@ static void usage(FILE *f) {
             "  --render-chat FILE.json   print the token ids of the conversation in FILE (a JSON list\n"
             "                   of {\"role\", \"content\"}) rendered by the model's chat template, with\n"
             "                   the generation prompt\n"
+            "sessions (CPU path for now):\n"
+            "  --save-session F after the prompt, write its tokens and K/V to F (versioned, checksummed)\n"
+            "  --load-session F resume from F instead of prefilling its tokens (same model, same --attn\n"
+            "                   settings); -p / -f text, if given, follows them as more prompt\n"
             "scoring and tokens:\n"
             "  --score FILE     teacher-forced scoring of FILE's text (no BOS), or of its ids with\n"
             "                   --ids: one line 'i next_id nll top1' per position (top1: the most\n"
@@ -520,13 +527,27 @@ static void run_generate(const Model *m, const Tokenizer *tok, const Options *o)
         if (text) snprintf(what, sizeof what, "'%.256s'", o->prompt_file);
         int *ids = encode_text(tok, what, src, len, &n_text);
         free(text);
-        int bos = tokenizer_add_bos(tok) && tokenizer_bos(tok) >= 0;
+        int bos = tokenizer_add_bos(tok) && tokenizer_bos(tok) >= 0 && !o->load_session; // text after a session: no second BOS
         prompt = malloc(((size_t)n_text + 1) * sizeof(int));
         if (!prompt) die("out of memory");
         if (bos) prompt[n_prompt++] = tokenizer_bos(tok);
         memcpy(prompt + n_prompt, ids, (size_t)n_text * sizeof(int));
         n_prompt += n_text;
         free(ids);
+    }
+    // A session: its tokens, then the prompt's (if any) as more of the prompt.
+    SessionHeader sh;
+    int n_saved = 0;
+    if (o->load_session) {
+        char serr[SESSION_ERR_LEN];
+        if (session_open(o->load_session, m, &o->attn, &sh, serr) != 0) die("%s", serr);
+        n_saved = sh.n_tokens;
+        int *all = malloc(((size_t)n_saved + n_prompt) * sizeof(int));
+        if (!all) die("out of memory");
+        memcpy(all + n_saved, prompt, (size_t)n_prompt * sizeof(int)); // the saved ones are read with the K/V
+        free(prompt);
+        prompt = all;
+        n_prompt += n_saved;
     }
     if (n_prompt == 0) die("the prompt is empty (give -p TEXT or -f FILE)");
     long want = (long)n_prompt + o->steps;
@@ -537,10 +558,23 @@ static void run_generate(const Model *m, const Tokenizer *tok, const Options *o)
     RunState s;
     char err[MODEL_ERR_LEN];
     if (run_state_init_attn(&s, m, ctx, m->be->max_chunk, 0, &o->attn, err) != 0) die("%s", err);
+    if ((o->save_session || o->load_session) && s.dev)
+        die("--save-session and --load-session run on the CPU path for now (add --device cpu)");
     s.attn = make_attn(o, m, &s, n_prompt);
     ThreadTuner tt[2];
     attach_tuners(&s, tt, o);
     print_summary(m, &s, o);
+    float *saved_logits = NULL;
+    double t_restore = 0;
+    if (o->load_session) { // the K/V of the saved positions, and the logits after the last
+        char serr[SESSION_ERR_LEN];
+        double tr = now_s();
+        if (!(saved_logits = malloc((size_t)c->vocab_size * sizeof(float)))) die("out of memory");
+        if (session_read(o->load_session, &sh, &s, prompt, saved_logits, serr) != 0) die("%s", serr);
+        t_restore = now_s() - tr;
+        fprintf(stderr, "session: %d positions restored from '%s' in %.2f s%s\n", n_saved, o->load_session, t_restore,
+                n_prompt > n_saved ? ", the prompt's tokens follow them" : "");
+    }
 
     Sampler sampler;
     int n_tok = tok ? tokenizer_n_tokens(tok) : (int)c->vocab_size; // no tokenizer: a --synthetic model's ids
@@ -555,8 +589,14 @@ static void run_generate(const Model *m, const Tokenizer *tok, const Options *o)
 
     catch_sigint();
     double t0 = now_s();
-    float *logits = prefill(m, &s, "prefill", prompt, n_prompt, 0, 0, NULL, NULL);
+    float *logits = n_prompt > n_saved ? prefill(m, &s, "prefill", prompt + n_saved, n_prompt - n_saved, n_saved, 0, NULL, NULL) : saved_logits;
     double t_prefill = now_s() - t0;
+    if (o->save_session && logits) {
+        char serr[SESSION_ERR_LEN];
+        double ts = now_s();
+        if (session_save(o->save_session, m, &s, &o->attn, prompt, n_prompt, n_prompt, logits, serr) != 0) die("%s", serr);
+        fprintf(stderr, "session: %d positions saved to '%s' in %.2f s\n", n_prompt, o->save_session, now_s() - ts);
+    }
 
     char *piece = malloc(tok ? tokenizer_max_piece_len(tok) + 16 : 16);
     if (!piece) die("out of memory");
@@ -611,13 +651,18 @@ static void run_generate(const Model *m, const Tokenizer *tok, const Options *o)
     else if (stop) fprintf(stderr, "[stopped: %s at %d tokens; raise --ctx]\n", stop, ctx);
     // generated tokens minus the first, which came from the prefill, were decode steps
     int steps = generated > 1 ? generated - 1 : 0;
-    fprintf(stderr, "prompt %d token%s | prefill %.1f tok/s | decode %.2f ms/token (TPOT) | generated %d token%s", n_prompt, plural(n_prompt),
-            n_prompt / (t_prefill > 0 ? t_prefill : 1e-9), steps ? 1e3 * t_decode / steps : 0.0, generated, plural(generated));
+    int n_new = n_prompt - n_saved;
+    if (n_saved) // restored: the time to the first token is the restore, plus any new prompt tokens' prefill
+        fprintf(stderr, "prompt %d tokens (%d restored in %.2f s, %d prefilled in %.2f s)", n_prompt, n_saved, t_restore, n_new, t_prefill);
+    else
+        fprintf(stderr, "prompt %d token%s | prefill %.1f tok/s", n_prompt, plural(n_prompt), n_prompt / (t_prefill > 0 ? t_prefill : 1e-9));
+    fprintf(stderr, " | decode %.2f ms/token (TPOT) | generated %d token%s", steps ? 1e3 * t_decode / steps : 0.0, generated, plural(generated));
     if (!s.dev) fprintf(stderr, " | threads %d%s", tuner_threads(&tt[0]), o->threads ? "" : " (tuned)");
     if (!o->seed_set && o->temperature > 0) fprintf(stderr, " | seed %llu", o->seed); // to repeat the run: --seed
     fprintf(stderr, "\n");
     if (step_ms && steps > TPOT_BINS_FROM) print_tpot_bins(step_ms, steps, n_prompt);
     free(step_ms);
+    free(saved_logits);
     free(piece);
     sampler_free(&sampler);
     if (s.attn) s.attn->destroy(s.attn);
@@ -1055,6 +1100,10 @@ int main(int argc, char **argv) {
             o.stops[o.n_stops++] = v;
         } else if (strcmp(a, "--score") == 0) {
             NEEDS_VALUE(); o.score_file = v;
+        } else if (strcmp(a, "--save-session") == 0) {
+            NEEDS_VALUE(); o.save_session = v;
+        } else if (strcmp(a, "--load-session") == 0) {
+            NEEDS_VALUE(); o.load_session = v;
         } else if (strcmp(a, "--score-prompt") == 0) {
             NEEDS_VALUE(); o.score_prompt = (int)parse_long(v, a, 0, INT_MAX / 2);
         } else if (strcmp(a, "--tokenize") == 0) {
@@ -1113,6 +1162,10 @@ int main(int argc, char **argv) {
     if (o.attn.zone_fp8 && o.attn.method == ATTN_FULL)
         die("--kv-store-dtype fp8 applies to a retrieval zone: it needs --attn pariskv (or a peer), not full");
     if (o.score_prompt && !o.score_file) die("--score-prompt applies to --score");
+    if ((o.save_session || o.load_session) && (o.chat || o.render_chat || o.score_file || o.tokenize || o.bench || o.synthetic))
+        die("--save-session and --load-session apply to generation (-p / -f) for now");
+    if (o.save_session && o.load_session && strcmp(o.save_session, o.load_session) == 0)
+        die("--save-session and --load-session name the same file");
     if (o.bench) return run_bench(&o);
     if (o.synthetic) return run_synthetic(&o);
     if (!o.model_path) {

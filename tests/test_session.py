@@ -1,0 +1,105 @@
+#!/usr/bin/env python3
+"""Saved sessions (--save-session / --load-session, model/session.h) on the CPU path, with a tiny
+model and prompts past ParisKV's dense threshold (2,000 tokens), so the policy is at work after a
+restore: a restored run continues exactly as the run that saved it (ParisKV, fp8 zone, full
+attention); text after a session is more prompt, as if it had been there all along; a damaged,
+truncated, foreign or mismatched file is refused with one error line (exit 1)."""
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BIN = os.environ.get("PKV_BIN", ROOT)  # PKV_BIN: the sanitizer build
+RUN, EXPORT = os.path.join(BIN, "run"), os.path.join(BIN, "export")
+DATA = os.path.join(ROOT, "tests", "data")
+
+passed = failed = 0
+
+
+def check(name, ok, detail=""):
+    global passed, failed
+    passed += bool(ok)
+    failed += not ok
+    print(f"{'ok  ' if ok else 'FAIL'} {name}" + (f": {detail}" if detail else ""))
+
+
+def run(*args):
+    return subprocess.run([RUN, *args], capture_output=True, timeout=300, stdin=subprocess.DEVNULL)
+
+
+def refused(name, p, want):
+    err = p.stderr.decode(errors="replace").strip().splitlines()
+    errs = [l for l in err if l.startswith("error: ")]
+    check(name, p.returncode == 1 and len(errs) == 1 and want in errs[0], f"exit {p.returncode}, {errs or err[-2:]}")
+
+
+def ids(n, seed):
+    return " ".join(str((i * 7919 + seed) % 97 + 3) for i in range(n))
+
+
+def main():
+    tmp = tempfile.mkdtemp(prefix="pkv-session-")
+    try:
+        qwen, llama = os.path.join(tmp, "qwen.bin"), os.path.join(tmp, "llama.bin")
+        for src, dst in (("tiny-qwen3", qwen), ("tiny-llama31", llama)):
+            e = subprocess.run([EXPORT, os.path.join(DATA, src), dst], capture_output=True)
+            if e.returncode != 0:
+                check(f"export {src}", False, e.stderr.decode(errors="replace")[-300:])
+                return
+        # 2,304 ids: a whole number of 256-token chunks, so prefilling more after a restore cuts the
+        # text where a prefill of everything would (the same products, the same sums).
+        prompt, more = os.path.join(tmp, "p.txt"), os.path.join(tmp, "pm.txt")
+        open(prompt, "w").write(ids(2304, 1))
+        open(more, "w").write(ids(2304, 1) + " " + ids(256, 5))
+        sess = os.path.join(tmp, "s.bin")
+        common = ["--ids", "--temp", "0", "--ctx", "2700", "--ignore-eos"]
+        for label, extra in (("pariskv", []), ("pariskv, fp8 zone", ["--kv-store-dtype", "fp8"]), ("full attention", ["--attn", "full"])):
+            a = run(qwen, "-f", prompt, "-n", "48", "--save-session", sess, *common, *extra)
+            b = run(qwen, "--load-session", sess, "-n", "48", *common, *extra)
+            check(f"{label}: the restored run continues as the saving run (48 greedy ids)",
+                  a.returncode == 0 and b.returncode == 0 and a.stdout == b.stdout and len(a.stdout.split()) == 48
+                  and b"restored" in b.stderr, f"exit {a.returncode}/{b.returncode}, {b.stderr.decode(errors='replace')[-200:]!r}")
+        a = run(qwen, "-f", prompt, "-n", "8", "--save-session", sess, *common)
+        c = run(qwen, "-f", more, "-n", "24", *common)
+        d = run(qwen, "--load-session", sess, "-p", ids(256, 5), "-n", "24", *common)
+        check("text after a session is more prompt: as the whole prompt prefilled at once",
+              c.returncode == 0 and d.returncode == 0 and c.stdout == d.stdout and len(d.stdout.split()) == 24,
+              f"exit {c.returncode}/{d.returncode}, {d.stderr.decode(errors='replace')[-200:]!r}")
+        size = os.path.getsize(sess)
+        # Refusals.
+        refused("another model's session", run(llama, "--load-session", sess, "-n", "4", *common), "made with another model")
+        refused("other attention settings", run(qwen, "--load-session", sess, "-n", "4", "--topk", "50", *common),
+                "made under other attention settings")
+        refused("fp8 zone against a bf16 session", run(qwen, "--load-session", sess, "-n", "4", "--kv-store-dtype", "fp8", *common),
+                "made under other attention settings")
+        refused("a model file is not a session", run(qwen, "--load-session", qwen, "-n", "4", *common), "not a session file")
+        refused("a missing session", run(qwen, "--load-session", os.path.join(tmp, "none.bin"), "-n", "4", *common), "cannot open session")
+        refused("a context too small for the session", run(qwen, "--load-session", sess, "-n", "4", "--ids", "--temp", "0", "--ctx", "2000"),
+                "leaves no room")
+        cut = os.path.join(tmp, "cut.bin")
+        with open(sess, "rb") as f, open(cut, "wb") as g:
+            g.write(f.read(size - 100))
+        refused("a truncated session", run(qwen, "--load-session", cut, "-n", "4", *common), "truncated or damaged")
+        for what, offset, want in (("header", 40, "header is damaged"), ("K/V", size - 5000, "checksum mismatch in its K/V"),
+                                   ("tokens", 4096 + 8, "checksum mismatch in its tokens")):
+            bad = os.path.join(tmp, "bad.bin")
+            shutil.copy(sess, bad)
+            with open(bad, "r+b") as f:
+                f.seek(offset)
+                b = f.read(1)
+                f.seek(offset)
+                f.write(bytes([b[0] ^ 0x40]))
+            refused(f"a damaged session ({what})", run(qwen, "--load-session", bad, "-n", "4", *common), want)
+        refused("--save-session with --chat", run(qwen, "--chat", "--save-session", sess), "apply to generation")
+        refused("one file for both", run(qwen, "-f", prompt, "--load-session", sess, "--save-session", sess, *common), "name the same file")
+        refused("an unwritable session path", run(qwen, "-f", prompt, "-n", "2", "--save-session", os.path.join(tmp, "no", "s.bin"), *common),
+                "cannot create")
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+main()
+print(f"{passed} passed, {failed} failed")
+sys.exit(1 if failed else 0)
