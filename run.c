@@ -541,6 +541,7 @@ static void run_generate(const Model *m, const Tokenizer *tok, const Options *o)
     if (o->load_session) {
         char serr[SESSION_ERR_LEN];
         if (session_open(o->load_session, m, &o->attn, &sh, serr) != 0) die("%s", serr);
+        if (sh.kind != SESSION_PROMPT) die("session '%s' is a chat's (/save): resume it with --chat", o->load_session);
         n_saved = sh.n_tokens;
         int *all = malloc(((size_t)n_saved + n_prompt) * sizeof(int));
         if (!all) die("out of memory");
@@ -570,7 +571,10 @@ static void run_generate(const Model *m, const Tokenizer *tok, const Options *o)
         char serr[SESSION_ERR_LEN];
         double tr = now_s();
         if (!(saved_logits = malloc((size_t)c->vocab_size * sizeof(float)))) die("out of memory");
-        if (session_read(o->load_session, &sh, &s, prompt, saved_logits, serr) != 0) die("%s", serr);
+        void *conv = NULL;
+        if (session_read(o->load_session, &sh, &s, prompt, saved_logits, &conv, serr) != 0) die("%s", serr);
+        free(conv);
+        if (s.attn) attn_policy_resume(s.attn, n_saved, sh.fp8_end); // its index is rebuilt from the rows at the next step
         t_restore = now_s() - tr;
         fprintf(stderr, "session: %d positions restored from '%s' in %.2f s%s\n", n_saved, o->load_session, t_restore,
                 n_prompt > n_saved ? ", the prompt's tokens follow them" : "");
@@ -594,7 +598,8 @@ static void run_generate(const Model *m, const Tokenizer *tok, const Options *o)
     if (o->save_session && logits) {
         char serr[SESSION_ERR_LEN];
         double ts = now_s();
-        if (session_save(o->save_session, m, &s, &o->attn, prompt, n_prompt, n_prompt, logits, serr) != 0) die("%s", serr);
+        SessionExtra x = {SESSION_PROMPT, n_prompt, s.attn ? attn_policy_fp8_end(s.attn) : 0, logits, NULL, 0};
+        if (session_save(o->save_session, m, &s, &o->attn, prompt, n_prompt, &x, serr) != 0) die("--save-session: %s", serr);
         fprintf(stderr, "session: %d positions saved to '%s' in %.2f s\n", n_prompt, o->save_session, now_s() - ts);
     }
 
@@ -768,6 +773,7 @@ typedef struct {
     int n_cache;
     char *piece;      // a decoded token: tokenizer_max_piece_len + 16 bytes
     int attn_made;    // the attention policy is made at the first turn (its prompt is the prefill)
+    int prefill_len;  // that first turn's length
 } Chat;
 
 static void chat_push(Chat *c, const char *role, char *content) {
@@ -870,9 +876,10 @@ static void chat_turn(Chat *c, const char *text) {
         free(ids);
         return;
     }
-    if (!c->attn_made) { // the first turn is a prefill (dense); later turns' tokens are decode steps
+    if (!c->attn_made) { // the first turn is a prefill (dense); later turns' tokens go through the policy
         c->s.attn = make_attn(c->o, c->m, &c->s, (int)n);
         c->attn_made = 1;
+        c->prefill_len = (int)n;
     }
     int keep = 0;
     while (keep < c->n_cache && keep < n - 1 && c->cache[keep] == ids[keep]) keep++;
@@ -929,13 +936,80 @@ static char *read_message(int tty, size_t *len) {
     return msg;
 }
 
+// /save FILE: the conversation and its K/V (model/session.h), so --chat --load-session FILE goes
+// on from here. A failure is a note: the chat goes on.
+static void chat_save(Chat *c, const char *path) {
+    const char *why = !*path ? "/save needs a file name"
+                      : c->s.dev ? "sessions are saved from the CPU path for now (run the chat with --device cpu)"
+                      : c->n_cache == 0 ? "nothing to save yet"
+                                        : NULL;
+    if (why) {
+        chat_note("%s", why);
+        return;
+    }
+    size_t bytes = 0;
+    for (int i = 0; i < c->n_msg; i++) bytes += 5 + strlen(c->msg[i].content);
+    char *blob = malloc(bytes ? bytes : 1), *w = blob, err[SESSION_ERR_LEN];
+    if (!blob) die("out of memory");
+    for (int i = 0; i < c->n_msg; i++) { // role byte, length, text
+        uint32_t len = (uint32_t)strlen(c->msg[i].content);
+        *w++ = c->msg[i].role[0];
+        memcpy(w, &len, 4), memcpy(w + 4, c->msg[i].content, len), w += 4 + len;
+    }
+    SessionExtra x = {SESSION_CHAT, c->prefill_len, c->s.attn ? attn_policy_fp8_end(c->s.attn) : 0, NULL, blob, bytes};
+    double t0 = now_s();
+    if (session_save(path, c->m, &c->s, &c->o->attn, c->cache, c->n_cache, &x, err) != 0) chat_note("/save: %s", err);
+    else chat_note("saved %d positions and %d messages to '%s' in %.2f s", c->n_cache, c->n_msg, path, now_s() - t0);
+    free(blob);
+}
+
+// --chat --load-session FILE: the messages, the cache and its policy as /save left them.
+static void chat_load(Chat *c, const SessionHeader *h, const char *path) {
+    char err[SESSION_ERR_LEN];
+    float *logits = malloc((size_t)c->m->c.vocab_size * sizeof(float));
+    void *conv = NULL;
+    if (!logits) die("out of memory");
+    double t0 = now_s();
+    if (session_read(path, h, &c->s, c->cache, logits, &conv, err) != 0) die("%s", err);
+    free(logits);
+    const char *p = conv, *end = p + h->chat_bytes;
+    while (p < end) {
+        uint32_t len;
+        char role = *p;
+        if (end - p < 5 || (memcpy(&len, p + 1, 4), (uint64_t)len > (uint64_t)(end - p - 5)) || (role != 's' && role != 'u' && role != 'a'))
+            die("session '%s': its conversation is damaged", path);
+        chat_push(c, role == 's' ? "system" : role == 'u' ? "user" : "assistant", strndup(p + 5, len));
+        p += 5 + len;
+    }
+    free(conv);
+    c->n_cache = h->n_tokens;
+    c->s.attn = make_attn(c->o, c->m, &c->s, h->prefill_len);
+    if (c->s.attn) attn_policy_resume(c->s.attn, h->n_tokens, h->fp8_end); // its index is rebuilt from the rows at the next step
+    c->attn_made = 1;
+    c->prefill_len = h->prefill_len;
+    chat_note("session: %d positions and %d messages restored from '%s' in %.2f s", h->n_tokens, c->n_msg, path, now_s() - t0);
+}
+
 static void run_chat(const Model *m, const Tokenizer *tok, const Options *o) {
     if (o->score_file || o->tokenize || o->ids) die("--chat cannot be combined with --score, --tokenize or --ids");
     if (o->n_stops) die("--stop applies to generation, not --chat (the chat template ends each reply)");
     if (tokenizer_chat(tok) == TOK_CHAT_NONE) die("the model has no chat template this runner renders (Llama 3, Qwen3, ChatML)");
     Chat c = {.m = m, .tok = tok, .o = o};
     char err[MODEL_ERR_LEN];
-    if (run_state_init_attn(&c.s, m, pick_ctx(o, &m->c, CHAT_CTX_DEFAULT), m->be->max_chunk, 0, &o->attn, err) != 0) die("%s", err);
+    SessionHeader sh;
+    int need = CHAT_CTX_DEFAULT;
+    if (o->load_session) {
+        char serr[SESSION_ERR_LEN];
+        if (session_open(o->load_session, m, &o->attn, &sh, serr) != 0) die("%s", serr);
+        if (sh.kind != SESSION_CHAT) die("session '%s' is a prompt's (--save-session): resume it without --chat", o->load_session);
+        if (o->system || o->prompt || o->prompt_file) die("--load-session brings its own conversation: no --system, -p or -f with it");
+        if (sh.n_tokens + 1024 > need) need = sh.n_tokens + 1024; // room for the next turns
+    }
+    int ctx = pick_ctx(o, &m->c, need);
+    if (o->load_session && sh.n_tokens >= ctx)
+        die("session '%s' holds %d positions, more than the context of %d: raise --ctx", o->load_session, sh.n_tokens, ctx);
+    if (run_state_init_attn(&c.s, m, ctx, m->be->max_chunk, 0, &o->attn, err) != 0) die("%s", err);
+    if (o->load_session && c.s.dev) die("--load-session: sessions are restored on the CPU path for now (add --device cpu)");
     ThreadTuner tt[2];
     attach_tuners(&c.s, tt, o);
     print_summary(m, &c.s, o);
@@ -947,9 +1021,10 @@ static void run_chat(const Model *m, const Tokenizer *tok, const Options *o) {
     c.piece = malloc(tokenizer_max_piece_len(tok) + 16);
     if (!c.cache || !c.piece) die("out of memory");
     if (o->system) chat_push(&c, "system", strdup(o->system));
+    if (o->load_session) chat_load(&c, &sh, o->load_session);
     catch_sigint();
     int tty = isatty(STDIN_FILENO);
-    if (tty) fprintf(stderr, "chat: /reset clears the conversation, /exit quits, Ctrl-C stops a reply\n");
+    if (tty) fprintf(stderr, "chat: /reset clears the conversation, /save FILE keeps it (CPU), /exit quits, Ctrl-C stops a reply\n");
     size_t len = 0;
     char *first = o->prompt_file ? read_file(o->prompt_file, &len) : o->prompt ? strdup(o->prompt) : NULL;
     if (first && !o->prompt_file) len = strlen(first);
@@ -958,6 +1033,8 @@ static void run_chat(const Model *m, const Tokenizer *tok, const Options *o) {
         if (strcmp(line, "/exit") == 0) {
             free(line);
             break;
+        } else if (strncmp(line, "/save ", 6) == 0 || strcmp(line, "/save") == 0) {
+            chat_save(&c, line[5] ? line + 6 : "");
         } else if (strcmp(line, "/reset") == 0) {
             while (c.n_msg > (o->system ? 1 : 0)) chat_pop(&c); // the cache stays: a new turn reuses what still matches
             chat_note("conversation cleared");
@@ -1162,8 +1239,10 @@ int main(int argc, char **argv) {
     if (o.attn.zone_fp8 && o.attn.method == ATTN_FULL)
         die("--kv-store-dtype fp8 applies to a retrieval zone: it needs --attn pariskv (or a peer), not full");
     if (o.score_prompt && !o.score_file) die("--score-prompt applies to --score");
-    if ((o.save_session || o.load_session) && (o.chat || o.render_chat || o.score_file || o.tokenize || o.bench || o.synthetic))
-        die("--save-session and --load-session apply to generation (-p / -f) for now");
+    if (o.save_session && (o.chat || o.render_chat || o.score_file || o.tokenize || o.bench || o.synthetic))
+        die("--save-session applies to generation (-p / -f); in a chat, /save FILE");
+    if (o.load_session && (o.render_chat || o.score_file || o.tokenize || o.bench || o.synthetic))
+        die("--load-session applies to generation (-p / -f) and --chat");
     if (o.save_session && o.load_session && strcmp(o.save_session, o.load_session) == 0)
         die("--save-session and --load-session name the same file");
     if (o.bench) return run_bench(&o);

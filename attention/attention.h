@@ -77,6 +77,12 @@ int attn_zone_end(const AttnConfig *c, int pos);   // end of the retrieval zone 
 // memory is allocated here: attend() never allocates.
 AttnPolicy *attn_policy_create(const AttnConfig *c, int n_layers, int n_heads, int n_kv_heads, int head_dim, int ctx, char *err);
 const AttnConfig *attn_policy_config(const AttnPolicy *p);
+// Saved sessions (model/session.h): how far the rows of the cache hold their fp8 values
+// (zone_fp8; the policy rewrites rows as they enter the zone), and a fresh policy told that the
+// cache holds positions [0, pos) as a policy of its configuration left them, rows below fp8_end
+// already rewritten; its index is rebuilt from the rows at the next step.
+int attn_policy_fp8_end(const AttnPolicy *p);
+void attn_policy_resume(AttnPolicy *p, int pos, int fp8_end);
 
 // What the policy selects for the query at pos (q_group: the G query heads of kv_head, (G,
 // head_dim)) -- the same choice attend() made, for measuring it. Valid right after attend() has

@@ -251,6 +251,18 @@ int attn_policy_select(AttnPolicy *ap, int layer, int kv_head, const float *q_gr
 
 const AttnConfig *attn_policy_config(const AttnPolicy *ap) { return &((const Policy *)ap->state)->cfg; }
 
+int attn_policy_fp8_end(const AttnPolicy *ap) {
+    const Policy *P = ap->state;
+    int e = P->fp8_end[0];
+    for (int l = 1; l < P->n_layers; l++) e = P->fp8_end[l] < e ? P->fp8_end[l] : e;
+    return e;
+}
+
+void attn_policy_resume(AttnPolicy *ap, int pos, int fp8_end) {
+    Policy *P = ap->state;
+    for (int l = 0; l < P->n_layers; l++) reset_layer(P, l), P->seen_end[l] = pos, P->fp8_end[l] = fp8_end < pos ? fp8_end : pos;
+}
+
 static void policy_destroy(AttnPolicy *ap) {
     if (!ap) return;
     Policy *P = ap->state;

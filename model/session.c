@@ -65,11 +65,15 @@ static void put_attn(SessionHeader *h, const AttnConfig *a) {
 
 static int write_all(FILE *f, const void *p, size_t n) { return fwrite(p, 1, n, f) == n ? 0 : -1; }
 
-int session_save(const char *path, const Model *m, const RunState *s, const AttnConfig *a, const int *tokens, int n, int prefill_len,
-                 const float *logits, char *err) {
+int session_save(const char *path, const Model *m, const RunState *s, const AttnConfig *a, const int *tokens, int n, const SessionExtra *x,
+                 char *err) {
     const Config *c = &m->c;
-    if (s->dev) return fail(err, "--save-session: sessions are saved from the CPU path for now (add --device cpu)");
-    if (n < 1 || n > s->ctx) return fail(err, "--save-session: nothing to save");
+    if (s->dev) return fail(err, "sessions are saved from the CPU path for now (add --device cpu)");
+    if (n < 1 || n > s->ctx) return fail(err, "nothing to save");
+    size_t vbytes = (size_t)c->vocab_size * sizeof(float);
+    float *zeros_logits = x->logits ? NULL : calloc(c->vocab_size, sizeof(float));
+    if (!x->logits && !zeros_logits) return fail(err, "out of memory");
+    const float *logits = x->logits ? x->logits : zeros_logits;
     size_t row = kv_row_floats(c) * sizeof(float), layer_bytes = (size_t)n * row;
     SessionHeader h;
     memset(&h, 0, sizeof h);
@@ -79,14 +83,17 @@ int session_save(const char *path, const Model *m, const RunState *s, const Attn
     h.config = *c;
     h.kv_format = SESSION_KV_CPU_F32;
     put_attn(&h, a);
-    h.n_tokens = n, h.prefill_len = prefill_len;
+    h.n_tokens = n, h.prefill_len = x->prefill_len, h.fp8_end = x->fp8_end, h.kind = x->kind;
     h.tokens_offset = SESSION_ALIGN;
     h.logits_offset = align_up(h.tokens_offset + (uint64_t)n * sizeof(int32_t));
-    h.kv_offset = align_up(h.logits_offset + (uint64_t)c->vocab_size * sizeof(float));
+    h.chat_offset = align_up(h.logits_offset + vbytes);
+    h.chat_bytes = x->chat_bytes;
+    h.kv_offset = align_up(h.chat_offset + h.chat_bytes);
     h.kv_bytes = 2 * (uint64_t)c->n_layers * layer_bytes;
     h.file_size = h.kv_offset + h.kv_bytes;
     h.tokens_sum = session_checksum(tokens, (size_t)n * sizeof(int32_t));
-    h.logits_sum = session_checksum(logits, (size_t)c->vocab_size * sizeof(float));
+    h.logits_sum = session_checksum(logits, vbytes);
+    h.chat_sum = session_checksum(x->chat, x->chat_bytes);
     // The K/V checksum is over the section as written: layer by layer, K rows then V rows.
     uint64_t kv = 0;
     for (uint32_t l = 0; l < c->n_layers; l++) {
@@ -97,24 +104,28 @@ int session_save(const char *path, const Model *m, const RunState *s, const Attn
     h.kv_sum = kv;
     h.header_sum = header_sum(&h);
     char tmp[4200];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp) return fail(err, "--save-session: path too long");
-    FILE *f = fopen(tmp, "wb");
-    if (!f) return fail(err, "--save-session: cannot create '%.256s': %s", tmp, strerror(errno));
+    FILE *f = NULL;
+    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp || !(f = fopen(tmp, "wb"))) {
+        free(zeros_logits);
+        return fail(err, "cannot create '%.256s': %s", tmp, strlen(path) > 4000 ? "path too long" : strerror(errno));
+    }
     static const uint8_t zeros[SESSION_ALIGN];
     int bad = write_all(f, &h, sizeof h) || write_all(f, zeros, SESSION_ALIGN - sizeof h) ||
               write_all(f, tokens, (size_t)n * sizeof(int32_t)) ||
               write_all(f, zeros, (size_t)(h.logits_offset - h.tokens_offset - (uint64_t)n * sizeof(int32_t))) ||
-              write_all(f, logits, (size_t)c->vocab_size * sizeof(float)) ||
-              write_all(f, zeros, (size_t)(h.kv_offset - h.logits_offset - (uint64_t)c->vocab_size * sizeof(float)));
+              write_all(f, logits, vbytes) || write_all(f, zeros, (size_t)(h.chat_offset - h.logits_offset - vbytes)) ||
+              (h.chat_bytes && write_all(f, x->chat, x->chat_bytes)) ||
+              write_all(f, zeros, (size_t)(h.kv_offset - h.chat_offset - h.chat_bytes));
     for (uint32_t l = 0; l < c->n_layers && !bad; l++) {
         size_t off = (size_t)l * s->ctx * kv_row_floats(c);
         bad = write_all(f, s->key_cache + off, layer_bytes) || write_all(f, s->value_cache + off, layer_bytes);
     }
     if (fclose(f) != 0) bad = 1;
+    free(zeros_logits);
     if (bad || rename(tmp, path) != 0) {
         int e = errno;
         remove(tmp);
-        return fail(err, "--save-session: cannot write '%.256s' (%.2f GiB): %s", path, h.file_size / 1073741824.0, strerror(e));
+        return fail(err, "cannot write '%.256s' (%.2f GiB): %s", path, h.file_size / 1073741824.0, strerror(e));
     }
     return 0;
 }
@@ -136,11 +147,14 @@ int session_check_header(const SessionHeader *h, uint64_t file_size, uint64_t mo
                     "--kv-store-dtype %s): give the same ones",
                     attn_method_name(h->attn_method) ? attn_method_name(h->attn_method) : "?", h->topk, h->sink, h->local, h->update,
                     h->zone_fp8 ? "fp8" : "bf16");
-    if (h->n_tokens < 1 || h->prefill_len < 0 || h->prefill_len > h->n_tokens || h->n_tokens > (1 << 30))
-        return fail(err, "the session header is inconsistent (%d tokens, prompt %d)", h->n_tokens, h->prefill_len);
+    if (h->n_tokens < 1 || h->prefill_len < 0 || h->prefill_len > h->n_tokens || h->n_tokens > (1 << 30) || h->fp8_end < 0 ||
+        h->fp8_end > h->n_tokens || (h->kind != SESSION_PROMPT && h->kind != SESSION_CHAT) || h->chat_bytes > (1ull << 40) ||
+        (h->kind == SESSION_PROMPT && h->chat_bytes))
+        return fail(err, "the session header is inconsistent (%d tokens, prompt %d, kind %d)", h->n_tokens, h->prefill_len, h->kind);
     uint64_t n = (uint64_t)h->n_tokens, row = (uint64_t)c->n_kv_heads * c->head_dim * sizeof(float);
     uint64_t logits_end = h->logits_offset + (uint64_t)c->vocab_size * sizeof(float);
-    if (h->tokens_offset != SESSION_ALIGN || h->logits_offset != align_up(h->tokens_offset + n * 4) || h->kv_offset != align_up(logits_end) ||
+    if (h->tokens_offset != SESSION_ALIGN || h->logits_offset != align_up(h->tokens_offset + n * 4) || h->chat_offset != align_up(logits_end) ||
+        h->kv_offset != align_up(h->chat_offset + h->chat_bytes) ||
         h->kv_bytes != 2 * (uint64_t)c->n_layers * n * row || h->file_size != h->kv_offset + h->kv_bytes)
         return fail(err, "the session header is inconsistent (its sections do not add up)");
     if (file_size != h->file_size)
@@ -168,14 +182,19 @@ static int read_at(FILE *f, uint64_t off, void *p, size_t n) {
     return fseeko(f, (off_t)off, SEEK_SET) == 0 && fread(p, 1, n, f) == n ? 0 : -1;
 }
 
-int session_read(const char *path, const SessionHeader *h, RunState *s, int *tokens, float *logits, char *err) {
+int session_read(const char *path, const SessionHeader *h, RunState *s, int *tokens, float *logits, void **chat, char *err) {
     const Config *c = &h->config;
-    if (s->dev) return fail(err, "--load-session: sessions are restored on the CPU path for now (add --device cpu)");
+    *chat = NULL;
+    if (s->dev) return fail(err, "sessions are restored on the CPU path for now (add --device cpu)");
     if (h->n_tokens > s->ctx) return fail(err, "session '%.256s' has %d positions, more than the context of %d", path, h->n_tokens, s->ctx);
     FILE *f = fopen(path, "rb");
     if (!f) return fail(err, "cannot open session '%.256s': %s", path, strerror(errno));
     size_t n = (size_t)h->n_tokens, row = kv_row_floats(c), layer_bytes = n * row * sizeof(float);
     int bad = read_at(f, h->tokens_offset, tokens, n * sizeof(int32_t)) || read_at(f, h->logits_offset, logits, (size_t)c->vocab_size * 4);
+    if (!bad && h->chat_bytes) {
+        *chat = malloc((size_t)h->chat_bytes);
+        bad = !*chat || read_at(f, h->chat_offset, *chat, (size_t)h->chat_bytes);
+    }
     uint64_t kv = 0;
     if (!bad && fseeko(f, (off_t)h->kv_offset, SEEK_SET) != 0) bad = 1;
     for (uint32_t l = 0; l < c->n_layers && !bad; l++) {
@@ -187,12 +206,20 @@ int session_read(const char *path, const SessionHeader *h, RunState *s, int *tok
         }
     }
     fclose(f);
-    if (bad) return fail(err, "session '%.256s': read failed (truncated while open?)", path);
-    if (session_checksum(tokens, n * sizeof(int32_t)) != h->tokens_sum || session_checksum(logits, (size_t)c->vocab_size * 4) != h->logits_sum ||
-        kv != h->kv_sum)
-        return fail(err, "session '%.256s' is damaged (checksum mismatch in its %s)", path,
-                    kv != h->kv_sum ? "K/V" : session_checksum(tokens, n * 4) != h->tokens_sum ? "tokens" : "logits");
-    for (size_t i = 0; i < n; i++)
-        if (tokens[i] < 0 || (uint32_t)tokens[i] >= c->vocab_size) return fail(err, "session '%.256s': token %zu is out of range", path, i);
+    const char *which = bad ? NULL
+                        : kv != h->kv_sum                                                       ? "K/V"
+                        : session_checksum(tokens, n * 4) != h->tokens_sum                      ? "tokens"
+                        : session_checksum(logits, (size_t)c->vocab_size * 4) != h->logits_sum ? "logits"
+                        : session_checksum(*chat, (size_t)h->chat_bytes) != h->chat_sum          ? "conversation"
+                                                                                                  : NULL;
+    int out_of_range = 0;
+    for (size_t i = 0; i < n && !bad && !which; i++) out_of_range |= tokens[i] < 0 || (uint32_t)tokens[i] >= c->vocab_size;
+    if (bad || which || out_of_range) {
+        free(*chat);
+        *chat = NULL;
+        if (bad) return fail(err, "session '%.256s': read failed (truncated while open?)", path);
+        if (which) return fail(err, "session '%.256s' is damaged (checksum mismatch in its %s)", path, which);
+        return fail(err, "session '%.256s': a token is out of range", path);
+    }
     return 0;
 }

@@ -4,11 +4,14 @@
 // was made with and the attention settings it was made under (a session only makes sense with
 // both), then the sections, each on a SESSION_ALIGN boundary:
 //   tokens  int32 (n_tokens)
-//   logits  fp32 (vocab_size): the next-token logits after the last token
+//   logits  fp32 (vocab_size): the next-token logits after the last token (a prompt's session)
+//   chat    a chat's messages (a chat's session): per message a role byte ('s', 'u', 'a'), its
+//           length (uint32) and its UTF-8 text
 //   kv      per layer, the K rows then the V rows of positions 0 .. n_tokens-1, fp32
 //           (n_kv_heads * head_dim each): the CPU path's cache (kv_format 1)
-// Saved right after a prompt (before any decode step), so the attention policy's own state is
-// rebuilt from the rows on load exactly as it is built at the first step after a prefill.
+// The attention policy's index is not saved: on load it is rebuilt from the rows at the next
+// step (the same keys give the same index); what it cannot rebuild -- which zone rows it already
+// rewrote with their fp8 values -- the header keeps.
 #ifndef SESSION_H
 #define SESSION_H
 
@@ -21,6 +24,8 @@
 #define SESSION_VERSION 1
 #define SESSION_ALIGN 4096
 #define SESSION_KV_CPU_F32 1
+#define SESSION_PROMPT 1 // saved after a prompt (--save-session): resumed by a generation
+#define SESSION_CHAT 2   // saved by /save in a chat: resumed by --chat
 
 typedef struct {
     char magic[8];            // SESSION_MAGIC, not NUL-terminated
@@ -33,9 +38,10 @@ typedef struct {
     float beta, rho;
     int32_t n_tokens;         // positions in the session
     int32_t prefill_len;      // the prompt's length (ParisKV's regions depend on it)
-    uint32_t pad;
-    uint64_t tokens_offset, logits_offset, kv_offset, kv_bytes, file_size;
-    uint64_t tokens_sum, logits_sum, kv_sum; // session_checksum() of each section
+    int32_t fp8_end;          // zone_fp8: rows below it already hold their fp8 values
+    int32_t kind;             // SESSION_PROMPT or SESSION_CHAT
+    uint64_t tokens_offset, logits_offset, chat_offset, chat_bytes, kv_offset, kv_bytes, file_size;
+    uint64_t tokens_sum, logits_sum, chat_sum, kv_sum; // session_checksum() of each section
     uint64_t header_sum;      // of this header with header_sum = 0
 } SessionHeader;
 
@@ -47,10 +53,20 @@ uint64_t session_checksum(const void *p, size_t n);
 // of every tensor (two fine-tunes of one shape differ there).
 uint64_t session_model_id(const Model *m);
 
-// Writes the session of tokens[0..n) from the CPU state s (positions 0..n-1 in its cache; logits
-// of the last position). 0, or -1 with err filled (the file is removed).
-int session_save(const char *path, const Model *m, const RunState *s, const AttnConfig *a, const int *tokens, int n, int prefill_len,
-                 const float *logits, char *err);
+// What a session holds besides the tokens and the K/V.
+typedef struct {
+    int kind;              // SESSION_PROMPT or SESSION_CHAT
+    int prefill_len;       // the prompt's length
+    int fp8_end;           // attn_policy_fp8_end() (0 without a policy)
+    const float *logits;   // (vocab) after the last token; NULL: zeros (a chat's)
+    const void *chat;      // the chat section (SESSION_CHAT), chat_bytes long
+    size_t chat_bytes;
+} SessionExtra;
+
+// Writes the session of tokens[0..n) from the CPU state s (positions 0..n-1 in its cache). 0, or
+// -1 with err filled (nothing is left at path: the file is written aside and renamed).
+int session_save(const char *path, const Model *m, const RunState *s, const AttnConfig *a, const int *tokens, int n, const SessionExtra *x,
+                 char *err);
 
 // Reads and checks the header of path against the model and the attention settings (and the
 // file's size); fills h. 0, or -1 with a one-line err.
@@ -59,8 +75,9 @@ int session_open(const char *path, const Model *m, const AttnConfig *a, SessionH
 // runs after reading it; the fuzz harness calls it on any bytes).
 int session_check_header(const SessionHeader *h, uint64_t file_size, uint64_t model_id, const Config *c, const AttnConfig *a, char *err);
 
-// After session_open: reads the tokens (into tokens, n_tokens of them), the logits (vocab) and
-// the K/V into s's cache (s->ctx >= n_tokens), checking each section's checksum. 0, or -1.
-int session_read(const char *path, const SessionHeader *h, RunState *s, int *tokens, float *logits, char *err);
+// After session_open: reads the tokens (into tokens, n_tokens of them), the logits (vocab), the
+// chat section (malloc'd into *chat, NULL when empty) and the K/V into s's cache (s->ctx >=
+// n_tokens), checking each section's checksum. 0, or -1.
+int session_read(const char *path, const SessionHeader *h, RunState *s, int *tokens, float *logits, void **chat, char *err);
 
 #endif

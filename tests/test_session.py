@@ -2,7 +2,8 @@
 """Saved sessions (--save-session / --load-session, model/session.h) on the CPU path, with a tiny
 model and prompts past ParisKV's dense threshold (2,000 tokens), so the policy is at work after a
 restore: a restored run continues exactly as the run that saved it (ParisKV, fp8 zone, full
-attention); text after a session is more prompt, as if it had been there all along; a damaged,
+attention), and a chat saved with /save answers its next message after --chat --load-session as
+the chat that went on did; text after a session is more prompt, as if it had been there all along; a damaged,
 truncated, foreign or mismatched file is refused with one error line (exit 1)."""
 import os
 import shutil
@@ -27,6 +28,10 @@ def check(name, ok, detail=""):
 
 def run(*args):
     return subprocess.run([RUN, *args], capture_output=True, timeout=300, stdin=subprocess.DEVNULL)
+
+
+def chat(model, stdin, *args):
+    return subprocess.run([RUN, model, "--chat", *args], input=stdin, capture_output=True, timeout=300)
 
 
 def refused(name, p, want):
@@ -92,7 +97,26 @@ def main():
                 f.seek(offset)
                 f.write(bytes([b[0] ^ 0x40]))
             refused(f"a damaged session ({what})", run(qwen, "--load-session", bad, "-n", "4", *common), want)
-        refused("--save-session with --chat", run(qwen, "--chat", "--save-session", sess), "apply to generation")
+        # A chat: /save after a first message past the dense threshold (replies under ParisKV), then
+        # --chat --load-session answers the next message as the chat that went on did.
+        words = " ".join(f"w{i % 97} x{i % 13}" for i in range(440)).encode()
+        chat_sess = os.path.join(tmp, "chat.bin")
+        for label, extra in (("pariskv", []), ("pariskv, fp8 zone", ["--kv-store-dtype", "fp8"]), ("full attention", ["--attn", "full"])):
+            opts = ["--chat", "--temp", "0", "-n", "12", "--ctx", "3000", "--ignore-eos", *extra]
+            a = chat(qwen, words + b"\nand what next?\n", *opts)
+            b = chat(qwen, words + b"\n/save " + chat_sess.encode() + b"\n", *opts)
+            c = chat(qwen, b"and what next?\n", "--load-session", chat_sess, *opts)
+            check(f"chat, {label}: /save, then --load-session answers the next message as the chat that went on",
+                  a.returncode == b.returncode == c.returncode == 0 and a.stdout == b.stdout + c.stdout and c.stdout.strip()
+                  and b"saved" in b.stderr and b"restored" in c.stderr,
+                  f"exit {a.returncode}/{b.returncode}/{c.returncode}, {a.stdout[-80:]!r} vs {b.stdout[-40:]!r} + {c.stdout[-40:]!r}, "
+                  f"{c.stderr.decode(errors='replace')[-200:]!r}")
+        # (chat_sess is the last loop's: --attn full)
+        refused("a chat's session resumed by a generation", run(qwen, "--load-session", chat_sess, "-n", "4", "--attn", "full", *common),
+                "is a chat's")
+        refused("a prompt's session resumed by a chat", chat(qwen, b"hi\n", "--load-session", sess), "is a prompt's")
+        refused("--system with a chat session", chat(qwen, b"hi\n", "--load-session", chat_sess, "--attn", "full", "--system", "x"), "brings its own conversation")
+        refused("--save-session with --chat", run(qwen, "--chat", "--save-session", sess), "in a chat, /save FILE")
         refused("one file for both", run(qwen, "-f", prompt, "--load-session", sess, "--save-session", sess, *common), "name the same file")
         refused("an unwritable session path", run(qwen, "-f", prompt, "-n", "2", "--save-session", os.path.join(tmp, "no", "s.bin"), *common),
                 "cannot create")

@@ -1,8 +1,8 @@
 // Fuzzes saved sessions (model/session.h). An input of at least a header's size is a session
 // file: its header is checked against a fixed small configuration (model identity 0: a model
 // with no file), and when it is accepted its sections are read into a cache and checked. A
-// shorter input is a recipe: its bytes become the tokens, logits and K/V of a session written by
-// session_save, which must read back identically; then the same file with one byte flipped (the
+// shorter input is a recipe: its bytes become the tokens, logits (or a chat's conversation) and
+// K/V of a session written by session_save, which must read back identically; then the same file with one byte flipped (the
 // recipe chooses which) must be refused with a one-line message or read back unchanged.
 #include "../../model/session.h"
 #include "fuzz_common.h"
@@ -38,12 +38,19 @@ static const char *session_file(const uint8_t *data, size_t size) {
 static void close_file(const char *path) { close(atoi(path + strlen("/proc/self/fd/"))); }
 
 // Checks and, if accepted, reads the session in path; 1 when it was accepted and read.
-static int try_read(const char *path, const Model *m, const AttnConfig *a, int *tokens, float *logits, RunState *out) {
+// conv: the chat section read (freed here; its bytes compared to want_conv when given).
+static int try_read(const char *path, const Model *m, const AttnConfig *a, int *tokens, float *logits, RunState *out, const void *want_conv,
+                    size_t want_bytes) {
     SessionHeader h;
     char err[SESSION_ERR_LEN];
     if (session_open(path, m, a, &h, err) != 0) return fuzz_check_err(err), 0;
     *out = small_state(&m->c, h.n_tokens);
-    if (session_read(path, &h, out, tokens, logits, err) == 0) return 1;
+    void *conv = NULL;
+    if (session_read(path, &h, out, tokens, logits, &conv, err) == 0) {
+        if (want_conv && (h.chat_bytes != want_bytes || (want_bytes && memcmp(conv, want_conv, want_bytes)))) abort();
+        free(conv);
+        return 1;
+    }
     fuzz_check_err(err);
     free(out->key_cache), free(out->value_cache);
     memset(out, 0, sizeof *out);
@@ -68,13 +75,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         char err[SESSION_ERR_LEN];
         if (session_open(path, &m, &a, &h, err) != 0) fuzz_check_err(err);
         else if (h.n_tokens > 64) abort(); // the checks bound it by the file's size
-        else try_read(path, &m, &a, tokens, logits, &s);
+        else try_read(path, &m, &a, tokens, logits, &s, NULL, 0);
         free(s.key_cache), free(s.value_cache);
         close_file(path);
         return 0;
     }
-    // A recipe: n tokens from the first byte, every value from the bytes after it.
-    int n = size ? 1 + data[0] % 40 : 1;
+    // A recipe: n tokens from the first byte, every value from the bytes after it; an odd first
+    // byte makes a chat's session (its conversation section: the recipe's bytes).
+    int n = size ? 1 + data[0] % 40 : 1, is_chat = size && (data[0] & 1);
     int tokens[64], back_tokens[64];
     float logits[16], back_logits[16];
     RunState s = small_state(c, n);
@@ -88,9 +96,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     char dir_err[SESSION_ERR_LEN];
     char *dir = fuzz_tmpdir(), path[4200];
     snprintf(path, sizeof path, "%s/s.bin", dir);
-    if (session_save(path, &m, &s, &a, tokens, n, n, logits, dir_err) != 0) abort(); // a writable directory: must succeed
+    SessionExtra x = {is_chat ? SESSION_CHAT : SESSION_PROMPT, n, size > 5 ? data[5] % (n + 1) : 0, is_chat ? NULL : logits,
+                      is_chat ? data : NULL, is_chat ? size : 0};
+    if (is_chat) memset(logits, 0, sizeof logits); // a chat's session keeps no logits: zeros
+    if (session_save(path, &m, &s, &a, tokens, n, &x, dir_err) != 0) abort(); // a writable directory: must succeed
     RunState r;
-    if (!try_read(path, &m, &a, back_tokens, back_logits, &r)) abort(); // its own file must read back
+    if (!try_read(path, &m, &a, back_tokens, back_logits, &r, data, x.chat_bytes)) abort(); // its own file must read back
     if (memcmp(tokens, back_tokens, (size_t)n * sizeof(int)) || memcmp(logits, back_logits, sizeof logits) ||
         memcmp(s.key_cache, r.key_cache, nkv * sizeof(float)) || memcmp(s.value_cache, r.value_cache, nkv * sizeof(float)))
         abort();
@@ -103,7 +114,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     int byte;
     if (fseek(f, at, SEEK_SET) != 0 || (byte = fgetc(f)) == EOF || fseek(f, at, SEEK_SET) != 0 || fputc(byte ^ 0x5a, f) == EOF) abort();
     fclose(f);
-    if (try_read(path, &m, &a, back_tokens, back_logits, &r)) {
+    if (try_read(path, &m, &a, back_tokens, back_logits, &r, data, x.chat_bytes)) {
         if (memcmp(tokens, back_tokens, (size_t)n * sizeof(int)) || memcmp(logits, back_logits, sizeof logits) ||
             memcmp(s.key_cache, r.key_cache, nkv * sizeof(float)) || memcmp(s.value_cache, r.value_cache, nkv * sizeof(float)))
             abort(); // a flipped byte read back as different data: a check missed it
