@@ -591,6 +591,11 @@ static void run_generate(const Model *m, const Tokenizer *tok, const Options *o)
     memcpy(hist, prompt, (size_t)n_prompt * sizeof(int));
     StopFilter sf = {o->stops, o->n_stops, NULL, 0};
 
+    if (o->save_session) { // before the prefill: the disk the session will need
+        char serr[SESSION_ERR_LEN];
+        if (s.dev) die("--save-session: sessions are saved from the CPU path for now (add --device cpu)");
+        if (session_check_disk(o->save_session, session_bytes(c, n_prompt, 0), serr) != 0) die("--save-session: %s", serr);
+    }
     catch_sigint();
     double t0 = now_s();
     float *logits = n_prompt > n_saved ? prefill(m, &s, "prefill", prompt + n_saved, n_prompt - n_saved, n_saved, 0, NULL, NULL) : saved_logits;

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 
 static int fail(char *err, const char *fmt, ...) {
     va_list ap;
@@ -48,6 +49,23 @@ uint64_t session_model_id(const Model *m) {
 }
 
 static uint64_t align_up(uint64_t x) { return (x + SESSION_ALIGN - 1) / SESSION_ALIGN * SESSION_ALIGN; }
+
+uint64_t session_bytes(const Config *c, int n, size_t chat_bytes) {
+    uint64_t logits = align_up(SESSION_ALIGN + (uint64_t)n * 4), chat = align_up(logits + (uint64_t)c->vocab_size * 4);
+    return align_up(chat + chat_bytes) + 2 * (uint64_t)c->n_layers * n * c->n_kv_heads * c->head_dim * sizeof(float);
+}
+
+int session_check_disk(const char *path, uint64_t bytes, char *err) {
+    char dir[4096];
+    const char *slash = strrchr(path, '/');
+    snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - path) + 1 : 1, slash ? path : ".");
+    struct statvfs vfs;
+    if (statvfs(dir, &vfs) != 0) return fail(err, "cannot write a session in '%.256s': %s", dir, strerror(errno));
+    uint64_t avail = (uint64_t)vfs.f_bavail * vfs.f_frsize;
+    if (avail < bytes)
+        return fail(err, "the session '%.256s' needs %.1f MiB of disk, but %.1f MiB is free there", path, bytes / 1048576.0, avail / 1048576.0);
+    return 0;
+}
 
 static uint64_t header_sum(const SessionHeader *h) {
     SessionHeader t = *h;
@@ -103,6 +121,10 @@ int session_save(const char *path, const Model *m, const RunState *s, const Attn
     }
     h.kv_sum = kv;
     h.header_sum = header_sum(&h);
+    if (session_check_disk(path, h.file_size, err) != 0) { // the disk first: a long session is tens of GiB
+        free(zeros_logits);
+        return -1;
+    }
     char tmp[4200];
     FILE *f = NULL;
     if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp || !(f = fopen(tmp, "wb"))) {

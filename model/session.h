@@ -53,6 +53,11 @@ uint64_t session_checksum(const void *p, size_t n);
 // of every tensor (two fine-tunes of one shape differ there).
 uint64_t session_model_id(const Model *m);
 
+// Bytes of the session file of n positions (chat_bytes of conversation), and a check that the
+// directory of path has that much free disk (0, or -1 with the numbers in err).
+uint64_t session_bytes(const Config *c, int n, size_t chat_bytes);
+int session_check_disk(const char *path, uint64_t bytes, char *err);
+
 // What a session holds besides the tokens and the K/V.
 typedef struct {
     int kind;              // SESSION_PROMPT or SESSION_CHAT

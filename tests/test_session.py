@@ -119,7 +119,7 @@ def main():
         refused("--save-session with --chat", run(qwen, "--chat", "--save-session", sess), "in a chat, /save FILE")
         refused("one file for both", run(qwen, "-f", prompt, "--load-session", sess, "--save-session", sess, *common), "name the same file")
         refused("an unwritable session path", run(qwen, "-f", prompt, "-n", "2", "--save-session", os.path.join(tmp, "no", "s.bin"), *common),
-                "cannot create")
+                "cannot write a session in")
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
