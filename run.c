@@ -983,7 +983,9 @@ static void chat_load(Chat *c, const SessionHeader *h, const char *path) {
         char role = *p;
         if (end - p < 5 || (memcpy(&len, p + 1, 4), (uint64_t)len > (uint64_t)(end - p - 5)) || (role != 's' && role != 'u' && role != 'a'))
             die("session '%s': its conversation is damaged", path);
-        chat_push(c, role == 's' ? "system" : role == 'u' ? "user" : "assistant", strndup(p + 5, len));
+        char *text = malloc((size_t)len + 1); // not strndup: the text is not NUL-terminated in the file
+        if (text) memcpy(text, p + 5, len), text[len] = 0;
+        chat_push(c, role == 's' ? "system" : role == 'u' ? "user" : "assistant", text);
         p += 5 + len;
     }
     free(conv);
