@@ -202,7 +202,6 @@ static const char *unsupported_shape(const Config *c) {
     return NULL;
 }
 
-static double gib(size_t b) { return (double)b / (1 << 30); }
 
 // Device memory of ParisKV besides the K/V cache: the index, the selection's scratch, the
 // attention's scratch.

@@ -12,6 +12,16 @@ OUT=${OUT:-/tmp/gpu-out}
 mkdir -p "$OUT"
 status=0
 want() { for a in "${STEPS[@]}"; do [ "$a" = "$1" ] || [ "$a" = all ] && return 0; done; return 1; }
+# nll_close LABEL A B: the mean NLLs of two `./run --score` outputs within 0.02 of each other.
+nll_close() {
+    python3 - "$@" <<'PY'
+import sys
+m = [float(l.split()[1]) for f in sys.argv[2:] for l in open(f) if l.startswith("mean_nll")]
+ok = len(m) == 2 and abs(m[0] - m[1]) <= 0.02
+print(f"{'ok  ' if ok else 'FAIL'} {sys.argv[1]}: mean NLL {m[0] if m else '?'} vs {m[1] if len(m) > 1 else '?'} (bound 0.02)")
+sys.exit(0 if ok else 1)
+PY
+}
 STEPS=("${@:-all}")
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 if want kernels; then
@@ -151,13 +161,7 @@ if want pkvfp8; then
             > "$OUT/cpu_fp8.score" 2>/dev/null || { echo "FAIL fp8 --score on the CPU"; status=1; }
         PKV_DEVICE_POSITIONS=2600 $D/run /dev/shm/smolrand.bin --score /dev/shm/ids6k.txt --ids --device gpu --attn pariskv --kv-store-dtype fp8 \
             > "$OUT/gpu_fp8.score" 2>/dev/null || { echo "FAIL fp8 --score on the GPU"; status=1; }
-        python3 - "$OUT/gpu_fp8.score" "$OUT/cpu_fp8.score" <<'PY' || status=1
-import sys
-m = [float(l.split()[1]) for f in sys.argv[1:] for l in open(f) if l.startswith("mean_nll")]
-ok = len(m) == 2 and abs(m[0] - m[1]) <= 0.02
-print(f"{'ok  ' if ok else 'FAIL'} fp8 store: GPU mean NLL {m[0] if m else '?'} vs CPU {m[1] if len(m) > 1 else '?'} (bound 0.02)")
-sys.exit(0 if ok else 1)
-PY
+        nll_close "fp8 store: GPU vs CPU" "$OUT/gpu_fp8.score" "$OUT/cpu_fp8.score" || status=1
     else echo "FAIL pkvfp8 needs pkvrand first"; status=1; fi
     [ "${PKV_FP8_BENCH:-1}" = 1 ] && { timeout 280 $D/run --bench --synthetic llama3.1-8b --attn pariskv --kv-store-dtype fp8 --topk 100 --bench-ctx 1048576 2>&1 |
         tee -a "$OUT/pkvfp8.txt" || status=1; }
@@ -217,13 +221,7 @@ if want pkvchunk; then
                 --attn pariskv --kv-store host > "$OUT/rand-$mode.score" 2> /tmp/rand-$mode.err || { echo "FAIL score $mode"; status=1; }
             echo "random model, $mode: $(grep mean_nll "$OUT/rand-$mode.score") $(grep 'score:' /tmp/rand-$mode.err)"
         done
-        python3 - "$OUT/rand-chunk.score" "$OUT/rand-step.score" <<'PY' || status=1
-import sys
-m = [float(l.split()[1]) for f in sys.argv[1:] for l in open(f) if l.startswith("mean_nll")]
-ok = len(m) == 2 and abs(m[0] - m[1]) <= 0.02
-print(f"{'ok  ' if ok else 'FAIL'} chunks vs decode steps: mean NLL {m[0] if m else '?'} vs {m[1] if len(m) > 1 else '?'} (bound 0.02)")
-sys.exit(0 if ok else 1)
-PY
+        nll_close "chunks vs decode steps" "$OUT/rand-chunk.score" "$OUT/rand-step.score" || status=1
     else echo "FAIL pkvchunk needs pkvrand first"; status=1; fi
     python3 -c "import random; random.seed(8); print(' '.join(str(random.randrange(128000)) for _ in range(8000)))" > /tmp/ids8k.txt
     for mode in chunk step; do

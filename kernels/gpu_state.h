@@ -18,6 +18,8 @@ extern "C" {
 
 #define ERR_LEN 512
 
+static inline double gib(size_t b) { return (double)b / (1 << 30); } // for messages
+
 typedef struct {
     bf16 *wqkv;         // (q_dim + 2 kv_dim, dim): rows of wq, wk, wv; columns times attn_norm
     bf16 *wo;           // (dim, q_dim)

@@ -16,8 +16,6 @@
 #include "kernels.h"
 #include "flash_prefill.h"
 
-static double gib(size_t b) { return (double)b / (1 << 30); }
-
 static double now_s(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);

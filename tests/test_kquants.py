@@ -17,10 +17,11 @@ refused.
 
 Needs numpy and gguf (pip); without them it prints SKIP and exits 77. Takes about a second."""
 import os
-import struct
 import subprocess
 import sys
 import tempfile
+
+from modelbin import read_tensors
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXPORT = os.path.join(os.environ.get("PKV_BIN", ROOT), "export")  # PKV_BIN: the sanitizer build
@@ -65,7 +66,6 @@ LEGACY = {
     Q.Q5_1: (24, 0, 2),     # d m qh[4] qs[16]
 }
 TYPES = {**KTYPES, **LEGACY}
-HEADER_TENSORS_OFFSET, HEADER_N_TENSORS, ENTRY_SIZE = 168, 176, 88  # model/modelfile.h
 DTYPE_F32, DTYPE_BF16 = 0, 1
 
 
@@ -130,17 +130,10 @@ def write_gguf(path, rng):
 
 def read_modelbin(path):
     """{name: (dtype, array of shape (rows, cols) or (n,))} from a model.bin (model/modelfile.h)."""
-    blob = open(path, "rb").read()
-    tens_off, = struct.unpack_from("<Q", blob, HEADER_TENSORS_OFFSET)
-    n, = struct.unpack_from("<I", blob, HEADER_N_TENSORS)
     out = {}
-    for i in range(n):
-        e = tens_off + i * ENTRY_SIZE
-        name = blob[e:e + 48].split(b"\0")[0].decode()
-        dtype, ndim, r, c, off, nbytes = struct.unpack_from("<IIQQQQ", blob, e + 48)
-        shape = (r, c) if ndim == 2 else (r,)
+    for name, (dtype, ndim, r, c, raw) in read_tensors(path)[0].items():
         dt = np.float32 if dtype == DTYPE_F32 else np.uint16
-        out[name] = (dtype, np.frombuffer(blob, dtype=dt, count=nbytes // np.dtype(dt).itemsize, offset=off).reshape(shape))
+        out[name] = (dtype, np.frombuffer(raw, dtype=dt).reshape((r, c) if ndim == 2 else (r,)))
     return out
 
 

@@ -23,10 +23,11 @@ llama.cpp ships), which quantizes Q8_0 as GGML's reference C does and dequantize
 
 Needs numpy and gguf (pip); without them it prints SKIP and exits 77. Takes a few seconds."""
 import os
-import struct
 import subprocess
 import sys
 import tempfile
+
+from modelbin import read_tensors
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.environ.get("PKV_BIN", ROOT)  # PKV_BIN: the sanitizer build
@@ -59,18 +60,9 @@ def check(ok, what):
 
 
 def read_modelbin(path):
-    """{name: (dtype, rows, cols, raw bytes)} and the format version of a model.bin (model/modelfile.h)."""
-    blob = open(path, "rb").read()
-    version, = struct.unpack_from("<I", blob, 8)
-    tens_off, = struct.unpack_from("<Q", blob, 168)
-    n, = struct.unpack_from("<I", blob, 176)
-    out = {}
-    for i in range(n):
-        e = tens_off + i * 88
-        name = blob[e:e + 48].split(b"\0")[0].decode()
-        dtype, ndim, r, c, off, nbytes = struct.unpack_from("<IIQQQQ", blob, e + 48)
-        out[name] = (dtype, r, c, blob[off:off + nbytes])
-    return out, version
+    """{name: (dtype, rows, cols, raw bytes)} and the format version of a model.bin."""
+    tensors, version = read_tensors(path)
+    return {k: (d, r, c, raw) for k, (d, _, r, c, raw) in tensors.items()}, version
 
 
 def export(src, dst, *extra):

