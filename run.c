@@ -96,7 +96,7 @@ static void usage(FILE *f) {
             "  --render-chat FILE.json   print the token ids of the conversation in FILE (a JSON list\n"
             "                   of {\"role\", \"content\"}) rendered by the model's chat template, with\n"
             "                   the generation prompt\n"
-            "sessions (CPU path for now):\n"
+            "sessions:\n"
             "  --save-session F after the prompt, write its tokens and K/V to F (versioned, checksummed)\n"
             "  --load-session F resume from F instead of prefilling its tokens (same model, same --attn\n"
             "                   settings); -p / -f text, if given, follows them as more prompt\n"
@@ -540,7 +540,8 @@ static void run_generate(const Model *m, const Tokenizer *tok, const Options *o)
     int n_saved = 0;
     if (o->load_session) {
         char serr[SESSION_ERR_LEN];
-        if (session_open(o->load_session, m, &o->attn, &sh, serr) != 0) die("%s", serr);
+        if (session_open(o->load_session, m, &o->attn, &sh, serr) != 0 || session_check_path(&sh, m->be->create != NULL, o->load_session, serr) != 0)
+            die("%s", serr);
         if (sh.kind != SESSION_PROMPT) die("session '%s' is a chat's (/save): resume it with --chat", o->load_session);
         n_saved = sh.n_tokens;
         int *all = malloc(((size_t)n_saved + n_prompt) * sizeof(int));
@@ -559,8 +560,6 @@ static void run_generate(const Model *m, const Tokenizer *tok, const Options *o)
     RunState s;
     char err[MODEL_ERR_LEN];
     if (run_state_init_attn(&s, m, ctx, m->be->max_chunk, 0, &o->attn, err) != 0) die("%s", err);
-    if ((o->save_session || o->load_session) && s.dev)
-        die("--save-session and --load-session run on the CPU path for now (add --device cpu)");
     s.attn = make_attn(o, m, &s, n_prompt);
     ThreadTuner tt[2];
     attach_tuners(&s, tt, o);
@@ -593,8 +592,8 @@ static void run_generate(const Model *m, const Tokenizer *tok, const Options *o)
 
     if (o->save_session) { // before the prefill: the disk the session will need
         char serr[SESSION_ERR_LEN];
-        if (s.dev) die("--save-session: sessions are saved from the CPU path for now (add --device cpu)");
-        if (session_check_disk(o->save_session, session_bytes(c, n_prompt, 0), serr) != 0) die("--save-session: %s", serr);
+        uint64_t bytes = session_bytes(c, &o->attn, s.dev ? SESSION_KV_GPU : SESSION_KV_CPU_F32, n_prompt, n_prompt, 0);
+        if (session_check_disk(o->save_session, bytes, serr) != 0) die("--save-session: %s", serr);
     }
     catch_sigint();
     double t0 = now_s();
@@ -614,6 +613,7 @@ static void run_generate(const Model *m, const Tokenizer *tok, const Options *o)
     int pos = n_prompt, generated = 0;
     const char *stop = NULL;
     double *step_ms = o->steps > TPOT_BINS_FROM ? malloc((size_t)o->steps * sizeof(double)) : NULL; // per decode step, for the bins
+    double first_ms = 0; // the first decode step (after a restore it rebuilds the ParisKV index)
     double t1 = now_s();
     while (generated < o->steps) {
         if (interrupted || !logits) {
@@ -641,10 +641,11 @@ static void run_generate(const Model *m, const Tokenizer *tok, const Options *o)
             stop = "context full";
             break;
         }
-        double ts = step_ms ? now_s() : 0;
+        double ts = now_s();
         logits = model_forward(m, &s, &next, 1, pos, 0, err);
         if (!logits) die("%s", err);
         if (step_ms) step_ms[generated - 1] = 1e3 * (now_s() - ts);
+        if (generated == 1) first_ms = 1e3 * (now_s() - ts);
         pos++;
     }
     if (!o->ids && !(stop && strcmp(stop, "stop string") == 0)) {
@@ -663,7 +664,8 @@ static void run_generate(const Model *m, const Tokenizer *tok, const Options *o)
     int steps = generated > 1 ? generated - 1 : 0;
     int n_new = n_prompt - n_saved;
     if (n_saved) // restored: the time to the first token is the restore, plus any new prompt tokens' prefill
-        fprintf(stderr, "prompt %d tokens (%d restored in %.2f s, %d prefilled in %.2f s)", n_prompt, n_saved, t_restore, n_new, t_prefill);
+        fprintf(stderr, "prompt %d tokens (%d restored in %.2f s, %d prefilled in %.2f s) | first step %.1f ms", n_prompt, n_saved, t_restore,
+                n_new, t_prefill, first_ms);
     else
         fprintf(stderr, "prompt %d token%s | prefill %.1f tok/s", n_prompt, plural(n_prompt), n_prompt / (t_prefill > 0 ? t_prefill : 1e-9));
     fprintf(stderr, " | decode %.2f ms/token (TPOT) | generated %d token%s", steps ? 1e3 * t_decode / steps : 0.0, generated, plural(generated));
@@ -945,7 +947,6 @@ static char *read_message(int tty, size_t *len) {
 // on from here. A failure is a note: the chat goes on.
 static void chat_save(Chat *c, const char *path) {
     const char *why = !*path ? "/save needs a file name"
-                      : c->s.dev ? "sessions are saved from the CPU path for now (run the chat with --device cpu)"
                       : c->n_cache == 0 ? "nothing to save yet"
                                         : NULL;
     if (why) {
@@ -1007,7 +1008,8 @@ static void run_chat(const Model *m, const Tokenizer *tok, const Options *o) {
     int need = CHAT_CTX_DEFAULT;
     if (o->load_session) {
         char serr[SESSION_ERR_LEN];
-        if (session_open(o->load_session, m, &o->attn, &sh, serr) != 0) die("%s", serr);
+        if (session_open(o->load_session, m, &o->attn, &sh, serr) != 0 || session_check_path(&sh, m->be->create != NULL, o->load_session, serr) != 0)
+            die("%s", serr);
         if (sh.kind != SESSION_CHAT) die("session '%s' is a prompt's (--save-session): resume it without --chat", o->load_session);
         if (o->system || o->prompt || o->prompt_file) die("--load-session brings its own conversation: no --system, -p or -f with it");
         if (sh.n_tokens + 1024 > need) need = sh.n_tokens + 1024; // room for the next turns
@@ -1016,7 +1018,6 @@ static void run_chat(const Model *m, const Tokenizer *tok, const Options *o) {
     if (o->load_session && sh.n_tokens >= ctx)
         die("session '%s' holds %d positions, more than the context of %d: raise --ctx", o->load_session, sh.n_tokens, ctx);
     if (run_state_init_attn(&c.s, m, ctx, m->be->max_chunk, 0, &o->attn, err) != 0) die("%s", err);
-    if (o->load_session && c.s.dev) die("--load-session: sessions are restored on the CPU path for now (add --device cpu)");
     ThreadTuner tt[2];
     attach_tuners(&c.s, tt, o);
     print_summary(m, &c.s, o);
@@ -1031,7 +1032,7 @@ static void run_chat(const Model *m, const Tokenizer *tok, const Options *o) {
     if (o->load_session) chat_load(&c, &sh, o->load_session);
     catch_sigint();
     int tty = isatty(STDIN_FILENO);
-    if (tty) fprintf(stderr, "chat: /reset clears the conversation, /save FILE keeps it (CPU), /exit quits, Ctrl-C stops a reply\n");
+    if (tty) fprintf(stderr, "chat: /reset clears the conversation, /save FILE keeps it, /exit quits, Ctrl-C stops a reply\n");
     size_t len = 0;
     char *first = o->prompt_file ? read_file(o->prompt_file, &len) : o->prompt ? strdup(o->prompt) : NULL;
     if (first && !o->prompt_file) len = strlen(first);
@@ -1246,9 +1247,9 @@ int main(int argc, char **argv) {
     if (o.attn.zone_fp8 && o.attn.method == ATTN_FULL)
         die("--kv-store-dtype fp8 applies to a retrieval zone: it needs --attn pariskv (or a peer), not full");
     if (o.score_prompt && !o.score_file) die("--score-prompt applies to --score");
-    if (o.save_session && (o.chat || o.render_chat || o.score_file || o.tokenize || o.bench || o.synthetic))
+    if (o.save_session && (o.chat || o.render_chat || o.score_file || o.tokenize || o.bench))
         die("--save-session applies to generation (-p / -f); in a chat, /save FILE");
-    if (o.load_session && (o.render_chat || o.score_file || o.tokenize || o.bench || o.synthetic))
+    if (o.load_session && (o.render_chat || o.score_file || o.tokenize || o.bench))
         die("--load-session applies to generation (-p / -f) and --chat");
     if (o.save_session && o.load_session && strcmp(o.save_session, o.load_session) == 0)
         die("--save-session and --load-session name the same file");

@@ -859,6 +859,7 @@ static int gpu_available(void) {
 
 static const Backend backend_cuda = {
     "cuda", NULL, NULL, NULL, NULL, NULL, NULL, gpu_available, gpu_create, gpu_set_prefill_len, gpu_forward, gpu_destroy, gpu_bench, 4096, gpu_prompt_whole,
+    gpu_session_save, gpu_session_load,
 };
 
 extern "C" const Backend *backend_cuda_get(void) { return &backend_cuda; }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the repo root, with binaries from kernels/prepare_device.sh in .dev/:
 # kernel tests against the CPU reference, whole-model GPU vs CPU, and the decode benchmark.
-# Usage: kernels/gpu_checks.sh [kernels|models|smollm2|pkvrand|pkvchat|pkvsmol|pkvfp8|pkvlayer|pkvchunk|pkvdrift|pkvsan|pkvlong|pkvbench|bench|prefill|peer|hfcheck|all]...
+# Usage: kernels/gpu_checks.sh [kernels|models|smollm2|pkvrand|pkvchat|pkvsmol|pkvfp8|pkvlayer|pkvchunk|pkvdrift|session|sessbench|pkvsan|pkvlong|pkvbench|bench|prefill|peer|hfcheck|all]...
 # Exits non-zero when any check fails: every command's status counts (pipefail: a `cmd | tee`
 # fails when cmd does), and a GPU/CPU mismatch is a failure, not a note.
 set -uo pipefail
@@ -242,6 +242,91 @@ if want pkvdrift; then
     [ -f /tmp/smol.bin ] || timeout 120 $D/export $G /tmp/smol.bin > /dev/null 2>&1 || { echo "FAIL export SmolLM2"; status=1; }
     for temp in 0 0.8; do
         OMP_NUM_THREADS=16 timeout 280 python3 tests/bench/pkv_drift.py $D/run /tmp/smol.bin $T --temp $temp 2>&1 | tee -a "$OUT/pkvdrift.txt" || status=1
+    done
+fi
+if want session; then
+    # Saved sessions on the GPU (kernels/session_gpu.cu): a run that saves after its prompt and
+    # one that restores from the file give the same 48 greedy ids, in every placement of the
+    # K/V -- zone in device memory, in the host store (bf16, fp8), a ring that wrapped after a
+    # layered prefill, full attention, a session still in the dense phase; text after a session
+    # is more prompt; a chat's /save resumed by --chat --load-session; refusals.
+    echo "=== sessions on the GPU"
+    python3 -c "import random; random.seed(11); print(' '.join(str(random.randrange(151000)) for _ in range(9000)))" > /tmp/sids.txt
+    python3 -c "import random; random.seed(11); print(' '.join(str(random.randrange(151000)) for _ in range(8192)))" > /tmp/sids8k.txt
+    python3 -c "import random; random.seed(12); print(' '.join(str(random.randrange(151000)) for _ in range(256)))" > /tmp/smore.txt
+    cat /tmp/sids8k.txt /tmp/smore.txt | tr '\n' ' ' > /tmp/sids8k_more.txt
+    head -c 2500 /tmp/sids.txt | sed 's/ [0-9]*$//' > /tmp/sids_short.txt
+    Q="--synthetic qwen3-0.6b --ids --temp 0 --ignore-eos"
+    sess() { # label, env, prompt file, args...: save after the prompt, restore, compare
+        local label=$1 env=$2 f=$3; shift 3
+        env $env timeout 120 $D/run $Q -f $f -n 48 --save-session /tmp/s.bin "$@" > /tmp/s.a 2> "$OUT/sess.a.err" ||
+            { echo "FAIL $label: saving run"; tail -n 3 "$OUT/sess.a.err"; status=1; return; }
+        env $env timeout 120 $D/run $Q --load-session /tmp/s.bin -n 48 "$@" > /tmp/s.b 2> "$OUT/sess.b.err" ||
+            { echo "FAIL $label: restoring run"; tail -n 3 "$OUT/sess.b.err"; status=1; return; }
+        local info="$(grep -h 'saved to' "$OUT/sess.a.err" | sed 's/ to .* in / in /') / $(grep -h 'restored in' "$OUT/sess.b.err" | sed 's/.*(\(.*\)).*first step \([0-9.]*\) ms.*/\1, first step \2 ms/'); $(du -m /tmp/s.bin | cut -f1) MB"
+        cmp -s /tmp/s.a /tmp/s.b && [ "$(wc -w < /tmp/s.a)" = 48 ] && echo "ok   $label: 48 greedy ids after the restore == after the prompt ($info)" ||
+            { echo "FAIL $label: the restored run differs ($info)"; head -c 200 /tmp/s.a; echo; head -c 200 /tmp/s.b; echo; status=1; }
+    }
+    sess "pariskv, zone in device memory" X=0 /tmp/sids.txt --ctx 9200 --kv-store gpu
+    sess "pariskv, host store bf16" X=0 /tmp/sids.txt --ctx 9200 --kv-store host
+    sess "pariskv, host store fp8" X=0 /tmp/sids.txt --ctx 9200 --kv-store host --kv-store-dtype fp8
+    sess "pariskv, host store, a wrapped ring after a layered prefill" PKV_DEVICE_POSITIONS=2600 /tmp/sids.txt --ctx 9200 --kv-store host
+    sess "full attention" X=0 /tmp/sids.txt --ctx 9200 --attn full
+    sess "pariskv, a session in the dense phase (host store)" X=0 /tmp/sids_short.txt --ctx 9200 --kv-store host
+    # Text after a session is more prompt: as the whole prompt prefilled at once (chunk boundaries alike: 8,192 = 2 x 4,096).
+    timeout 120 $D/run $Q -f /tmp/sids8k.txt -n 1 --ctx 9000 --save-session /tmp/s8k.bin > /dev/null 2> "$OUT/sess.c.err" || status=1
+    timeout 120 $D/run $Q -f /tmp/sids8k_more.txt -n 24 --ctx 9000 > /tmp/s.c 2>> "$OUT/sess.c.err" || status=1
+    timeout 120 $D/run $Q --load-session /tmp/s8k.bin -f /tmp/smore.txt -n 24 --ctx 9000 > /tmp/s.d 2>> "$OUT/sess.c.err" || status=1
+    cmp -s /tmp/s.c /tmp/s.d && [ -s /tmp/s.c ] && echo "ok   text after a session is more prompt: as the whole prompt at once" ||
+        { echo "FAIL text after a session"; tail -n 3 "$OUT/sess.c.err"; status=1; }
+    # Refusals: a CPU session on the GPU, a GPU session on the CPU, other settings.
+    refusal() { "$@" > /dev/null 2> /tmp/refusal.err; local rc=$?; [ $rc = 1 ] && [ "$(wc -l < /tmp/refusal.err)" = 1 ] || { cat /tmp/refusal.err; return 1; }; }
+    refusal timeout 60 $D/run $Q --load-session /tmp/s.bin -n 4 --ctx 9200 --kv-store host --topk 50 && grep -q "other attention settings" /tmp/refusal.err &&
+        echo "ok   other settings refused" || { echo "FAIL other settings not refused"; status=1; }
+    [ -f /dev/shm/smolrand.bin ] || python3 -c "import sys; sys.path.insert(0, 'tests/bench'); import pkv_gpu_vs_cpu as p; p.make_random_model('/dev/shm/smolrand', '/dev/shm/smolrand.bin', '$D/export')" 2>/dev/null
+    python3 -c "import random; random.seed(5); print(' '.join(str(random.randrange(49152)) for _ in range(3000)))" > /tmp/sids3k.txt
+    timeout 60 $D/run /dev/shm/smolrand.bin --ids -f /tmp/sids3k.txt -n 2 --device cpu --save-session /tmp/scpu.bin > /dev/null 2>&1 || status=1
+    refusal timeout 60 $D/run /dev/shm/smolrand.bin --load-session /tmp/scpu.bin -n 2 --ids --device gpu && grep -q "saved by the CPU path" /tmp/refusal.err &&
+        echo "ok   a CPU session refused on the GPU" || { echo "FAIL a CPU session not refused on the GPU"; status=1; }
+    timeout 60 $D/run /dev/shm/smolrand.bin --ids -f /tmp/sids3k.txt -n 2 --device gpu --save-session /tmp/sgpu.bin > /dev/null 2>&1 || status=1
+    refusal timeout 60 $D/run /dev/shm/smolrand.bin --load-session /tmp/sgpu.bin -n 2 --ids --device cpu && grep -q "saved by the GPU path" /tmp/refusal.err &&
+        echo "ok   a GPU session refused on the CPU" || { echo "FAIL a GPU session not refused on the CPU"; status=1; }
+    # A chat (the random SmolLM2-shaped model; ~3,000-token first message, replies past the dense
+    # threshold): /save, then --chat --load-session answers the next message as the chat that went on.
+    { cat README.md | tr '\n' ' ' | head -c 12000; echo; } > /tmp/schat1.in
+    for store in gpu host; do
+        C="/dev/shm/smolrand.bin --chat --ctx 8192 -n 24 --temp 0 --ignore-eos --kv-store $store"
+        { cat /tmp/schat1.in; echo "And now in three words."; } | timeout 120 $D/run $C > /tmp/sc.a 2> "$OUT/schat.a.err" || status=1
+        { cat /tmp/schat1.in; echo "/save /tmp/schat.bin"; } | timeout 120 $D/run $C > /tmp/sc.b 2> "$OUT/schat.b.err" || status=1
+        echo "And now in three words." | timeout 120 $D/run $C --load-session /tmp/schat.bin > /tmp/sc.c 2> "$OUT/schat.c.err" || status=1
+        cat /tmp/sc.b /tmp/sc.c > /tmp/sc.bc
+        cmp -s /tmp/sc.a /tmp/sc.bc && grep -q restored "$OUT/schat.c.err" && [ -s /tmp/sc.c ] &&
+            echo "ok   chat ($store store): /save, then --chat --load-session answers the next message as the chat that went on ($(grep -ho 'restored .* in [0-9.]* s' "$OUT/schat.c.err"))" ||
+            { echo "FAIL chat ($store store) after a restore differs"; tail -n 2 "$OUT/schat.c.err"; status=1; }
+    done
+fi
+if want sessbench; then
+    # A 128K-token session of Llama-3.1-8B shape (synthetic weights, random ids): the prefill and
+    # save, then the restore (page cache warm, then dropped if this machine lets us) and its first
+    # step, against re-prefilling; zone in device memory, then in the host store.
+    N=${PKV_SESS_N:-131072}
+    python3 -c "import random; random.seed(3); print(' '.join(str(random.randrange(128000)) for _ in range($N)))" > /tmp/sb.txt
+    L="--synthetic llama3.1-8b --ids --temp 0 --ignore-eos --ctx $((N + 64))"
+    for store in gpu host; do
+        echo "--- $N tokens, --kv-store $store"
+        timeout 200 $D/run $L -f /tmp/sb.txt -n 32 --kv-store $store --save-session /root/sb.bin > /tmp/sb.a 2> "$OUT/sb.a.$store.err" || status=1
+        grep -h "session\|prompt\|layer by layer" "$OUT/sb.a.$store.err" | tee -a "$OUT/sessbench.txt"
+        ls -la /root/sb.bin | tee -a "$OUT/sessbench.txt"
+        timeout 200 $D/run $L --load-session /root/sb.bin -n 32 --kv-store $store > /tmp/sb.b 2> "$OUT/sb.b.$store.err" || status=1
+        grep -h "session\|prompt" "$OUT/sb.b.$store.err" | sed 's/^/warm: /' | tee -a "$OUT/sessbench.txt"
+        sync; if echo 3 > /proc/sys/vm/drop_caches 2>/dev/null; then
+            timeout 200 $D/run $L --load-session /root/sb.bin -n 32 --kv-store $store > /tmp/sb.c 2> "$OUT/sb.c.$store.err" || status=1
+            grep -h "session\|prompt" "$OUT/sb.c.$store.err" | sed 's/^/cold: /' | tee -a "$OUT/sessbench.txt"
+            cmp -s /tmp/sb.a /tmp/sb.c || { echo "FAIL 128K cold restore differs"; status=1; }
+        else echo "(page cache cannot be dropped here: warm restore only)" | tee -a "$OUT/sessbench.txt"; fi
+        cmp -s /tmp/sb.a /tmp/sb.b && echo "ok   $store: 32 greedy ids after the restore == after the prefill" | tee -a "$OUT/sessbench.txt" ||
+            { echo "FAIL $store: 128K restore differs"; status=1; }
+        rm -f /root/sb.bin
     done
 fi
 if want pkvsan; then

@@ -117,6 +117,12 @@ cudaError_t gpu_prefill_layered(GpuState *g, const int *tokens, int n, char *err
 // PKV_PREFILL_LAYERED=1 asks for it, tests).
 int gpu_prefill_is_layered(const GpuState *g, int n);
 
+// Saved sessions (session_gpu.cu; model/backend.h's session_save / session_load).
+struct SessionGpuLayout;
+struct SessionStream;
+extern "C" int gpu_session_save(void *dev, const struct SessionGpuLayout *L, struct SessionStream *out, char *err);
+extern "C" int gpu_session_load(void *dev, const struct SessionGpuLayout *L, struct SessionStream *in, char *err);
+
 // Positions [pos, pos + T) past the dense phase as one pass (pkv_chunk.cu): how many of them one
 // chunk takes (those before the next index update, at most the chunk size), and the pass, with
 // the logits of every position (all_logits) or of the last into logits_out (pinned host).

@@ -320,17 +320,26 @@ extern "C" cudaError_t pkv_attend(bf16 *out, const float *q, const int *sel, con
 
 // fp8 rows: one warp per (position, layer, head, K or V) row: its max magnitude, then its codes
 // (fp8_quantize_row on the bf16 values), lane 0 the scale.
+// Item i of the rows of positions p0.. in the order (position, layer, head, K or V, part of a row).
+struct RowItem {
+    int part, isv, h, layer, p;
+};
+__device__ __forceinline__ RowItem row_item(long i, int parts, int n_kv, int n_layers, int p0) {
+    RowItem r;
+    r.part = (int)(i % parts), i /= parts;
+    r.isv = (int)(i % 2), i /= 2;
+    r.h = (int)(i % n_kv), i /= n_kv;
+    r.layer = (int)(i % n_layers);
+    r.p = p0 + (int)(i / n_layers);
+    return r;
+}
+
 __global__ void rows_to_host_fp8_kernel(GpuKV kv, GpuKV src, int layer0, int p0, long n_rows) {
     int lane = threadIdx.x & 31;
     long warps = (long)gridDim.x * (blockDim.x / 32);
     for (long i = blockIdx.x * (long)(blockDim.x / 32) + (threadIdx.x >> 5); i < n_rows; i += warps) {
-        long t = i;
-        int isv = (int)(t % 2);
-        t /= 2;
-        int h = (int)(t % kv.n_kv);
-        t /= kv.n_kv;
-        int layer = (int)(t % src.n_layers);
-        int p = p0 + (int)(t / src.n_layers);
+        RowItem r = row_item(i, 1, kv.n_kv, src.n_layers, p0);
+        int isv = r.isv, h = r.h, layer = r.layer, p = r.p;
         const bf16 *s = (isv ? src.vc : src.kc) + cache_off(src, layer, h, p);
         float amax = 0.0f;
         for (int j = lane; j < kv.hd; j += 32) amax = fmaxf(amax, fabsf(__bfloat162float(s[j])));
@@ -348,15 +357,8 @@ __global__ void rows_to_host_fp8_kernel(GpuKV kv, GpuKV src, int layer0, int p0,
 __global__ void rows_out_kernel(GpuKV kv, GpuKV src, int layer0, int p0, long n_items, int to_host) {
     int parts = kv.hd / 8;
     for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n_items; i += (long)gridDim.x * blockDim.x) {
-        long t = i;
-        int part = (int)(t % parts);
-        t /= parts;
-        int isv = (int)(t % 2);
-        t /= 2;
-        int h = (int)(t % kv.n_kv);
-        t /= kv.n_kv;
-        int layer = (int)(t % src.n_layers);
-        int p = p0 + (int)(t / src.n_layers);
+        RowItem r = row_item(i, parts, kv.n_kv, src.n_layers, p0);
+        int part = r.part, isv = r.isv, h = r.h, layer = r.layer, p = r.p;
         const uint4 *s = (const uint4 *)((isv ? src.vc : src.kc) + cache_off(src, layer, h, p));
         uint4 *dst = to_host ? (uint4 *)((bf16 *)host_row(kv, layer0 + layer, h, p - kv.sink) + isv * kv.hd) // bf16 rows
                              : (uint4 *)((isv ? kv.vc : kv.kc) + cache_off(kv, layer0 + layer, h, p));
@@ -374,6 +376,25 @@ static cudaError_t rows_out(GpuKV kv, GpuKV src, int layer0, int p0, int p1, int
     long n = (long)(p1 - p0) * src.n_layers * kv.n_kv * 2 * (kv.hd / 8);
     long blocks = (n + 255) / 256;
     rows_out_kernel<<<(unsigned)(blocks < 4096 ? blocks : 4096), 256, 0, st>>>(kv, src, layer0, p0, n, to_host);
+    return cudaGetLastError();
+}
+
+// One thread per 16 bytes: bf16 host rows (host's layout) into dev's device cache.
+__global__ void rows_in_kernel(GpuKV dev, GpuKV host, int p0, long n_items) {
+    int parts = dev.hd / 8;
+    for (long i = blockIdx.x * (long)blockDim.x + threadIdx.x; i < n_items; i += (long)gridDim.x * blockDim.x) {
+        RowItem r = row_item(i, parts, dev.n_kv, dev.n_layers, p0);
+        const uint4 *s = (const uint4 *)((const bf16 *)host_row(host, r.layer, r.h, r.p - host.sink) + r.isv * host.hd);
+        ((uint4 *)((r.isv ? dev.vc : dev.kc) + cache_off(dev, r.layer, r.h, r.p)))[r.part] = s[r.part];
+    }
+}
+
+extern "C" cudaError_t pkv_rows_copy(GpuKV dev, GpuKV host, int p0, int p1, int dir, cudaStream_t st) {
+    if (p1 <= p0) return cudaSuccess;
+    if (dir == PKV_ROWS_TO_HOST) return rows_out(host, dev, 0, p0, p1, 1, st);
+    if (host.fp8 || host.n_layers != dev.n_layers || host.n_kv != dev.n_kv || host.hd != dev.hd) return cudaErrorInvalidValue;
+    long n = (long)(p1 - p0) * dev.n_layers * dev.n_kv * 2 * (dev.hd / 8), blocks = (n + 255) / 256;
+    rows_in_kernel<<<(unsigned)(blocks < 4096 ? blocks : 4096), 256, 0, st>>>(dev, host, p0, n);
     return cudaGetLastError();
 }
 

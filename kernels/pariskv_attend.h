@@ -53,6 +53,15 @@ cudaError_t pkv_attend(bf16 *out, const float *q, const int *sel, const int *nse
 // prompt's rows after a prefill; positions written by dense steps). kv.host must be set.
 cudaError_t pkv_rows_to_host(GpuKV kv, int p0, int p1, cudaStream_t st);
 
+// Rows of positions [p0, p1) of every layer between a device cache (dev: kc, vc, dcap, sink) and
+// rows in the host store's layout (host: host, n_layers, n_kv, hd, fp8; the row of position p
+// at slot p - host.sink, which may be a staging buffer's own numbering). PKV_ROWS_TO_HOST:
+// dev's rows into host's (fp8 rows quantized as the QKV kernel does); PKV_ROWS_FROM_HOST:
+// host's bf16 rows into dev's cache. Saved sessions (kernels/session_gpu.cu).
+#define PKV_ROWS_TO_HOST 1
+#define PKV_ROWS_FROM_HOST 0
+cudaError_t pkv_rows_copy(GpuKV dev, GpuKV host, int p0, int p1, int dir, cudaStream_t st);
+
 // One layer's rows from a layer-sized cache k, v (n_kv, cap, hd) bf16 (slot p = position p: a
 // prompt prefilled layer by layer) into layer `layer` of kv: positions [p0, p1) into the host
 // store (to_host; positions below the sink are skipped, fp8 rows quantized as the QKV kernel

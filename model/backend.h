@@ -10,6 +10,8 @@
 
 struct Model;
 struct AttnConfig;
+struct SessionGpuLayout;
+struct SessionStream;
 
 typedef struct Backend {
     const char *name;
@@ -47,6 +49,12 @@ typedef struct Backend {
     // forward in one call instead of chunks (NULL: never): the CUDA pass prefills a prompt longer
     // than its device cache layer by layer, which needs every token at once.
     int (*prompt_whole)(void *dev, int n);
+    // Saved sessions (model/session.h, kv_format SESSION_KV_GPU): the K/V of positions
+    // [0, L->n) written to the stream in the layout's order (save), or read from it into the
+    // state, which then goes on from position L->n as the saving state would (load). 0, or -1
+    // with err filled. NULL: the backend keeps no sessions.
+    int (*session_save)(void *dev, const struct SessionGpuLayout *L, struct SessionStream *out, char *err);
+    int (*session_load)(void *dev, const struct SessionGpuLayout *L, struct SessionStream *in, char *err);
 } Backend;
 
 extern const Backend backend_cpu;
