@@ -599,6 +599,15 @@ static float *pkv_forward(GpuState *g, const int *tokens, int T, int pos, int al
     size_t V = g->c.vocab_size;
     int nd = 0;
     while (nd < T && attn_is_dense(cf, pos + nd)) nd++;
+    // Text after a restored session is more prompt, attended densely -- unless the device cache
+    // no longer holds the context (zone in the host store, ring wrapped: a 1M-token session):
+    // then it runs through the selection, as a chat's later turn does, and a note says so.
+    if (pos > 0 && nd > 0 && pos + nd > g->dcap && p->kv.host && !(pos + 1 < attn_dense_threshold(cf))) {
+        fprintf(stderr, "note: the %d tokens after position %d go through the ParisKV selection: the GPU holds %d positions of the %d-token "
+                        "context, not enough to attend them densely\n", nd, pos, g->dcap, pos + nd);
+        p->cfg.prefill_len = pos;
+        nd = 0;
+    }
     cudaError_t e = cudaSuccess;
     if (pos == 0 && nd == T && !all_logits && gpu_prefill_is_layered(g, T)) { // a prompt longer than the device cache
         e = gpu_prefill_layered(g, tokens, T, err);

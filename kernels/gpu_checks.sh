@@ -279,6 +279,16 @@ if want session; then
     timeout 120 $D/run $Q --load-session /tmp/s8k.bin -f /tmp/smore.txt -n 24 --ctx 9000 > /tmp/s.d 2>> "$OUT/sess.c.err" || status=1
     cmp -s /tmp/s.c /tmp/s.d && [ -s /tmp/s.c ] && echo "ok   text after a session is more prompt: as the whole prompt at once" ||
         { echo "FAIL text after a session"; tail -n 3 "$OUT/sess.c.err"; status=1; }
+    # Text after a session whose ring wrapped (host store, 2,600 device positions): it cannot be
+    # attended densely on the GPU, so it goes through the selection with a note; runs repeat.
+    W="PKV_DEVICE_POSITIONS=2600"
+    env $W timeout 120 $D/run $Q -f /tmp/sids.txt -n 1 --ctx 9600 --kv-store host --save-session /tmp/sw.bin > /dev/null 2> "$OUT/sess.w.err" || status=1
+    for i in 1 2; do
+        env $W timeout 120 $D/run $Q --load-session /tmp/sw.bin -f /tmp/smore.txt -n 24 --ctx 9600 --kv-store host > /tmp/sw.$i 2>> "$OUT/sess.w.err" || status=1
+    done
+    cmp -s /tmp/sw.1 /tmp/sw.2 && [ "$(wc -w < /tmp/sw.1)" = 24 ] && grep -q "go through the ParisKV selection" "$OUT/sess.w.err" &&
+        echo "ok   text after a session that no longer fits the GPU: through the selection, with a note; runs repeat" ||
+        { echo "FAIL text after a wrapped session"; tail -n 3 "$OUT/sess.w.err"; status=1; }
     # Refusals: a CPU session on the GPU, a GPU session on the CPU, other settings.
     refusal() { "$@" > /dev/null 2> /tmp/refusal.err; local rc=$?; [ $rc = 1 ] && [ "$(wc -l < /tmp/refusal.err)" = 1 ] || { cat /tmp/refusal.err; return 1; }; }
     refusal timeout 60 $D/run $Q --load-session /tmp/s.bin -n 4 --ctx 9200 --kv-store host --topk 50 && grep -q "other attention settings" /tmp/refusal.err &&
