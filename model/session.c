@@ -44,6 +44,7 @@ static void ck_block(Checksum *c, const uint8_t *b) {
 
 static void ck_update(Checksum *c, const void *p, size_t n) {
     const uint8_t *b = p;
+    if (n == 0) return; // p may be NULL then
     c->n += n;
     if (c->nt) {
         size_t take = 32 - (size_t)c->nt < n ? 32 - (size_t)c->nt : n;
