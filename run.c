@@ -49,6 +49,7 @@ typedef struct {
     int threads;              // --threads N, or OMP_NUM_THREADS (0: tuned, at most the CPUs we may use)
     int bench;                // --bench
     const char *synthetic;    // --synthetic NAME
+    const char *quant;        // --quant q8_0|q4_k: a synthetic model's matrices
     const char *bench_ctx;    // --bench-ctx 4096,32768
     int bench_steps;
     int bench_prefill;
@@ -118,6 +119,7 @@ static void usage(FILE *f) {
             "  --synthetic NAME random weights of a real shape instead of a model file:\n"
             "                   llama3.1-8b, qwen3-8b, qwen3-0.6b; also without --bench, on the GPU, to\n"
             "                   generate from a prompt of ids (--ids -f FILE -n N) or --score ids (--ids)\n"
+            "  --quant q8_0|q4_k a --synthetic model's matrices as Q8_0 or Q4_K blocks (head Q8_0)\n"
             "  --bench-ctx LIST contexts to fill, e.g. 4096,32768,131072 (default 4096,32768,131072)\n"
             "  --bench-steps N  timed decode steps per context (default 64, at least 64)\n"
             "  --bench-prefill  fill by a real prefill of random tokens (timed) instead of random K/V\n"
@@ -1066,18 +1068,17 @@ static void run_chat(const Model *m, const Tokenizer *tok, const Options *o) {
 static void select_device(Model *m, const char *device) {
     const Backend *cuda = backend_cuda_get();
     int want_gpu = device && strcmp(device, "gpu") == 0, want_cpu = device && strcmp(device, "cpu") == 0;
-    // The GPU path uploads bf16 / f32 matrices only: a quantized model runs on the CPU.
-    if (m->n_quantized && want_gpu)
-        die("--device gpu: this model has %d quantized (q8_0 / q4_k) matrices, which the GPU path does not read yet: "
-            "run it with --device cpu, or export it with --dtype bf16", m->n_quantized);
     int have_gpu = cuda && cuda->available();
-    if (m->n_quantized && have_gpu && !want_cpu) {
-        fprintf(stderr, "note: quantized weights run on the CPU (the GPU path does not read them yet)\n");
-        return;
-    }
     if (want_gpu && !have_gpu)
         die(cuda ? "--device gpu: no CUDA device is available" : "--device gpu: this build has no CUDA support");
     if (have_gpu && !want_cpu) m->be = cuda;
+}
+
+// --quant for a --synthetic model: its matrices made as blocks on the GPU.
+static void synthetic_quant(Model *m, const char *quant) {
+    if (!quant) return;
+    m->synthetic_dt = strcmp(quant, "q8_0") == 0 ? DTYPE_Q8_0 : DTYPE_Q4_K;
+    m->n_quantized = 7 * (int)m->c.n_layers + 1;
 }
 
 static int run_bench(const Options *o) {
@@ -1093,6 +1094,7 @@ static int run_bench(const Options *o) {
         if (o->model_path) die("give either a model file or --synthetic NAME, not both");
         if (model_synthetic(&m, o->synthetic) != 0)
             die("unknown --synthetic model '%s' (llama3.1-8b, qwen3-8b, qwen3-0.6b)", o->synthetic);
+        synthetic_quant(&m, o->quant);
     } else if (!o->model_path) {
         die("--bench needs a model file or --synthetic NAME");
     } else if (model_load(&m, o->model_path, err) != 0) {
@@ -1124,6 +1126,7 @@ static int run_synthetic(const Options *o) {
     if (o->chat || o->render_chat || o->tokenize) die("--synthetic runs generation, --score (or --bench) only");
     Model m;
     if (model_synthetic(&m, o->synthetic) != 0) die("unknown --synthetic model '%s' (llama3.1-8b, qwen3-8b, qwen3-0.6b)", o->synthetic);
+    synthetic_quant(&m, o->quant);
     if (o->device && strcmp(o->device, "cpu") == 0) die("--synthetic runs on the GPU (its weights are made there)");
     select_device(&m, "gpu");
     if (o->score_file) run_score(&m, NULL, o);
@@ -1206,6 +1209,9 @@ int main(int argc, char **argv) {
             o.bench = 1;
         } else if (strcmp(a, "--synthetic") == 0) {
             NEEDS_VALUE(); o.synthetic = v;
+        } else if (strcmp(a, "--quant") == 0) {
+            NEEDS_VALUE(); o.quant = v;
+            if (strcmp(v, "q8_0") != 0 && strcmp(v, "q4_k") != 0) die("--quant must be q8_0 or q4_k, not '%s'", v);
         } else if (strcmp(a, "--bench-ctx") == 0) {
             NEEDS_VALUE(); o.bench_ctx = v;
         } else if (strcmp(a, "--bench-steps") == 0) {
@@ -1254,6 +1260,7 @@ int main(int argc, char **argv) {
     if (o.save_session && o.load_session && strcmp(o.save_session, o.load_session) == 0)
         die("--save-session and --load-session name the same file");
     if (o.bench) return run_bench(&o);
+    if (o.quant && !o.synthetic) die("--quant applies to --synthetic models (./export --quant quantizes a model file)");
     if (o.synthetic) return run_synthetic(&o);
     if (!o.model_path) {
         usage(stderr);

@@ -53,9 +53,8 @@ static double h2d_bandwidth(void) {
 // the timed steps. TPOT is the median of the steps without an update; the update's extra cost
 // is shown apart and amortized over U steps.
 static int bench_pariskv(const Model *m, const int *ctx_list, int n_ctx, int steps, int chunk, const AttnConfig *attn, double bw) {
-    const Config *c = &m->c;
     double pcie = h2d_bandwidth();
-    size_t step_wbytes = gpu_weight_bytes(c) - (c->tied_embeddings ? 0 : (size_t)c->vocab_size * c->dim * 2);
+    size_t step_wbytes = gpu_model_step_bytes(m); // every matrix once (blocks as blocks), of the embedding one row
     printf("pariskv: k %d, sink %d, local %d, update %d, zone in %s; host-to-device bulk copy %.1f GB/s\n", attn->topk, attn->sink,
            attn->local, attn->update, attn->zone_fp8                   ? "pinned host memory, fp8 rows"
            : attn->store == KV_STORE_HOST ? "pinned host memory"
@@ -139,9 +138,8 @@ extern "C" int gpu_bench(const Model *m, const int *ctx_list, int n_ctx, int ste
     int dev = 0;
     cudaGetDevice(&dev);
     cudaGetDeviceProperties(&prop, dev);
-    size_t wbytes = gpu_weight_bytes(c);
-    // A decode step reads every matrix once, but of the embedding only one row.
-    size_t step_wbytes = wbytes - (c->tied_embeddings ? 0 : (size_t)c->vocab_size * c->dim * 2);
+    // A decode step reads every matrix once (quantized ones as their blocks), of the embedding one row.
+    size_t step_wbytes = gpu_model_step_bytes(m);
     printf("device: %s, measured read bandwidth %.2f TB/s\n", prop.name, bw / 1e12);
     printf("model: %u layers, dim %u, %u heads / %u KV heads x %u, FFN %u, vocab %u; weights read per step %.2f GB\n",
            c->n_layers, c->dim, c->n_heads, c->n_kv_heads, c->head_dim, c->hidden_dim, c->vocab_size, step_wbytes / 1e9);

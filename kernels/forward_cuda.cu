@@ -19,6 +19,7 @@ extern "C" {
 #include "../attention/attention.h"
 #include "../attention/pariskv.h"
 #include "../model/bf16.h"
+#include "../model/quant.h"
 }
 
 void gpu_set_err(char *err, const char *fmt, ...) {
@@ -39,6 +40,8 @@ static void pkv_free(Pkv *p) {
     host_store_close(&p->hs);
 }
 
+static void qmat_free(QMat *q) { cudaFree(q->qs), cudaFree(q->meta), q->qs = NULL, q->meta = NULL; }
+
 static void gpu_free(GpuState *g) {
     if (!g) return;
     if (g->graph_ready) cudaGraphExecDestroy(g->decode_graph);
@@ -47,11 +50,13 @@ static void gpu_free(GpuState *g) {
         for (uint32_t l = 0; l < g->c.n_layers; l++) {
             GpuLayer *w = &g->layers[l];
             cudaFree(w->wqkv), cudaFree(w->wo), cudaFree(w->wgu), cudaFree(w->wdown);
+            qmat_free(&w->qqkv), qmat_free(&w->qo), qmat_free(&w->qgu), qmat_free(&w->qdown);
             cudaFree(w->attn_norm), cudaFree(w->ffn_norm), cudaFree(w->q_norm), cudaFree(w->k_norm);
         }
         free(g->layers);
     }
     if (g->head != g->embd) cudaFree(g->head);
+    qmat_free(&g->qhead), cudaFree(g->wdeq);
     cudaFree(g->embd), cudaFree(g->out_norm), cudaFree(g->inv_freq), cudaFree(g->rope_cs);
     cudaFree(g->kcache), cudaFree(g->vcache);
     cudaFree(g->x), cudaFree(g->xb), cudaFree(g->proj), cudaFree(g->q), cudaFree(g->att), cudaFree(g->hb);
@@ -87,17 +92,102 @@ static size_t activation_bytes(const Config *c, int ctx, int chunk, int logit_ro
 
 // ---- weight upload ----
 
-// Copies a host matrix (rows, cols) in dtype to device bf16 at dst, with the given row pitch
-// (in elements) so rows can be interleaved. staging: host buffer of rows*cols bf16.
-static cudaError_t upload_matrix(bf16 *dst, size_t dst_pitch, const void *src, uint32_t dtype, size_t rows, size_t cols,
-                                 uint16_t *staging) {
-    const void *from = src;
-    if (dtype == DTYPE_F32) {
-        const float *f = (const float *)src;
-        for (size_t i = 0; i < rows * cols; i++) staging[i] = f32_to_bf16(f[i]);
-        from = staging;
+// The dtype a fused group runs in on the GPU: its members' common quantized dtype, else bf16 (a
+// mixed group -- a GGUF's Q4_K wq beside a wv that ./export widened to bf16 -- is widened too).
+static uint32_t group_dt(uint32_t a, uint32_t b, uint32_t c) { return a == b && b == c && dtype_is_quant(a) ? a : (uint32_t)DTYPE_BF16; }
+
+// Layer l's groups: QKV, O, gate/up, down.
+static void layer_dts(const Model *m, uint32_t l, uint32_t dt[4]) {
+    if (!m->token_embd) { // synthetic: every matrix in the dtype asked for
+        dt[0] = dt[1] = dt[2] = dt[3] = m->synthetic_dt;
+        return;
     }
-    return cudaMemcpy2D(dst, dst_pitch * 2, from, cols * 2, cols * 2, rows, cudaMemcpyHostToDevice);
+    const LayerWeights *w = &m->layers[l];
+    dt[0] = group_dt(w->wq_dt, w->wk_dt, w->wv_dt);
+    dt[1] = group_dt(w->wo_dt, w->wo_dt, w->wo_dt);
+    dt[2] = group_dt(w->w_gate_dt, w->w_up_dt, w->w_up_dt);
+    dt[3] = group_dt(w->w_down_dt, w->w_down_dt, w->w_down_dt);
+}
+
+// The LM head's: kept quantized for the decode step when it is (a synthetic quantized model's is
+// Q8_0, as ./export --quant makes it).
+static uint32_t head_dt(const Model *m) {
+    if (!m->token_embd) return dtype_is_quant(m->synthetic_dt) ? (uint32_t)DTYPE_Q8_0 : (uint32_t)DTYPE_BF16;
+    uint32_t d = m->c.tied_embeddings ? m->token_embd_dt : m->output_dt;
+    return dtype_is_quant(d) ? d : (uint32_t)DTYPE_BF16;
+}
+
+static size_t mat_bytes(uint32_t dt, size_t rows, size_t cols) {
+    return dtype_is_quant(dt) ? qmat_qs_bytes(dt, rows, cols) + qmat_meta_bytes(dt, rows, cols) : rows * cols * 2;
+}
+
+// Bytes of the four groups of layer l.
+static size_t layer_mat_bytes(const Model *m, uint32_t l) {
+    const Config *c = &m->c;
+    size_t hd = c->head_dim, dim = c->dim, q = c->n_heads * hd, kv = c->n_kv_heads * hd, h = c->hidden_dim;
+    uint32_t dt[4];
+    layer_dts(m, l, dt);
+    return mat_bytes(dt[0], q + 2 * kv, dim) + mat_bytes(dt[1], dim, q) + mat_bytes(dt[2], 2 * h, dim) + mat_bytes(dt[3], dim, h);
+}
+
+size_t gpu_model_step_bytes(const Model *m) {
+    const Config *c = &m->c;
+    size_t b = mat_bytes(head_dt(m), c->vocab_size, c->dim);
+    for (uint32_t l = 0; l < c->n_layers; l++) b += layer_mat_bytes(m, l);
+    return b;
+}
+
+size_t gpu_model_weight_bytes(const Model *m) {
+    const Config *c = &m->c;
+    size_t hd = c->head_dim, dim = c->dim, q = c->n_heads * hd, kv = c->n_kv_heads * hd, h = c->hidden_dim, vocab = c->vocab_size;
+    size_t b = vocab * dim * 2 * (c->tied_embeddings ? 1 : 2) + dim * 4, deq = 0; // embedding and head in bf16 (prefill's logits)
+    if (dtype_is_quant(head_dt(m))) b += mat_bytes(head_dt(m), vocab, dim);
+    for (uint32_t l = 0; l < c->n_layers; l++) {
+        uint32_t dt[4];
+        layer_dts(m, l, dt);
+        b += layer_mat_bytes(m, l) + (2 * dim + 2 * hd) * 4;
+        size_t big[4] = {(q + 2 * kv) * dim, dim * q, 2 * h * dim, dim * h};
+        for (int k = 0; k < 4; k++)
+            if (dtype_is_quant(dt[k]) && big[k] * 2 > deq) deq = big[k] * 2;
+    }
+    return b + deq;
+}
+
+// Copies a host matrix (rows, cols) in dtype (f32, bf16, or blocks: widened) to device bf16 at
+// dst, with the given row pitch (in elements) so rows can be interleaved.
+static cudaError_t upload_matrix(bf16 *dst, size_t dst_pitch, const void *src, uint32_t dtype, size_t rows, size_t cols) {
+    if (dtype == DTYPE_BF16) return cudaMemcpy2D(dst, dst_pitch * 2, src, cols * 2, cols * 2, rows, cudaMemcpyHostToDevice);
+    size_t R = 256;
+    float *wide = (float *)malloc(R * cols * 4);
+    uint16_t *staging = (uint16_t *)malloc(R * cols * 2);
+    cudaError_t e = wide && staging ? cudaSuccess : cudaErrorMemoryAllocation;
+    for (size_t r0 = 0; r0 < rows && e == cudaSuccess; r0 += R) {
+        size_t n = rows - r0 < R ? rows - r0 : R;
+        weights_rows_to_f32(src, dtype, r0, n, cols, wide);
+        for (size_t i = 0; i < n * cols; i++) staging[i] = f32_to_bf16(wide[i]);
+        e = cudaMemcpy2D(dst + r0 * dst_pitch, dst_pitch * 2, staging, cols * 2, cols * 2, n, cudaMemcpyHostToDevice);
+    }
+    free(wide), free(staging);
+    return e;
+}
+
+// A group kept quantized: members[i] (src_rows[i] rows of GGML blocks) become rows
+// row0[i] + k * step[i] of q.
+static cudaError_t upload_qgroup(QMat *q, uint32_t dt, size_t rows, size_t cols, int n, const void *const *members, const size_t *src_rows,
+                                 const size_t *row0, const size_t *step) {
+    q->dt = dt, q->rows = (int)rows, q->cols = (int)cols;
+    size_t qb = qmat_qs_bytes(dt, rows, cols), mb = qmat_meta_bytes(dt, rows, cols);
+    CU_TRY(cudaMalloc(&q->qs, qb));
+    CU_TRY(cudaMalloc(&q->meta, mb));
+    if (!members) return cudaSuccess; // synthetic: filled on the device
+    int8_t *hq = (int8_t *)malloc(qb);
+    uint8_t *hm = (uint8_t *)malloc(mb);
+    cudaError_t e = hq && hm ? cudaSuccess : cudaErrorMemoryAllocation;
+    for (int i = 0; i < n && e == cudaSuccess; i++) qmat_repack_rows(dt, (const uint8_t *)members[i], src_rows[i], cols, row0[i], step[i], hq, hm);
+    if (e == cudaSuccess) e = cudaMemcpy(q->qs, hq, qb, cudaMemcpyHostToDevice);
+    if (e == cudaSuccess) e = cudaMemcpy(q->meta, hm, mb, cudaMemcpyHostToDevice);
+    free(hq), free(hm);
+    return e;
 }
 
 static cudaError_t upload_f32(float **dst, const float *src, size_t n) {
@@ -110,14 +200,9 @@ static cudaError_t alloc_weights(GpuState *g, const Model *m) {
     size_t hd = c->head_dim, dim = c->dim, q = c->n_heads * hd, kv = c->n_kv_heads * hd, h = c->hidden_dim;
     size_t vocab = c->vocab_size;
     int synthetic = m->token_embd == NULL;
-    uint16_t *staging = NULL;
-    if (!synthetic && c->weight_dtype == DTYPE_F32) {
-        size_t biggest = vocab * dim > 2 * h * dim ? vocab * dim : 2 * h * dim;
-        staging = (uint16_t *)malloc(biggest * 2);
-        if (!staging) return cudaErrorMemoryAllocation;
-    }
     cudaError_t e = cudaSuccess;
     unsigned long long seed = 1234;
+    size_t deq = 0; // elements of the largest quantized matrix
 #define TRY(call)                       \
     do {                                \
         e = (call);                     \
@@ -125,13 +210,19 @@ static cudaError_t alloc_weights(GpuState *g, const Model *m) {
     } while (0)
     TRY(cudaMalloc(&g->embd, vocab * dim * 2));
     if (synthetic) TRY(fill_random_bf16(g->embd, vocab * dim, seed++, 1.0f, 0.0f, g->st));
-    else TRY(upload_matrix(g->embd, dim, m->token_embd, c->weight_dtype, vocab, dim, staging));
+    else TRY(upload_matrix(g->embd, dim, m->token_embd, m->token_embd_dt, vocab, dim));
     if (c->tied_embeddings) {
         g->head = g->embd;
     } else {
         TRY(cudaMalloc(&g->head, vocab * dim * 2));
         if (synthetic) TRY(fill_random_bf16(g->head, vocab * dim, seed++, sqrtf(3.0f / dim), 0.0f, g->st));
-        else TRY(upload_matrix(g->head, dim, m->output, c->weight_dtype, vocab, dim, staging));
+        else TRY(upload_matrix(g->head, dim, m->output, m->output_dt, vocab, dim));
+    }
+    if (dtype_is_quant(head_dt(m))) { // the decode step's head reads the blocks
+        size_t one = vocab, zero = 0, unit = 1;
+        const void *src = synthetic ? NULL : (c->tied_embeddings ? m->token_embd : m->output);
+        TRY(upload_qgroup(&g->qhead, head_dt(m), vocab, dim, 1, synthetic ? NULL : &src, &one, &zero, &unit));
+        if (synthetic) TRY(qmat_fill_random(&g->qhead, seed++, sqrtf(3.0f / dim), g->st));
     }
     TRY(cudaMalloc(&g->out_norm, dim * 4));
     if (synthetic) TRY(fill_random_f32(g->out_norm, dim, seed++, 0.1f, 1.0f, g->st));
@@ -140,10 +231,22 @@ static cudaError_t alloc_weights(GpuState *g, const Model *m) {
     for (uint32_t l = 0; l < c->n_layers; l++) {
         GpuLayer *w = &g->layers[l];
         const LayerWeights *lw = synthetic ? NULL : &m->layers[l];
-        TRY(cudaMalloc(&w->wqkv, (q + 2 * kv) * dim * 2));
-        TRY(cudaMalloc(&w->wo, dim * q * 2));
-        TRY(cudaMalloc(&w->wgu, 2 * h * dim * 2));
-        TRY(cudaMalloc(&w->wdown, dim * h * 2));
+        uint32_t dt[4];
+        layer_dts(m, l, dt);
+        size_t rows[4] = {q + 2 * kv, dim, 2 * h, dim}, cols[4] = {dim, q, dim, h};
+        QMat *qm[4] = {&w->qqkv, &w->qo, &w->qgu, &w->qdown};
+        bf16 **bm[4] = {&w->wqkv, &w->wo, &w->wgu, &w->wdown};
+        for (int k = 0; k < 4; k++) {
+            if (dtype_is_quant(dt[k])) {
+                if (rows[k] * cols[k] > deq) deq = rows[k] * cols[k];
+                if (synthetic) {
+                    TRY(upload_qgroup(qm[k], dt[k], rows[k], cols[k], 0, NULL, NULL, NULL, NULL));
+                    TRY(qmat_fill_random(qm[k], seed++, sqrtf(3.0f / cols[k]), g->st));
+                }
+            } else {
+                TRY(cudaMalloc(bm[k], rows[k] * cols[k] * 2));
+            }
+        }
         TRY(cudaMalloc(&w->attn_norm, dim * 4));
         TRY(cudaMalloc(&w->ffn_norm, dim * 4));
         if (c->qk_norm) {
@@ -152,10 +255,10 @@ static cudaError_t alloc_weights(GpuState *g, const Model *m) {
         }
         if (synthetic) { // uniform with variance 1/n keeps activations at unit scale
             float a = sqrtf(3.0f / dim), ah = sqrtf(3.0f / h), aq = sqrtf(3.0f / q);
-            TRY(fill_random_bf16(w->wqkv, (q + 2 * kv) * dim, seed++, a, 0.0f, g->st));
-            TRY(fill_random_bf16(w->wo, dim * q, seed++, aq, 0.0f, g->st));
-            TRY(fill_random_bf16(w->wgu, 2 * h * dim, seed++, a, 0.0f, g->st));
-            TRY(fill_random_bf16(w->wdown, dim * h, seed++, ah, 0.0f, g->st));
+            if (w->wqkv) TRY(fill_random_bf16(w->wqkv, (q + 2 * kv) * dim, seed++, a, 0.0f, g->st));
+            if (w->wo) TRY(fill_random_bf16(w->wo, dim * q, seed++, aq, 0.0f, g->st));
+            if (w->wgu) TRY(fill_random_bf16(w->wgu, 2 * h * dim, seed++, a, 0.0f, g->st));
+            if (w->wdown) TRY(fill_random_bf16(w->wdown, dim * h, seed++, ah, 0.0f, g->st));
             TRY(fill_random_f32(w->attn_norm, dim, seed++, 0.1f, 1.0f, g->st));
             TRY(fill_random_f32(w->ffn_norm, dim, seed++, 0.1f, 1.0f, g->st));
             if (c->qk_norm) {
@@ -163,14 +266,33 @@ static cudaError_t alloc_weights(GpuState *g, const Model *m) {
                 TRY(fill_random_f32(w->k_norm, hd, seed++, 0.1f, 1.0f, g->st));
             }
         } else {
-            uint32_t dt = c->weight_dtype;
-            TRY(upload_matrix(w->wqkv, dim, lw->wq, dt, q, dim, staging));
-            TRY(upload_matrix(w->wqkv + q * dim, dim, lw->wk, dt, kv, dim, staging));
-            TRY(upload_matrix(w->wqkv + (q + kv) * dim, dim, lw->wv, dt, kv, dim, staging));
-            TRY(upload_matrix(w->wo, q, lw->wo, dt, dim, q, staging));
-            TRY(upload_matrix(w->wgu, 2 * dim, lw->w_gate, dt, h, dim, staging));
-            TRY(upload_matrix(w->wgu + dim, 2 * dim, lw->w_up, dt, h, dim, staging));
-            TRY(upload_matrix(w->wdown, h, lw->w_down, dt, dim, h, staging));
+            if (w->wqkv) {
+                TRY(upload_matrix(w->wqkv, dim, lw->wq, lw->wq_dt, q, dim));
+                TRY(upload_matrix(w->wqkv + q * dim, dim, lw->wk, lw->wk_dt, kv, dim));
+                TRY(upload_matrix(w->wqkv + (q + kv) * dim, dim, lw->wv, lw->wv_dt, kv, dim));
+            } else {
+                const void *src[3] = {lw->wq, lw->wk, lw->wv};
+                size_t n[3] = {q, kv, kv}, r0[3] = {0, q, q + kv}, st[3] = {1, 1, 1};
+                TRY(upload_qgroup(&w->qqkv, dt[0], q + 2 * kv, dim, 3, src, n, r0, st));
+            }
+            if (w->wo) TRY(upload_matrix(w->wo, q, lw->wo, lw->wo_dt, dim, q));
+            else {
+                size_t n = dim, r0 = 0, st = 1;
+                TRY(upload_qgroup(&w->qo, dt[1], dim, q, 1, &lw->wo, &n, &r0, &st));
+            }
+            if (w->wgu) {
+                TRY(upload_matrix(w->wgu, 2 * dim, lw->w_gate, lw->w_gate_dt, h, dim));
+                TRY(upload_matrix(w->wgu + dim, 2 * dim, lw->w_up, lw->w_up_dt, h, dim));
+            } else {
+                const void *src[2] = {lw->w_gate, lw->w_up};
+                size_t n[2] = {h, h}, r0[2] = {0, 1}, st[2] = {2, 2};
+                TRY(upload_qgroup(&w->qgu, dt[2], 2 * h, dim, 2, src, n, r0, st));
+            }
+            if (w->wdown) TRY(upload_matrix(w->wdown, h, lw->w_down, lw->w_down_dt, dim, h));
+            else {
+                size_t n = dim, r0 = 0, st = 1;
+                TRY(upload_qgroup(&w->qdown, dt[3], dim, h, 1, &lw->w_down, &n, &r0, &st));
+            }
             TRY(cudaMemcpy(w->attn_norm, lw->attn_norm, dim * 4, cudaMemcpyHostToDevice));
             TRY(cudaMemcpy(w->ffn_norm, lw->ffn_norm, dim * 4, cudaMemcpyHostToDevice));
             if (c->qk_norm) {
@@ -178,14 +300,15 @@ static cudaError_t alloc_weights(GpuState *g, const Model *m) {
                 TRY(cudaMemcpy(w->k_norm, lw->k_norm, hd * 4, cudaMemcpyHostToDevice));
             }
         }
-        // The RMSNorms' weights go into the columns of the matrices after them, so the norm
-        // itself is a scale of the GEMV's result (decode) or of its input (prefill).
-        TRY(scale_columns(w->wqkv, q + 2 * kv, dim, w->attn_norm, g->st));
-        TRY(scale_columns(w->wgu, 2 * h, dim, w->ffn_norm, g->st));
+        // The RMSNorms' weights go into the columns of the bf16 matrices after them, so the norm
+        // itself is a scale of the GEMV's result (decode) or of its input (prefill). Quantized
+        // groups keep them apart (gemv_q_normed applies them; a prefill folds them on dequantizing).
+        if (w->wqkv) TRY(scale_columns(w->wqkv, q + 2 * kv, dim, w->attn_norm, g->st));
+        if (w->wgu) TRY(scale_columns(w->wgu, 2 * h, dim, w->ffn_norm, g->st));
     }
+    if (deq) TRY(cudaMalloc(&g->wdeq, deq * 2));
 #undef TRY
 out:
-    free(staging);
     return e;
 }
 
@@ -254,7 +377,7 @@ static void *gpu_create_ex(const Model *m, int ctx, int chunk, int all_logits, c
         return NULL;
     }
     size_t slack = 256u << 20; // cuBLAS workspace and slack
-    size_t need_w = gpu_weight_bytes(c), need_a = activation_bytes(c, ctx, chunk, logit_rows);
+    size_t need_w = gpu_model_weight_bytes(m), need_a = activation_bytes(c, ctx, chunk, logit_rows);
     size_t need_p = pkv ? pkv_device_bytes(c, attn, ctx) : 0, per_pos = gpu_kv_bytes(c, 1);
     int dcap = ctx, host = 0;
     if (pkv) {
@@ -302,7 +425,7 @@ static void *gpu_create_ex(const Model *m, int ctx, int chunk, int all_logits, c
     g->dcap = dcap;
     g->chunk = chunk;
     g->logit_rows = logit_rows;
-    g->weight_bytes = need_w;
+    g->weight_bytes = gpu_model_step_bytes(m);
     if (host && host_store_open(&g->pkv.hs, c->n_layers, c->n_kv_heads, c->head_dim, attn->zone_fp8, ctx - attn->sink, err) != 0) {
         free(g);
         return NULL;
@@ -403,6 +526,35 @@ cudaError_t gpu_gemm(GpuState *g, float *y, const bf16 *x, const bf16 *W, int T,
     return s == CUBLAS_STATUS_SUCCESS ? cudaSuccess : cudaErrorUnknown;
 }
 
+cudaError_t gpu_gemm_w(GpuState *g, float *y, const bf16 *x, const bf16 *W, const QMat *q, const float *norm, int T, int n, int d,
+                       int accumulate) {
+    if (q->dt) { // dequantized for the tensor cores: a GEMM over T tokens reuses each weight T times
+        CU_TRY(qmat_to_bf16(g->wdeq, q, norm, g->st));
+        W = g->wdeq;
+    }
+    return gpu_gemm(g, y, x, W, T, n, d, accumulate);
+}
+
+cudaError_t gpu_head_gemv(GpuState *g) {
+    const Config *c = &g->c;
+    if (g->qhead.dt) return gemv_q(g->logits, &g->qhead, g->xb, GEMV_STORE, g->st);
+    return gemv_bf16(g->logits, g->head, g->xb, c->dim, c->vocab_size, GEMV_STORE, g->st);
+}
+
+// The decode GEMVs on a group that may be quantized: after an RMSNorm (split as described below;
+// a quantized group applies the norm's weights itself), and with the residual add and its stats.
+static cudaError_t dec_normed(GpuState *g, void *y, const bf16 *W, const QMat *q, const float *norm, int n, int d, int epi,
+                              const float *sumsq, int n_sumsq) {
+    float eps = g->c.norm_eps;
+    if (q->dt) return gemv_q_normed(y, q, g->xb, epi, norm, sumsq, n_sumsq, eps, g->st);
+    return gemv_bf16_normed(y, W, g->xb, n, d, epi, sumsq, n_sumsq, eps, g->st);
+}
+
+static cudaError_t dec_add_stats(GpuState *g, const bf16 *W, const QMat *q, const bf16 *x, int n, int d, float *sumsq) {
+    if (q->dt) return gemv_q_add_stats(g->x, q, x, g->xb, sumsq, g->st);
+    return gemv_bf16_add_stats(g->x, W, x, n, d, g->xb, sumsq, g->st);
+}
+
 // One decode step (T = 1): five kernels a layer. Each RMSNorm is split between the residual
 // GEMV before it (which also writes bf16(x) and per-block sums of squares) and the GEMV after it
 // (which divides by the rms; the norm weights are folded into its columns at load time), and
@@ -424,7 +576,7 @@ static cudaError_t enqueue_decode(GpuState *g, int pkv) {
     for (uint32_t l = 0; l < c->n_layers; l++) {
         GpuLayer *w = &g->layers[l];
         bf16 *kc = g->kcache + l * layer_kv, *vc = g->vcache + l * layer_kv;
-        CU_TRY(gemv_bf16_normed(g->proj, w->wqkv, g->xb, dim, q_dim + 2 * kv_dim, GEMV_STORE, g->sumsq_a, n_a, eps, st));
+        CU_TRY(dec_normed(g, g->proj, w->wqkv, &w->qqkv, w->attn_norm, dim, q_dim + 2 * kv_dim, GEMV_STORE, g->sumsq_a, n_a));
         if (pkv && !(g->skip & 1)) {
             CU_TRY(pkv_qkv_decode(p->q, g->proj, w->q_norm, w->k_norm, g->rope_cs, p->kv, (int)l, g->d_pos, nh, eps, st));
             if (!(g->skip & 2)) { // timing breakdowns: 2 leaves the selection out (nsel stays 0), 4 the attention
@@ -437,13 +589,13 @@ static cudaError_t enqueue_decode(GpuState *g, int pkv) {
         } else if (!(g->skip & 1))
             CU_TRY(attn_decode(g->att, g->proj, w->q_norm, w->k_norm, g->rope_cs, kc, vc, g->d_pos, nh, nkv, hd, g->dcap,
                                eps, g->partial, g->counters, st));
-        CU_TRY(gemv_bf16_add_stats(g->x, w->wo, g->att, q_dim, dim, g->xb, g->sumsq_b, st));
-        CU_TRY(gemv_bf16_normed(g->hb, w->wgu, g->xb, dim, 2 * hidden, GEMV_SWIGLU, g->sumsq_b, n_sums, eps, st));
-        CU_TRY(gemv_bf16_add_stats(g->x, w->wdown, g->hb, hidden, dim, g->xb, g->sumsq_a, st));
+        CU_TRY(dec_add_stats(g, w->wo, &w->qo, g->att, q_dim, dim, g->sumsq_b));
+        CU_TRY(dec_normed(g, g->hb, w->wgu, &w->qgu, w->ffn_norm, dim, 2 * hidden, GEMV_SWIGLU, g->sumsq_b, n_sums));
+        CU_TRY(dec_add_stats(g, w->wdown, &w->qdown, g->hb, hidden, dim, g->sumsq_a));
         n_a = n_sums;
     }
     CU_TRY(rmsnorm_bf16(g->xb, g->x, g->out_norm, 1, dim, eps, st));
-    CU_TRY(gemv_bf16(g->logits, g->head, g->xb, dim, c->vocab_size, GEMV_STORE, st));
+    CU_TRY(gpu_head_gemv(g));
     return cudaMemcpyAsync(g->h_step, g->logits, (size_t)c->vocab_size * 4, cudaMemcpyDeviceToHost, st);
 }
 
@@ -460,20 +612,20 @@ static cudaError_t enqueue_forward(GpuState *g, int T, int pos, int all_logits) 
         GpuLayer *w = &g->layers[l];
         bf16 *kc = g->kcache + l * layer_kv, *vc = g->vcache + l * layer_kv;
         CU_TRY(rmsnorm_bf16(g->xb, g->x, NULL, T, dim, c->norm_eps, st)); // weights folded into wqkv
-        CU_TRY(gpu_gemm(g, g->proj, g->xb, w->wqkv, T, dim, q_dim + 2 * kv_dim, 0));
+        CU_TRY(gpu_gemm_w(g, g->proj, g->xb, w->wqkv, &w->qqkv, w->attn_norm, T, dim, q_dim + 2 * kv_dim, 0));
         CU_TRY(qkv_rope_store(g->q, kc, vc, g->proj, w->q_norm, w->k_norm, g->inv_freq, g->d_pos, T, nh, nkv, hd, g->dcap,
                               c->norm_eps, st));
         if (hd == 64 || hd == 128) CU_TRY(flash_prefill(g->att, g->q, kc, vc, pos, T, nh, nkv, hd, g->dcap, st));
         else CU_TRY(attn_prefill_simple(g->att, g->q, kc, vc, pos, T, nh, nkv, hd, g->dcap, st)); // other head sizes
-        CU_TRY(gpu_gemm(g, g->x, g->att, w->wo, T, q_dim, dim, 1));
+        CU_TRY(gpu_gemm_w(g, g->x, g->att, w->wo, &w->qo, NULL, T, q_dim, dim, 1));
         CU_TRY(rmsnorm_bf16(g->xb, g->x, NULL, T, dim, c->norm_eps, st)); // weights folded into wgu
-        CU_TRY(gpu_gemm(g, g->proj, g->xb, w->wgu, T, dim, 2 * hidden, 0));
+        CU_TRY(gpu_gemm_w(g, g->proj, g->xb, w->wgu, &w->qgu, w->ffn_norm, T, dim, 2 * hidden, 0));
         CU_TRY(swiglu_pairs(g->hb, g->proj, T, hidden, st));
-        CU_TRY(gpu_gemm(g, g->x, g->hb, w->wdown, T, hidden, dim, 1));
+        CU_TRY(gpu_gemm_w(g, g->x, g->hb, w->wdown, &w->qdown, NULL, T, hidden, dim, 1));
     }
     int first = all_logits ? 0 : T - 1, n = T - first;
     CU_TRY(rmsnorm_bf16(g->xb, g->x + (size_t)first * dim, g->out_norm, n, dim, c->norm_eps, st));
-    if (n == 1) CU_TRY(gemv_bf16(g->logits, g->head, g->xb, dim, c->vocab_size, GEMV_STORE, st));
+    if (n == 1) CU_TRY(gpu_head_gemv(g));
     else CU_TRY(gpu_gemm(g, g->logits, g->xb, g->head, n, dim, c->vocab_size, 0));
     return cudaMemcpyAsync(g->h_logits, g->logits, (size_t)n * c->vocab_size * 4, cudaMemcpyDeviceToHost, st);
 }

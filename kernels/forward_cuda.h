@@ -17,7 +17,9 @@ void *gpu_create(const Model *m, int ctx, int chunk, int all_logits, const AttnC
 void gpu_set_prefill_len(void *dev, int prefill_len);
 float *gpu_forward(void *dev, const int *tokens, int T, int pos, int all_logits, char *err);
 void gpu_destroy(void *dev);
-size_t gpu_weight_bytes(const Config *c);   // bytes of weights a decode step reads
+size_t gpu_weight_bytes(const Config *c);   // bytes of weights a decode step reads (bf16 weights)
+size_t gpu_model_step_bytes(const Model *m);   // the same for m's weights as the GPU keeps them (blocks read as blocks)
+size_t gpu_model_weight_bytes(const Model *m); // GPU memory m's weights take there
 size_t gpu_kv_bytes(const Config *c, int ctx);
 size_t gpu_state_weight_bytes(void *dev);
 // Fills positions 0 .. n_tokens-1 of every layer's cache with random K/V (contexts too long to prefill).

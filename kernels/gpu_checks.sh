@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the repo root, with binaries from kernels/prepare_device.sh in .dev/:
 # kernel tests against the CPU reference, whole-model GPU vs CPU, and the decode benchmark.
-# Usage: kernels/gpu_checks.sh [kernels|models|smollm2|pkvrand|pkvchat|pkvsmol|pkvfp8|pkvlayer|pkvchunk|pkvdrift|session|sessbench|pkvsan|pkvlong|pkvbench|bench|prefill|peer|hfcheck|all]...
+# Usage: kernels/gpu_checks.sh [kernels|models|smollm2|quant|pkvrand|pkvchat|pkvsmol|pkvfp8|pkvlayer|pkvchunk|pkvdrift|session|sessbench|pkvsan|pkvlong|pkvbench|bench|prefill|peer|hfcheck|all]...
 # Exits non-zero when any check fails: every command's status counts (pipefail: a `cmd | tee`
 # fails when cmd does), and a GPU/CPU mismatch is a failure, not a note.
 set -uo pipefail
@@ -106,6 +106,39 @@ PY
     timeout 60 $D/run /tmp/smol.bin --score /tmp/paper.txt --device gpu > /tmp/smol.gpu.score 2>/dev/null || { echo "FAIL SmolLM2 --score on the GPU"; status=1; }
     OMP_NUM_THREADS=8 OMP_WAIT_POLICY=passive timeout 120 $D/run /tmp/smol.bin --score /tmp/paper.txt --device cpu > /tmp/smol.cpu.score 2>/dev/null || { echo "FAIL SmolLM2 --score on the CPU"; status=1; }
     python3 tests/compare_scores.py /tmp/smol.gpu.score /tmp/smol.cpu.score 0.05 mean || status=1
+fi
+if want quant; then
+    # Quantized weights on the GPU (kernels/gemv_quant.cu): the kernels against the CPU reference
+    # and timed; SmolLM2 (assembled as for smollm2) exported with --quant q8_0 and --quant q4_k,
+    # scored on the GPU and the CPU (mean NLL within 0.02) and greedy compared; decode TPOT of
+    # Llama-3.1-8B's shape in bf16, Q8_0 and Q4_K with each one's bandwidth floor.
+    echo "=== $D/test_gemv_quant"
+    $D/test_gemv_quant 2>&1 | tee "$OUT/test_gemv_quant.log" || status=1
+    G=/root/smol/model.gguf
+    mkdir -p /root/smol; for d in .smol .smol0 .smol1 .smol2; do [ -d $d ] && { cp $d/part0* /root/smol/ || status=1; }; done
+    [ -f $G ] || cat /root/smol/part0* > $G
+    if [ -s $G ]; then
+        head -c 12000 README.md > /tmp/qtext.txt # text that is always there
+        IDS=$(python3 -c "import json; print(' '.join(map(str, json.load(open('tests/data/smollm2_ref.json'))['prompts'][0]['prompt_ids'])))")
+        for qt in q8_0 q4_k; do
+            timeout 120 $D/export $G /tmp/smol-$qt.bin --quant $qt > /dev/null 2>&1 || { echo "FAIL export SmolLM2 --quant $qt"; status=1; continue; }
+            timeout 60 $D/run /tmp/smol-$qt.bin --score /tmp/qtext.txt --device gpu > /tmp/sq.gpu 2> "$OUT/sq.$qt.err" || { echo "FAIL $qt --score on the GPU"; tail -n 2 "$OUT/sq.$qt.err"; status=1; }
+            OMP_NUM_THREADS=8 OMP_WAIT_POLICY=passive timeout 200 $D/run /tmp/smol-$qt.bin --score /tmp/qtext.txt --device cpu > /tmp/sq.cpu 2>/dev/null || { echo "FAIL $qt --score on the CPU"; status=1; }
+            nll_close "SmolLM2 --quant $qt, GPU vs CPU ($(grep -o 'quantized.*' "$OUT/sq.$qt.err" | head -1))" /tmp/sq.gpu /tmp/sq.cpu || status=1
+            for dev in gpu cpu; do
+                OMP_NUM_THREADS=8 timeout 120 $D/run /tmp/smol-$qt.bin --ids -p "$IDS" -n 64 --temp 0 --ignore-eos --device $dev > /tmp/sq.greedy.$dev 2>/dev/null || status=1
+            done
+            python3 -c "
+a, b = open('/tmp/sq.greedy.gpu').read().split(), open('/tmp/sq.greedy.cpu').read().split()
+n = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+print(f'     {\"$qt\"}: greedy GPU == CPU for the first {n} of {len(a)} tokens (reported: bf16 activations on the GPU, fp32 on the CPU)')"
+        done
+    else echo "FAIL quant: no SmolLM2 (carry .smol0, .smol1, .smol2 in earlier calls)"; status=1; fi
+    for qt in bf16 q8_0 q4_k; do
+        echo "--- decode, llama3.1-8b shape, $qt"
+        timeout 150 $D/run --bench --synthetic llama3.1-8b $([ $qt != bf16 ] && echo --quant $qt) --bench-ctx 4096,32768 --bench-steps 64 2>&1 |
+            grep -v "^warning" | tee "$OUT/bench-quant-$qt.txt" || status=1
+    done
 fi
 if want pkvrand; then
     # ParisKV on the GPU vs the CPU, whole model: a random-weight SmolLM2-shaped checkpoint (6 layers),

@@ -7,6 +7,7 @@
 
 #include "cuda_common.h"
 #include "forward_cuda.h"
+#include "gemv_quant.h"
 #include "pariskv_attend.h"
 #include "pariskv_gpu.h"
 #include "../offload/host_store.h"
@@ -29,6 +30,9 @@ typedef struct {
     float *ffn_norm;    // (dim), folded into wgu's columns after upload
     float *q_norm;      // (hd) or NULL
     float *k_norm;      // (hd) or NULL
+    // A fused group kept quantized (its .dt set: the members' common Q8_0 / Q4_K, kernels/gemv_quant.h):
+    // its blocks, rows as above; the bf16 pointer is NULL then, and the norm before it is not folded.
+    QMat qqkv, qo, qgu, qdown;
 } GpuLayer;
 
 // ParisKV past the dense threshold (attention/attention.h has the regions and the protocol,
@@ -67,6 +71,8 @@ struct GpuState {
     // weights
     bf16 *embd;         // (vocab, dim)
     bf16 *head;         // (vocab, dim); == embd when tied
+    QMat qhead;         // a quantized LM head's blocks (.dt set), read by the decode step (prefill's logits use head)
+    bf16 *wdeq;         // a quantized layer's largest matrix, dequantized for a prefill GEMM (NULL: no quantized layer)
     float *out_norm;    // (dim)
     float *inv_freq;    // (hd / 2)
     float *rope_cs;     // (hd): cos, sin at the decode step's position
@@ -101,6 +107,12 @@ struct GpuState {
 void gpu_set_err(char *err, const char *fmt, ...);
 // y (T, d) fp32 (= or +=) x (T, n) bf16 · W^T; W (d, n) bf16.
 cudaError_t gpu_gemm(GpuState *g, float *y, const bf16 *x, const bf16 *W, int T, int n, int d, int accumulate);
+// The same with a layer's matrix that may be quantized (q->dt set): dequantized into g->wdeq first,
+// its columns times norm (the RMSNorm's weights, folded as for bf16 weights at load; NULL: none).
+cudaError_t gpu_gemm_w(GpuState *g, float *y, const bf16 *x, const bf16 *W, const QMat *q, const float *norm, int T, int n, int d,
+                       int accumulate);
+// The decode step's logits: g->logits = LM head · g->xb (the quantized head's blocks when there are).
+cudaError_t gpu_head_gemv(GpuState *g);
 // The positions the device cache needs at least under ParisKV with the zone in the host store.
 int pkv_min_positions(const AttnConfig *a, int chunk);
 // Makes the ParisKV index cover the zone [sink, zone_end) before a step at pos that sees it.

@@ -39,7 +39,7 @@ cudaError_t pkv_chunk(GpuState *g, const int *tokens, int T, int pos, int all_lo
     for (uint32_t l = 0; l < c->n_layers; l++) {
         GpuLayer *w = &g->layers[l];
         CU_TRY(rmsnorm_bf16(g->xb, g->x, NULL, T, dim, eps, st)); // weights folded into wqkv
-        CU_TRY(gpu_gemm(g, g->proj, g->xb, w->wqkv, T, dim, qkv_dim, 0));
+        CU_TRY(gpu_gemm_w(g, g->proj, g->xb, w->wqkv, &w->qqkv, w->attn_norm, T, dim, qkv_dim, 0));
         for (int t = 0; t < T; t++) {
             const int *d_pos = p->d_pos_chunk + t;
             CU_TRY(pkv_qkv_decode(p->q, g->proj + (size_t)t * qkv_dim, w->q_norm, w->k_norm, p->rope_chunk + (size_t)t * hd, p->kv, (int)l,
@@ -48,15 +48,15 @@ cudaError_t pkv_chunk(GpuState *g, const int *tokens, int T, int pos, int all_lo
             CU_TRY(pkv_attend(g->att + (size_t)t * q_dim, p->q, p->sc.sel, p->sc.nsel, p->sc.kmax, p->kv, (int)l, d_pos, p->d_meta, nh,
                               p->partial, p->counters, st));
         }
-        CU_TRY(gpu_gemm(g, g->x, g->att, w->wo, T, q_dim, dim, 1));
+        CU_TRY(gpu_gemm_w(g, g->x, g->att, w->wo, &w->qo, NULL, T, q_dim, dim, 1));
         CU_TRY(rmsnorm_bf16(g->xb, g->x, NULL, T, dim, eps, st)); // weights folded into wgu
-        CU_TRY(gpu_gemm(g, g->proj, g->xb, w->wgu, T, dim, 2 * hidden, 0));
+        CU_TRY(gpu_gemm_w(g, g->proj, g->xb, w->wgu, &w->qgu, w->ffn_norm, T, dim, 2 * hidden, 0));
         CU_TRY(swiglu_pairs(g->hb, g->proj, T, hidden, st));
-        CU_TRY(gpu_gemm(g, g->x, g->hb, w->wdown, T, hidden, dim, 1));
+        CU_TRY(gpu_gemm_w(g, g->x, g->hb, w->wdown, &w->qdown, NULL, T, hidden, dim, 1));
     }
     int first = all_logits ? 0 : T - 1, n = T - first;
     CU_TRY(rmsnorm_bf16(g->xb, g->x + (size_t)first * dim, g->out_norm, n, dim, eps, st));
-    if (n == 1) CU_TRY(gemv_bf16(g->logits, g->head, g->xb, dim, c->vocab_size, GEMV_STORE, st));
+    if (n == 1) CU_TRY(gpu_head_gemv(g));
     else CU_TRY(gpu_gemm(g, g->logits, g->xb, g->head, n, dim, c->vocab_size, 0));
     CU_TRY(cudaMemcpyAsync(logits_out, g->logits, (size_t)n * c->vocab_size * 4, cudaMemcpyDeviceToHost, st));
     CU_TRY(cudaStreamSynchronize(st));

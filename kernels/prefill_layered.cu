@@ -95,15 +95,15 @@ cudaError_t gpu_prefill_layered(GpuState *g, const int *tokens, int n, char *err
             int p0 = ci * T0, T = n - p0 < T0 ? n - p0 : T0;
             float *xc = x + (size_t)p0 * dim;
             e = rmsnorm_bf16(g->xb, xc, NULL, T, dim, eps, st); // weights folded into wqkv
-            if (e == cudaSuccess) e = gpu_gemm(g, g->proj, g->xb, w->wqkv, T, dim, q_dim + 2 * kv_dim, 0);
+            if (e == cudaSuccess) e = gpu_gemm_w(g, g->proj, g->xb, w->wqkv, &w->qqkv, w->attn_norm, T, dim, q_dim + 2 * kv_dim, 0);
             if (e == cudaSuccess)
                 e = qkv_rope_store(g->q, ks, vs, g->proj, w->q_norm, w->k_norm, g->inv_freq, d_start + ci, T, nh, nkv, hd, n, eps, st);
             if (e == cudaSuccess) e = flash_prefill(g->att, g->q, ks, vs, p0, T, nh, nkv, hd, n, st);
-            if (e == cudaSuccess) e = gpu_gemm(g, xc, g->att, w->wo, T, q_dim, dim, 1);
+            if (e == cudaSuccess) e = gpu_gemm_w(g, xc, g->att, w->wo, &w->qo, NULL, T, q_dim, dim, 1);
             if (e == cudaSuccess) e = rmsnorm_bf16(g->xb, xc, NULL, T, dim, eps, st); // weights folded into wgu
-            if (e == cudaSuccess) e = gpu_gemm(g, g->proj, g->xb, w->wgu, T, dim, 2 * hidden, 0);
+            if (e == cudaSuccess) e = gpu_gemm_w(g, g->proj, g->xb, w->wgu, &w->qgu, w->ffn_norm, T, dim, 2 * hidden, 0);
             if (e == cudaSuccess) e = swiglu_pairs(g->hb, g->proj, T, hidden, st);
-            if (e == cudaSuccess) e = gpu_gemm(g, xc, g->hb, w->wdown, T, hidden, dim, 1);
+            if (e == cudaSuccess) e = gpu_gemm_w(g, xc, g->hb, w->wdown, &w->qdown, NULL, T, hidden, dim, 1);
         }
         // This layer's rows: the zone's to the host store, the sink's and the ring's newest to
         // the device cache.
@@ -117,7 +117,7 @@ cudaError_t gpu_prefill_layered(GpuState *g, const int *tokens, int n, char *err
         }
     }
     if (e == cudaSuccess) e = rmsnorm_bf16(g->xb, x + (size_t)(n - 1) * dim, g->out_norm, 1, dim, eps, st);
-    if (e == cudaSuccess) e = gemv_bf16(g->logits, g->head, g->xb, dim, c->vocab_size, GEMV_STORE, st);
+    if (e == cudaSuccess) e = gpu_head_gemv(g);
     if (e == cudaSuccess) e = cudaMemcpyAsync(g->h_logits, g->logits, (size_t)c->vocab_size * 4, cudaMemcpyDeviceToHost, st);
     if (e == cudaSuccess) e = cudaStreamSynchronize(st);
     cudaFree(x), cudaFree(ks), cudaFree(vs), cudaFree(d_tok), cudaFree(d_start);

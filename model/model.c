@@ -87,6 +87,7 @@ int model_synthetic(Model *m, const char *name) {
     c->norm_eps = 1e-6f;
     c->weight_dtype = DTYPE_BF16;
     m->token_embd_dt = m->output_dt = DTYPE_BF16; // the layers' are on the device only
+    m->synthetic_dt = DTYPE_BF16;
     c->head_dim = 128;
     c->n_kv_heads = 8;
     if (strcmp(name, "llama3.1-8b") == 0) {

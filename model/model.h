@@ -35,7 +35,8 @@ typedef struct Model {
     float *inv_freq;          // (head_dim / 2) RoPE angular frequencies, scaling applied
     const Backend *be;
     uint32_t token_embd_dt, output_dt; // DType of the embedding and of the LM head
-    int n_quantized;          // matrices stored as Q8_0 / Q4_K blocks (the GPU path reads none yet)
+    int n_quantized;          // matrices stored as Q8_0 / Q4_K blocks
+    uint32_t synthetic_dt;    // a --synthetic model (no file): the DType its matrices are made in on the GPU (--quant)
 } Model;
 
 // Activations for up to `chunk` tokens at once, and the KV cache for `ctx` positions.

@@ -76,7 +76,7 @@ static uint64_t fold(uint64_t sum, uint64_t piece) { return (sum ^ piece) * 0x9e
 uint64_t session_model_id(const Model *m) {
     const ModelFile *f = &m->file;
     if (!f->data) { // a synthetic model: its random weights follow from its shape and dtypes
-        uint32_t dt[3] = {m->token_embd_dt, m->output_dt, 0x53594e54}; // "SYNT"
+        uint32_t dt[4] = {m->token_embd_dt, m->output_dt, m->synthetic_dt, 0x53594e54}; // "SYNT"
         return fold(session_checksum(&m->c, sizeof m->c), session_checksum(dt, sizeof dt));
     }
     const FileHeader *fh = f->header;
