@@ -403,6 +403,7 @@ static void run_score(const Model *m, const Tokenizer *tok, const Options *o) {
     RunState s;
     char err[MODEL_ERR_LEN];
     int chunk = m->be->create ? SCORE_CHUNK_GPU : m->be->max_chunk;
+    if (getenv("PKV_RECALL")) chunk = 1; // the measurement reads each step's own selection (attention/recall.h)
     // Checked with the tokens freed first, so a sanitizer build sees no leak on these exits.
     if (n < 2 || n > ctx || run_state_init_attn(&s, m, ctx, chunk, 1, &o->attn, err) != 0) {
         free(tokens);

@@ -20,6 +20,7 @@ extern "C" {
 #include "../attention/pariskv.h"
 #include "../model/bf16.h"
 #include "../model/quant.h"
+#include "../attention/recall.h"
 }
 
 void gpu_set_err(char *err, const char *fmt, ...) {
@@ -37,6 +38,8 @@ static void pkv_free(Pkv *p) {
     pkv_gpu_scratch_free(&p->sc);
     cudaFree(p->q), cudaFree(p->partial), cudaFree(p->counters), cudaFree(p->d_meta), cudaFree(p->d_pos_chunk), cudaFree(p->rope_chunk);
     cudaFreeHost(p->h_meta), cudaFreeHost(p->h_pos_chunk);
+    cudaFree(p->dbg_q), cudaFree(p->dbg_sel), cudaFree(p->dbg_nsel);
+    free(p->h_dbg_q), free(p->h_dbg_sel), free(p->h_dbg_nsel);
     host_store_close(&p->hs);
 }
 
@@ -479,6 +482,17 @@ static void *gpu_create_ex(const Model *m, int ctx, int chunk, int all_logits, c
         ALLOC(p->d_pos_chunk, T * sizeof(int));
         ALLOC(p->rope_chunk, T * hd * sizeof(float));
         if (e == cudaSuccess) e = cudaMallocHost((void **)&p->h_pos_chunk, T * sizeof(int));
+        if (recall_file()) { // the measurement only (attention/recall.h)
+            size_t L = c->n_layers;
+            p->recall = 1;
+            ALLOC(p->dbg_q, L * c->n_heads * hd * 4);
+            ALLOC(p->dbg_sel, L * c->n_kv_heads * (size_t)p->sc.kmax * 4);
+            ALLOC(p->dbg_nsel, L * c->n_kv_heads * 4);
+            p->h_dbg_q = (float *)malloc(L * c->n_heads * hd * 4);
+            p->h_dbg_sel = (int *)malloc(L * c->n_kv_heads * (size_t)p->sc.kmax * 4);
+            p->h_dbg_nsel = (int *)malloc(L * c->n_kv_heads * 4);
+            if (!p->h_dbg_q || !p->h_dbg_sel || !p->h_dbg_nsel) e = cudaErrorMemoryAllocation;
+        }
         p->kv = (GpuKV){g->kcache, g->vcache, host ? p->hs.base : NULL, (int)c->n_layers, (int)c->n_kv_heads, (int)hd, dcap, attn->sink,
                         host ? p->hs.alias_slots : 0, host && attn->zone_fp8};
     }
@@ -582,6 +596,12 @@ static cudaError_t enqueue_decode(GpuState *g, int pkv) {
             if (!(g->skip & 2)) { // timing breakdowns: 2 leaves the selection out (nsel stays 0), 4 the attention
                 CU_TRY(pkv_gpu_select(&p->sc, &p->ix, (int)l, p->q, nh, p->d_meta + 1, p->cfg.topk, p->cfg.beta, p->cfg.rho,
                                       st));
+            }
+            if (p->recall) { // the measurement keeps this layer's query and selection
+                size_t ks = (size_t)nkv * p->sc.kmax;
+                CU_TRY(cudaMemcpyAsync(p->dbg_q + (size_t)l * q_dim, p->q, (size_t)q_dim * 4, cudaMemcpyDeviceToDevice, st));
+                CU_TRY(cudaMemcpyAsync(p->dbg_sel + l * ks, p->sc.sel, ks * 4, cudaMemcpyDeviceToDevice, st));
+                CU_TRY(cudaMemcpyAsync(p->dbg_nsel + (size_t)l * nkv, p->sc.nsel, (size_t)nkv * 4, cudaMemcpyDeviceToDevice, st));
             }
             if (!(g->skip & 4))
                 CU_TRY(pkv_attend(g->att, p->q, p->sc.sel, p->sc.nsel, p->sc.kmax, p->kv, (int)l, g->d_pos, p->d_meta, nh,
@@ -801,7 +821,7 @@ static float *pkv_forward(GpuState *g, const int *tokens, int T, int pos, int al
     // (pkv_chunk.cu), each query still selecting for itself.
     for (int t = nd, n; t < T; t += n) {
         n = pkv_chunk_len(g, pos + t, T - t);
-        if (n > 1 && !getenv("PKV_NO_CHUNK")) { // PKV_NO_CHUNK: decode steps only, for comparisons
+        if (n > 1 && !getenv("PKV_NO_CHUNK") && !p->recall) { // PKV_NO_CHUNK: decode steps only, for comparisons
             e = pkv_chunk(g, tokens + t, n, pos + t, all_logits, all_logits ? g->h_logits + (size_t)t * V : g->h_logits, err);
             if (e != cudaSuccess) return forward_failed(g, e, err);
             continue;
@@ -809,6 +829,7 @@ static float *pkv_forward(GpuState *g, const int *tokens, int T, int pos, int al
         n = 1;
         e = pkv_step(g, tokens[t], pos + t, err);
         if (e == cudaSuccess) e = cudaStreamSynchronize(g->st);
+        if (e == cudaSuccess && p->recall) e = pkv_recall_step(g, pos + t);
         if (e != cudaSuccess) return forward_failed(g, e, err);
         if (all_logits) memcpy(g->h_logits + (size_t)t * V, g->h_step, V * sizeof(float));
         else if (t == T - 1) memcpy(g->h_logits, g->h_step, V * sizeof(float));

@@ -61,6 +61,12 @@ typedef struct {
     int *d_pos_chunk;   // (chunk) positions of a chunk of ParisKV steps (pkv_chunk.cu)
     int *h_pos_chunk;   // pinned (chunk)
     float *rope_chunk;  // (chunk, hd) their RoPE tables
+    // The PKV_RECALL measurement (pkv_recall.cu; attention/recall.h): each layer's step query and
+    // selection kept by the decode graph (device), and their host copies. recall: on.
+    int recall;
+    float *dbg_q, *h_dbg_q;     // (n_layers, n_heads, hd)
+    int *dbg_sel, *h_dbg_sel;   // (n_layers, n_kv, kmax)
+    int *dbg_nsel, *h_dbg_nsel; // (n_layers, n_kv)
 } Pkv;
 
 struct GpuState {
@@ -128,6 +134,10 @@ cudaError_t gpu_prefill_layered(GpuState *g, const int *tokens, int n, char *err
 // Whether a prompt of n tokens is prefilled that way: it does not fit the device cache (or
 // PKV_PREFILL_LAYERED=1 asks for it, tests).
 int gpu_prefill_is_layered(const GpuState *g, int n);
+
+// The PKV_RECALL measurement after the ParisKV decode step at pos (pkv_recall.cu): one line per
+// layer and KV head, Recall@k of the step's selection against the zone's exact top-k.
+cudaError_t pkv_recall_step(GpuState *g, int pos);
 
 // Saved sessions (session_gpu.cu; model/backend.h's session_save / session_load).
 struct SessionGpuLayout;

@@ -10,6 +10,7 @@
 #include <sys/sysinfo.h>
 #include "errmsg.h"
 #include "quant.h"
+#include "../attention/recall.h"
 
 #define fail(err, ...) err_fail(err, MODEL_ERR_LEN, __VA_ARGS__)
 
@@ -209,6 +210,32 @@ void run_state_free(RunState *s) {
     memset(s, 0, sizeof *s);
 }
 
+// The PKV_RECALL measurement (attention/recall.h) after a decode step's attention in layer l:
+// per KV head, Recall@k of what the policy selected for the query at pos.
+static void recall_step(const Model *m, RunState *s, int l, int pos, const float *k_cache) {
+    const AttnConfig *a = attn_policy_config(s->attn);
+    if (!a || a->method != ATTN_PARISKV || attn_is_dense(a, pos)) return;
+    const Config *c = &m->c;
+    int hd = (int)c->head_dim, G = (int)(c->n_heads / c->n_kv_heads), kv_dim = (int)c->n_kv_heads * hd, S = a->sink;
+    int nz = attn_zone_end(a, pos) - S;
+    int *sel = malloc(((size_t)a->topk + 16) * sizeof(int));
+    float *qbar = malloc((size_t)hd * sizeof(float)), *scratch = malloc((size_t)recall_scratch_floats(nz, a->topk) * sizeof(float));
+    for (int h = 0; sel && qbar && scratch && h < (int)c->n_kv_heads; h++) {
+        const float *qg = s->q + (size_t)h * G * hd;
+        int nsel = attn_policy_select(s->attn, l, h, qg, pos, 0, 0, sel);
+        if (nsel < 0) continue;
+        for (int i = 0; i < nsel; i++) sel[i] -= S; // positions to zone slots
+        for (int j = 0; j < hd; j++) {
+            float t = 0.0f;
+            for (int g = 0; g < G; g++) t += qg[g * hd + j];
+            qbar[j] = t / (float)G;
+        }
+        double r = recall_at_k(qbar, k_cache + (size_t)S * kv_dim + (size_t)h * hd, kv_dim, nz, hd, a->topk, sel, nsel, scratch);
+        fprintf(recall_file(), "%d %d %d %.6f\n", pos, l, h, r);
+    }
+    free(sel), free(qbar), free(scratch);
+}
+
 static float *forward(const Model *m, RunState *s, const int *tokens, int T, int pos, int all_logits, char *err) {
     if (s->dev) return s->be->forward(s->dev, tokens, T, pos, all_logits, err);
     const Config *c = &m->c;
@@ -235,9 +262,11 @@ static float *forward(const Model *m, RunState *s, const int *tokens, int T, int
         be->rope(s->q, m->inv_freq, pos, T, (int)c->n_heads, hd);
         be->rope(k, m->inv_freq, pos, T, (int)c->n_kv_heads, hd);
 
-        if (s->attn)
+        if (s->attn) {
             s->attn->attend(s->attn, (int)l, s->xb, s->q, s->key_cache + layer_off, s->value_cache + layer_off, pos, T,
                             (int)c->n_heads, (int)c->n_kv_heads, hd, s->att_scratch);
+            if (T == 1 && recall_file()) recall_step(m, s, (int)l, pos, s->key_cache + layer_off);
+        }
         else
             attention_dense(s->xb, s->q, s->key_cache + layer_off, s->value_cache + layer_off, pos, T,
                             (int)c->n_heads, (int)c->n_kv_heads, hd, s->att_scratch);
