@@ -363,10 +363,12 @@ typedef struct {
     const int *tokens;
     int n, vocab;
     double total;
+    int base; // position of the current prefill call's first token
 } ScoreCtx;
 
 static void score_chunk(const float *logits, int first, int T, void *p) {
     ScoreCtx *sc = p;
+    first += sc->base;
     int n = first + T < sc->n ? T : sc->n - 1 - first; // the last token has no successor
     if (n <= 0) return;
     double *nll = malloc((size_t)n * sizeof(double));
@@ -403,7 +405,6 @@ static void run_score(const Model *m, const Tokenizer *tok, const Options *o) {
     RunState s;
     char err[MODEL_ERR_LEN];
     int chunk = m->be->create ? SCORE_CHUNK_GPU : m->be->max_chunk;
-    if (getenv("PKV_RECALL")) chunk = 1; // the measurement reads each step's own selection (attention/recall.h)
     // Checked with the tokens freed first, so a sanitizer build sees no leak on these exits.
     if (n < 2 || n > ctx || run_state_init_attn(&s, m, ctx, chunk, 1, &o->attn, err) != 0) {
         free(tokens);
@@ -420,9 +421,15 @@ static void run_score(const Model *m, const Tokenizer *tok, const Options *o) {
     ThreadTuner tt[2];
     attach_tuners(&s, tt, o);
     print_summary(m, &s, o);
-    ScoreCtx sc = {tokens, n, (int)m->c.vocab_size, 0.0};
+    ScoreCtx sc = {tokens, n, (int)m->c.vocab_size, 0.0, 0};
     double t0 = now_s();
-    prefill(m, &s, "score", tokens, n, 0, 1, score_chunk, &sc);
+    if (getenv("PKV_RECALL") && o->score_prompt > 0) { // the measurement reads each step's own selection
+        prefill(m, &s, "score", tokens, o->score_prompt, 0, 1, score_chunk, &sc);     // (attention/recall.h):
+        s.chunk = 1, sc.base = o->score_prompt;                                         // the positions after
+        prefill(m, &s, "score", tokens + o->score_prompt, n - o->score_prompt, o->score_prompt, 1, score_chunk, &sc); // the prompt one at a time
+    } else {
+        prefill(m, &s, "score", tokens, n, 0, 1, score_chunk, &sc);
+    }
     double el = now_s() - t0;
     double mean = sc.total / (n - 1);
     printf("mean_nll %.6f ppl %.6f\n", mean, exp(mean));

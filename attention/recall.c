@@ -22,6 +22,7 @@ double recall_from_scores(const float *score, int nz, int k, const int *sel, int
 }
 
 double recall_at_k(const float *qbar, const float *keys, long stride, int nz, int D, int k, const int *sel, int nsel, float *scratch) {
+#pragma omp parallel for schedule(static) if (nz > 4096)
     for (int i = 0; i < nz; i++) {
         const float *ki = keys + (long)i * stride;
         double d = 0;
