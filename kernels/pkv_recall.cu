@@ -64,7 +64,9 @@ cudaError_t pkv_recall_step(GpuState *g, int pos) {
         if (e == cudaSuccess) e = cudaMemcpy(d_q, qbar, (size_t)L * nkv * hd * 4, cudaMemcpyHostToDevice);
         if (e == cudaSuccess) {
             long warps = (long)n_scores;
-            recall_scores_kernel<<<(unsigned)((warps * 32 + 255) / 256), 256, 0, g->st>>>(d_s, d_q, p->kv, nz, p->hs.row_bytes);
+            // On the legacy default stream, in order with the cudaMemcpy calls around it (g->st is a
+            // non-blocking stream: those copies would not wait for a kernel there).
+            recall_scores_kernel<<<(unsigned)((warps * 32 + 255) / 256), 256, 0, 0>>>(d_s, d_q, p->kv, nz, p->hs.row_bytes);
             e = cudaGetLastError();
         }
         if (e == cudaSuccess) e = cudaMemcpy(scores, d_s, n_scores * 4, cudaMemcpyDeviceToHost); // (synchronizes)
