@@ -1054,8 +1054,14 @@ static void run_chat(const Model *m, const Tokenizer *tok, const Options *o) {
         } else if (strncmp(line, "/save ", 6) == 0 || strcmp(line, "/save") == 0) {
             chat_save(&c, line[5] ? line + 6 : "");
         } else if (strcmp(line, "/reset") == 0) {
-            while (c.n_msg > (o->system ? 1 : 0)) chat_pop(&c); // the cache stays: a new turn reuses what still matches
-            chat_note("conversation cleared");
+            while (c.n_msg > (o->system ? 1 : 0)) chat_pop(&c);
+            // The cache and the attention policy start over (the next message is a first turn,
+            // prefilled densely), and the GPU gives back its host store's pages.
+            if (c.s.attn) c.s.attn->destroy(c.s.attn);
+            c.s.attn = NULL, c.attn_made = 0, c.n_cache = 0, c.prefill_len = 0;
+            size_t freed = c.s.dev && c.s.be->reset ? c.s.be->reset(c.s.dev) : 0;
+            if (freed) chat_note("conversation cleared (%.2f GiB of pinned host memory given back)", freed / 1073741824.0);
+            else chat_note("conversation cleared");
         } else if (strlen(line) != len) {
             chat_note("the message contains a NUL byte: message ignored");
         } else if (len > 0) {

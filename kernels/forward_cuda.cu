@@ -1034,6 +1034,16 @@ extern "C" cudaError_t gpu_pkv_time_skip(void *dev, int pos, int skip, int n, fl
 // Whether a prompt of n tokens must come in one forward call (prefilled layer by layer).
 static int gpu_prompt_whole(void *dev, int n) { return gpu_prefill_is_layered((GpuState *)dev, n); }
 
+// A chat's /reset: the sequence forgotten, the host store's pages given back.
+static size_t gpu_reset(void *dev) {
+    GpuState *g = (GpuState *)dev;
+    Pkv *p = &g->pkv;
+    cudaStreamSynchronize(g->st);
+    if (!p->on) return 0;
+    p->seen_end = 0, p->ring_hi = 0, p->synced = 0, p->indexed = 0;
+    return p->kv.host ? host_store_release(&p->hs) : 0;
+}
+
 static int gpu_available(void) {
     int n = 0;
     return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
@@ -1041,7 +1051,7 @@ static int gpu_available(void) {
 
 static const Backend backend_cuda = {
     "cuda", NULL, NULL, NULL, NULL, NULL, NULL, gpu_available, gpu_create, gpu_set_prefill_len, gpu_forward, gpu_destroy, gpu_bench, 4096, gpu_prompt_whole,
-    gpu_session_save, gpu_session_load,
+    gpu_session_save, gpu_session_load, gpu_reset,
 };
 
 extern "C" const Backend *backend_cuda_get(void) { return &backend_cuda; }

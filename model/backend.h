@@ -6,6 +6,7 @@
 #ifndef BACKEND_H
 #define BACKEND_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 struct Model;
@@ -55,6 +56,10 @@ typedef struct Backend {
     // with err filled. NULL: the backend keeps no sessions.
     int (*session_save)(void *dev, const struct SessionGpuLayout *L, struct SessionStream *out, char *err);
     int (*session_load)(void *dev, const struct SessionGpuLayout *L, struct SessionStream *in, char *err);
+    // Forgets the sequence and gives back the memory it held beyond the state's fixed buffers (the
+    // host store's pinned pages): the next forward starts at position 0. Returns the bytes given
+    // back. NULL: nothing to give back.
+    size_t (*reset)(void *dev);
 } Backend;
 
 extern const Backend backend_cpu;

@@ -138,6 +138,16 @@ int host_store_grow(HostStore *h, long slots, char *err) {
     return 0;
 }
 
+size_t host_store_release(HostStore *h) {
+    if (!h->base) return 0;
+    size_t pinned = (size_t)h->registered_slots * h->slot_bytes;
+    for (long from = 0; from < h->registered_slots; from += h->chunk_slots)
+        cudaHostUnregister((char *)h->base + (size_t)from * h->slot_bytes);
+    h->registered_slots = 0;
+    madvise(h->base, h->reserved_bytes, MADV_DONTNEED); // private anonymous pages: freed, zeros if touched again
+    return pinned;
+}
+
 void host_store_close(HostStore *h) {
     if (!h->base) return;
     for (long from = 0; from < h->registered_slots; from += h->chunk_slots)

@@ -53,6 +53,10 @@ int host_store_open(HostStore *h, int n_layers, int n_kv, int head_dim, int fp8,
 // Registers slots up to at least `slots` (whole chunks). 0, or -1 with err filled.
 int host_store_grow(HostStore *h, long slots, char *err);
 void host_store_close(HostStore *h);
+// Gives the store's pages back (a chat's /reset): unpinned and returned to the system, the
+// reservation kept, so the next sequence grows it again from nothing at the same address.
+// Returns the bytes that were pinned.
+size_t host_store_release(HostStore *h);
 
 #ifdef __cplusplus
 }
