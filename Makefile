@@ -140,7 +140,7 @@ asan-bins: $(BUILD)/run $(BUILD)/export $(TEST_BIN) $(BUILD)/tests/tok_tool $(FU
 # has AVX-512, else x86-64-v2: other vector widths, other FMA use, other summation orders), so a
 # bound tuned to one machine's rounding fails here rather than on the next machine's CI.
 ALT_MARCH = $(if $(shell grep -m1 -ow avx512f /proc/cpuinfo 2>/dev/null),x86-64-v4,x86-64-v2)
-FLOAT_TESTS = test_bf16 test_fp8 test_pariskv test_pariskv_model test_pariskv_policy test_quant test_selectors
+FLOAT_TESTS = test_attention test_bf16 test_fp8 test_pariskv test_pariskv_model test_pariskv_policy test_quant test_selectors
 test-march:
 	@echo "=== float-sensitive tests built with -march=$(ALT_MARCH)"
 	$(MAKE) BUILD=build-march NO_CUDA=1 OPT="-O3 -march=$(ALT_MARCH)" build-march/run build-march/export \

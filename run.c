@@ -2,6 +2,7 @@
 #include "model/errmsg.h"
 #include "model/guard.h"
 #include "model/model.h"
+#include "model/pool.h"
 #include "model/session.h"
 #include "model/sampler.h"
 #include "model/version.h"
@@ -12,7 +13,6 @@
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
-#include <omp.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -302,7 +302,7 @@ static void print_summary(const Model *m, const RunState *s, const Options *o) {
     double per_layer = attn + 3.0 * c->dim * c->hidden_dim + 2.0 * c->dim + (c->qk_norm ? 2.0 * c->head_dim : 0);
     double params = c->n_layers * per_layer + (c->tied_embeddings ? 1.0 : 2.0) * c->vocab_size * c->dim + c->dim;
     char thr[48] = "";
-    if (!s->dev) snprintf(thr, sizeof thr, ", %s%d thread%s%s", o->threads ? "" : "up to ", omp_get_max_threads(), plural(omp_get_max_threads()),
+    if (!s->dev) snprintf(thr, sizeof thr, ", %s%d thread%s%s", o->threads ? "" : "up to ", pool_max_threads(), plural(pool_max_threads()),
                           o->threads ? "" : " (tuned)");
     char dt[64];
     fprintf(stderr, "%s, %.1fM parameters, %s weights, context %d (trained %u), %s%s\n", c->arch == ARCH_QWEN3 ? "qwen3" : "llama",
@@ -310,11 +310,11 @@ static void print_summary(const Model *m, const RunState *s, const Options *o) {
 }
 
 // The CPU pass's thread tuners (decode steps, chunks) for a run's state.
-// Called before the run's first parallel region (OpenMP's idle threads would count as running
-// in threads_guess), and only by the modes that run the model.
+// Called before the run's first parallel operation (the pool's threads, spinning for a moment
+// after one, would count as running in threads_guess), and only by the modes that run the model.
 static void attach_tuners(RunState *s, ThreadTuner tt[2], const Options *o) {
-    int guess = o->threads || s->dev ? 0 : threads_guess(omp_get_max_threads()); // the GPU pass has no tuner
-    for (int i = 0; i < 2; i++) tuner_init(&tt[i], omp_get_max_threads(), o->threads, guess);
+    int guess = o->threads || s->dev ? 0 : threads_guess(pool_max_threads()); // the GPU pass has no tuner
+    for (int i = 0; i < 2; i++) tuner_init(&tt[i], pool_max_threads(), o->threads, guess);
     s->threads = tt;
 }
 
@@ -366,6 +366,25 @@ typedef struct {
     int base; // position of the current prefill call's first token
 } ScoreCtx;
 
+typedef struct {
+    const float *logits;
+    const int *next; // the token that follows each row's position
+    int vocab;
+    double *nll;
+    int *top;
+} ScoreRows;
+
+static void score_row(void *ctx, int t, int thread) {
+    (void)thread;
+    ScoreRows *r = ctx;
+    const float *l = r->logits + (size_t)t * r->vocab;
+    r->top[t] = argmax(l, r->vocab);
+    float mx = l[r->top[t]];
+    double sum = 0.0;
+    for (int j = 0; j < r->vocab; j++) sum += exp((double)l[j] - mx);
+    r->nll[t] = log(sum) + mx - l[r->next[t]];
+}
+
 static void score_chunk(const float *logits, int first, int T, void *p) {
     ScoreCtx *sc = p;
     first += sc->base;
@@ -375,15 +394,8 @@ static void score_chunk(const float *logits, int first, int T, void *p) {
     int *top = malloc((size_t)n * sizeof(int));
     if (!nll || !top) die("out of memory");
     // log-softmax over the vocabulary for each row: the rows are independent
-#pragma omp parallel for schedule(static)
-    for (int t = 0; t < n; t++) {
-        const float *l = logits + (size_t)t * sc->vocab;
-        top[t] = argmax(l, sc->vocab);
-        float mx = l[top[t]];
-        double sum = 0.0;
-        for (int j = 0; j < sc->vocab; j++) sum += exp((double)l[j] - mx);
-        nll[t] = log(sum) + mx - l[sc->tokens[first + t + 1]];
-    }
+    ScoreRows r = {logits, sc->tokens + first + 1, sc->vocab, nll, top};
+    pool_run(n, score_row, &r);
     for (int t = 0; t < n; t++) {
         sc->total += nll[t];
         printf("%d\t%d\t%.6f\t%d\n", first + t, sc->tokens[first + t + 1], nll[t], top[t]);
@@ -1218,7 +1230,7 @@ int main(int argc, char **argv) {
             NEEDS_VALUE(); o.device = v;
             if (strcmp(v, "cpu") && strcmp(v, "gpu") && strcmp(v, "auto")) die("--device must be cpu, gpu or auto, not '%s'", v);
         } else if (strcmp(a, "--threads") == 0) {
-            NEEDS_VALUE(); o.threads = (int)parse_long(v, a, 1, 4096);
+            NEEDS_VALUE(); o.threads = (int)parse_long(v, a, 1, POOL_MAX_THREADS);
         } else if (strcmp(a, "--bench") == 0) {
             o.bench = 1;
         } else if (strcmp(a, "--synthetic") == 0) {
@@ -1287,8 +1299,8 @@ int main(int argc, char **argv) {
     // Threads: --threads, else OMP_NUM_THREADS (both fix the count), else the CPUs of our
     // affinity mask, the count then tuned by measuring (model/threads.h).
     const char *omp_env = getenv("OMP_NUM_THREADS");
-    if (!o.threads && omp_env && *omp_env) o.threads = omp_get_max_threads();
-    omp_set_num_threads(o.threads ? o.threads : threads_available());
+    if (!o.threads && omp_env && *omp_env) o.threads = (int)parse_long(omp_env, "OMP_NUM_THREADS", 1, POOL_MAX_THREADS);
+    pool_set_max_threads(o.threads ? o.threads : threads_available());
 
     Model m;
     char err[MODEL_ERR_LEN];

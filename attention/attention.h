@@ -10,12 +10,32 @@
 //   out     (T, n_heads * head_dim)
 //   q       (T, n_heads * head_dim)
 //   k_cache (ctx, n_kv_heads * head_dim), v_cache likewise; positions 0 .. pos0 + T - 1 filled
-//   scratch (omp_get_max_threads(), attention_dense_scratch(n_heads, n_kv_heads, pos0 + T)) floats
-// The query heads of a KV group are attended together, so each K and V row is read once per group.
+//   scratch attention_dense_scratch(n_heads, n_kv_heads, head_dim, pos0 + T, pool_max_threads()) floats
+// The query heads of a KV group are attended together, so each K and V row is read once per group;
+// a single query's blocks of positions are spread over the threads (attend_rows below), which gives
+// the same numbers as one thread taking them in turn.
 void attention_dense(float *out, const float *q, const float *k_cache, const float *v_cache, int pos0, int T,
                      int n_heads, int n_kv_heads, int head_dim, float *scratch);
-// Scratch floats per thread for n_keys positions: min(group size, 8) score rows.
-size_t attention_dense_scratch(int n_heads, int n_kv_heads, int n_keys);
+size_t attention_dense_scratch(int n_heads, int n_kv_heads, int head_dim, int n_keys, int n_threads);
+
+// ---- exact attention over a list of rows (attend_rows.c): the arithmetic every CPU attention shares ----
+//
+// g <= ATT_SUB query heads of one KV group attend to n K/V rows (head_dim floats each, given by
+// pointers, in position order). The rows are taken in blocks of ATT_BLOCK: per block and head the
+// max score m_b, l_b = sum of exp(s - m_b) and o_b = sum of exp(s - m_b) v (unnormalized); then
+// out = sum_b e^(m_b - M) o_b / sum_b e^(m_b - M) l_b over the blocks in order (M the max of m_b).
+// The blocks are fixed by the row index alone, so a dense pass, a policy attending every
+// position, and any split of the blocks over threads all give the same result, bit for bit.
+#define ATT_BLOCK 256
+#define ATT_SUB 8
+#define ATT_PART(hd) ((size_t)(hd) + 2) // a block's partial per head: o_b (hd), m_b, l_b
+// One block (m <= ATT_BLOCK rows): part (ATT_SUB, ATT_PART(hd)) for the g heads; score (ATT_SUB, ATT_BLOCK) scratch.
+void attend_block(const float *q, int g, int hd, const float *const *krow, const float *const *vrow, int m, float *part, float *score);
+// out (g, hd) from nb blocks' partials, part (nb, ATT_SUB, ATT_PART(hd)).
+void attend_merge(float *out, int g, int hd, int nb, const float *part);
+// Both in turn: out (g, hd), q (g, hd); scratch attend_rows_scratch(hd, n) floats.
+void attend_rows(float *out, const float *q, int g, int hd, const float *const *krow, const float *const *vrow, int n, float *scratch);
+size_t attend_rows_scratch(int hd, int n);
 
 // A selection policy (ParisKV, its peers) plugs in here. The forward pass calls attend() for
 // every layer once that layer's K/V for positions pos0 .. pos0+T-1 are in the cache; the policy

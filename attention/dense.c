@@ -1,77 +1,81 @@
 // Dense causal attention on the CPU: the exact reference.
 #include "attention.h"
-#include "softmax_exp.h"
 
-#include <math.h>
-#include <omp.h>
-#include <string.h>
+#include "../model/pool.h"
 
-#define SUB 8 // query heads of a group handled together (their scores live side by side in scratch)
+// Per thread: one block's scores for ATT_SUB heads and the partial results of one query's blocks.
+static size_t per_thread(int hd, int n_keys) { return attend_rows_scratch(hd, n_keys); }
 
-// One query t, the heads [h0, h0 + g) of one KV group: each K and V row of the group is read once
-// for all of them. Per head the operations and their order are those of attending alone (dot
-// product, scale, max, exp, sum, weighted sum of V rows in position order), so results do not
-// depend on the grouping, and policy.c's attend_rows reproduces them bit for bit.
-static void attend_group(float *out, const float *q, const float *kb, const float *vb, int n, int kv_dim, int head_dim, int g,
-                         float scale, float *score, int stride) {
-    float mx[SUB], sum[SUB];
-    for (int i = 0; i < g; i++) mx[i] = -INFINITY, sum[i] = 0.0f;
-    for (int p = 0; p < n; p++) {
-        const float *kp = kb + (size_t)p * kv_dim;
-        for (int i = 0; i < g; i++) {
-            const float *qh = q + (size_t)i * head_dim;
-            float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-            for (int j = 0; j < head_dim; j++) s += qh[j] * kp[j];
-            float sc = s * scale;
-            score[(size_t)i * stride + p] = sc;
-            if (sc > mx[i]) mx[i] = sc;
-        }
-    }
-    for (int i = 0; i < g; i++) {
-        float *si = score + (size_t)i * stride;
-        float m = mx[i], sm = 0.0f;
-#pragma omp simd reduction(+ : sm)
-        for (int p = 0; p < n; p++) {
-            si[p] = softmax_exp(si[p] - m);
-            sm += si[p];
-        }
-        sum[i] = sm;
-        memset(out + (size_t)i * head_dim, 0, (size_t)head_dim * sizeof(float));
-    }
-    for (int p = 0; p < n; p++) {
-        const float *vp = vb + (size_t)p * kv_dim;
-        for (int i = 0; i < g; i++) {
-            float *o = out + (size_t)i * head_dim, wgt = score[(size_t)i * stride + p] / sum[i];
-#pragma omp simd
-            for (int j = 0; j < head_dim; j++) o[j] += wgt * vp[j];
-        }
-    }
+size_t attention_dense_scratch(int n_heads, int n_kv_heads, int head_dim, int n_keys, int n_threads) {
+    int group = n_heads / n_kv_heads, subs = (group + ATT_SUB - 1) / ATT_SUB;
+    size_t nb = ((size_t)n_keys + ATT_BLOCK - 1) / ATT_BLOCK;
+    size_t shared = (size_t)n_kv_heads * subs * nb * ATT_SUB * ATT_PART(head_dim); // a single query's blocks, all groups
+    return (size_t)n_threads * per_thread(head_dim, n_keys) + shared;
 }
 
-size_t attention_dense_scratch(int n_heads, int n_kv_heads, int n_keys) {
-    int group = n_heads / n_kv_heads;
-    return (size_t)(group < SUB ? group : SUB) * (size_t)n_keys;
+// Rows [p0, p0 + m) of one KV head as pointers (attend_block reads rows through pointers so that
+// the policies, whose rows are scattered, share its arithmetic).
+static void block_rows(const float **kr, const float **vr, const float *kb, const float *vb, int p0, int m, int kv_dim) {
+    for (int p = 0; p < m; p++) kr[p] = kb + (size_t)(p0 + p) * kv_dim, vr[p] = vb + (size_t)(p0 + p) * kv_dim;
+}
+
+typedef struct {
+    float *out, *scratch, *shared;
+    const float *q, *k_cache, *v_cache;
+    int pos0, T, n_heads, group, subs, hd, kv_dim, nb; // nb: blocks of a single query (T = 1)
+    size_t stride;
+} Dense;
+
+// Task `task` of a query: ATT_SUB heads (or what is left of the group) of one KV group.
+static int task_heads(const Dense *d, int task, int *kvh, int *h0) {
+    *kvh = task / d->subs, *h0 = *kvh * d->group + (task % d->subs) * ATT_SUB;
+    int left = *kvh * d->group + d->group - *h0;
+    return left < ATT_SUB ? left : ATT_SUB;
+}
+
+// Block b of task `task` of query row t (n keys): its partial into part.
+static void one_block(const Dense *d, int t, int task, int b, int n, float *part, float *score) {
+    const float *kr[ATT_BLOCK], *vr[ATT_BLOCK];
+    int kvh, h0, g = task_heads(d, task, &kvh, &h0), m = n - b * ATT_BLOCK < ATT_BLOCK ? n - b * ATT_BLOCK : ATT_BLOCK;
+    block_rows(kr, vr, d->k_cache + (size_t)kvh * d->hd, d->v_cache + (size_t)kvh * d->hd, b * ATT_BLOCK, m, d->kv_dim);
+    attend_block(d->q + ((size_t)t * d->n_heads + h0) * d->hd, g, d->hd, kr, vr, m, part, score);
+}
+
+// A single query (a decode step): its blocks spread over the threads, then merged per task.
+static void decode_block_task(void *ctx, int i, int thread) {
+    Dense *d = ctx;
+    int task = i / d->nb, b = i % d->nb;
+    float *score = d->scratch + (size_t)thread * d->stride;
+    one_block(d, 0, task, b, d->pos0 + 1, d->shared + ((size_t)task * d->nb + b) * ATT_SUB * ATT_PART(d->hd), score);
+}
+
+static void decode_merge_task(void *ctx, int task, int thread) {
+    (void)thread;
+    Dense *d = ctx;
+    int kvh, h0, g = task_heads(d, task, &kvh, &h0);
+    attend_merge(d->out + (size_t)h0 * d->hd, g, d->hd, d->nb, d->shared + (size_t)task * d->nb * ATT_SUB * ATT_PART(d->hd));
+}
+
+// A chunk of queries: one task per query and group, its blocks in turn.
+static void chunk_task(void *ctx, int i, int thread) {
+    Dense *d = ctx;
+    int tasks = d->n_heads / d->group * d->subs, t = i / tasks, task = i % tasks, n = d->pos0 + t + 1;
+    int nb = (n + ATT_BLOCK - 1) / ATT_BLOCK, kvh, h0, g = task_heads(d, task, &kvh, &h0);
+    float *score = d->scratch + (size_t)thread * d->stride, *part = score + ATT_SUB * ATT_BLOCK;
+    for (int b = 0; b < nb; b++) one_block(d, t, task, b, n, part + (size_t)b * ATT_SUB * ATT_PART(d->hd), score);
+    attend_merge(d->out + ((size_t)t * d->n_heads + h0) * d->hd, g, d->hd, nb, part);
 }
 
 void attention_dense(float *out, const float *q, const float *k_cache, const float *v_cache, int pos0, int T,
                      int n_heads, int n_kv_heads, int head_dim, float *scratch) {
-    int kv_dim = n_kv_heads * head_dim, group = n_heads / n_kv_heads, n_keys = pos0 + T;
-    int subs = (group + SUB - 1) / SUB; // tasks per KV group: SUB heads each
-    float scale = 1.0f / sqrtf((float)head_dim);
-    size_t per_thread = attention_dense_scratch(n_heads, n_kv_heads, n_keys);
-#pragma omp parallel
-    {
-        float *score = scratch + (size_t)omp_get_thread_num() * per_thread;
-#pragma omp for schedule(dynamic, 1) collapse(2)
-        for (int t = 0; t < T; t++) {
-            for (int task = 0; task < n_kv_heads * subs; task++) {
-                int kvh = task / subs, h0 = kvh * group + (task % subs) * SUB;
-                int g = kvh * group + group - h0 < SUB ? kvh * group + group - h0 : SUB;
-                size_t row = (size_t)t * n_heads + h0;
-                attend_group(out + row * head_dim, q + row * head_dim, k_cache + (size_t)kvh * head_dim,
-                             v_cache + (size_t)kvh * head_dim, pos0 + t + 1, kv_dim, head_dim, g, scale, score, n_keys);
-            }
-        }
+    int group = n_heads / n_kv_heads, subs = (group + ATT_SUB - 1) / ATT_SUB, tasks = n_kv_heads * subs;
+    Dense d = {out, scratch, NULL, q, k_cache, v_cache, pos0, T, n_heads, group, subs, head_dim, n_kv_heads * head_dim,
+               (pos0 + T + ATT_BLOCK - 1) / ATT_BLOCK, per_thread(head_dim, pos0 + T)};
+    d.shared = scratch + (size_t)pool_max_threads() * d.stride;
+    if (T == 1) {
+        pool_run(tasks * d.nb, decode_block_task, &d);
+        pool_run(tasks, decode_merge_task, &d);
+    } else {
+        pool_run(T * tasks, chunk_task, &d);
     }
 }

@@ -7,7 +7,7 @@
 #include "../offload/fp8.h"
 
 #include <math.h>
-#include <omp.h>
+#include "../model/pool.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -76,7 +76,7 @@ static size_t scratch_layout(const Policy *P, char *base, Scratch *s) {
     CARVE(vsel, float *, kmax * hd);
     CARVE(krow, const float **, ctx);
     CARVE(vrow, const float **, ctx);
-    CARVE(score, float *, ctx);
+    CARVE(score, float *, attend_rows_scratch((int)hd, (int)ctx));
 #undef CARVE
     if (s) s->sel = base + off;
     return off;
@@ -98,25 +98,39 @@ static void policy_reset(AttnPolicy *ap) {
     for (int l = 0; l < P->n_layers; l++) reset_layer(P, l), P->seen_end[l] = 0, P->fp8_end[l] = 0;
 }
 
-// Threads for a parallel region: what the runner allows now (its thread tuner may lower the
-// count), never more than the per-thread scratch was allocated for.
-static int team_size(const Policy *P) { return omp_get_max_threads() < P->n_threads ? omp_get_max_threads() : P->n_threads; }
-
 // zone_fp8: the rows of positions [p0, p1), every KV head, K and V, replaced by their fp8
 // values (offload/fp8.h), as the GPU's host store holds them.
-static void to_fp8(Policy *P, float *k_cache, float *v_cache, int p0, int p1) {
-    int hd = P->head_dim, rows = (p1 - p0) * P->n_kv_heads;
-    if (rows <= 0) return;
-#pragma omp parallel num_threads(team_size(P))
-    {
-        uint8_t c[1024];
-#pragma omp for schedule(static)
-        for (int r = 0; r < 2 * rows; r++) {
-            float *x = (r < rows ? k_cache : v_cache) + (size_t)p0 * P->n_kv_heads * hd + (size_t)(r % rows) * hd;
-            float s = fp8_quantize_row(x, hd, c); // head_dim <= 1024: checked at creation
-            fp8_dequantize_row(c, s, hd, x);
-        }
+typedef struct {
+    float *k_cache, *v_cache;
+    int p0, rows, hd, n_kv_heads;
+} Fp8Rows;
+
+static void fp8_task(void *ctx, int task, int thread) {
+    (void)thread;
+    Fp8Rows *f = ctx;
+    uint8_t c[1024]; // head_dim <= 1024: checked at creation
+    for (int r = task * 64; r < (task + 1) * 64 && r < 2 * f->rows; r++) {
+        float *x = (r < f->rows ? f->k_cache : f->v_cache) + (size_t)f->p0 * f->n_kv_heads * f->hd + (size_t)(r % f->rows) * f->hd;
+        float s = fp8_quantize_row(x, f->hd, c);
+        fp8_dequantize_row(c, s, f->hd, x);
     }
+}
+
+static void to_fp8(Policy *P, float *k_cache, float *v_cache, int p0, int p1) {
+    Fp8Rows f = {k_cache, v_cache, p0, (p1 - p0) * P->n_kv_heads, P->head_dim, P->n_kv_heads};
+    if (f.rows > 0) pool_run((2 * f.rows + 63) / 64, fp8_task, &f);
+}
+
+typedef struct {
+    Policy *P;
+    int layer, from, need;
+    KVStore *st;
+} Extend;
+
+static void extend_task(void *ctx, int h, int thread) {
+    (void)thread;
+    Extend *e = ctx;
+    e->P->sel->extend(e->P->sel, e->layer, h, e->st, e->P->cfg.sink, e->from, e->need);
 }
 
 // Grows the layer's index to the zone [sink, zone_end): the keys leaving the local window are
@@ -132,8 +146,8 @@ static void index_to(Policy *P, int layer, KVStore *st, float *k_cache, float *v
     }
     if (from > need) reset_layer(P, layer), from = 0; // the zone never shrinks within a sequence
     if (need <= from) return;
-#pragma omp parallel for schedule(static) num_threads(team_size(P))
-    for (int h = 0; h < P->n_kv_heads; h++) P->sel->extend(P->sel, layer, h, st, P->cfg.sink, from, need);
+    Extend e = {P, layer, from, need, st};
+    pool_run(P->n_kv_heads, extend_task, &e);
     st->evict(st, P->cfg.sink + from, need - from);
     P->indexed[layer] = need;
 }
@@ -143,33 +157,6 @@ static void mean_query(float *qbar, const float *qg, int G, int hd) {
         float s = 0.0f;
         for (int g = 0; g < G; g++) s += qg[(size_t)g * hd + j];
         qbar[j] = s / (float)G;
-    }
-}
-
-// Exact softmax attention of one head over m rows given by pointers, with the arithmetic of
-// attention_dense in the same order, so that attending to every position reproduces it.
-static void attend_rows(float *o, const float *qh, const float *const *krow, const float *const *vrow, int m, int hd, float *score) {
-    float scale = 1.0f / sqrtf((float)hd), mx = -INFINITY;
-    for (int i = 0; i < m; i++) {
-        const float *kp = krow[i];
-        float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-        for (int j = 0; j < hd; j++) s += qh[j] * kp[j];
-        score[i] = s * scale;
-        if (score[i] > mx) mx = score[i];
-    }
-    float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-    for (int i = 0; i < m; i++) {
-        score[i] = softmax_exp(score[i] - mx);
-        sum += score[i];
-    }
-    memset(o, 0, (size_t)hd * sizeof(float));
-    for (int i = 0; i < m; i++) {
-        const float *vp = vrow[i];
-        float wgt = score[i] / sum;
-#pragma omp simd
-        for (int j = 0; j < hd; j++) o[j] += wgt * vp[j];
     }
 }
 
@@ -194,10 +181,26 @@ static void attend_one(const Policy *P, int layer, const KVStore *st, float *out
     for (int p = 0; p < S && p <= pos; p++, m++) s->krow[m] = kvstore_window_k(st, p, kv_head), s->vrow[m] = kvstore_window_v(st, p, kv_head);
     for (int i = 0; i < nsel; i++, m++) s->krow[m] = s->ksel + (size_t)i * hd, s->vrow[m] = s->vsel + (size_t)i * hd;
     for (int p = zone_end; p <= pos; p++, m++) s->krow[m] = kvstore_window_k(st, p, kv_head), s->vrow[m] = kvstore_window_v(st, p, kv_head);
-    for (int g = 0; g < G; g++) {
-        size_t h = (size_t)t * P->n_heads + (size_t)kv_head * G + g;
-        attend_rows(out + h * hd, q + h * hd, s->krow, s->vrow, m, hd, s->score);
+    for (int g0 = 0; g0 < G; g0 += ATT_SUB) { // attention_dense's arithmetic: every position selected reproduces it
+        size_t h = (size_t)t * P->n_heads + (size_t)kv_head * G + g0;
+        attend_rows(out + h * hd, q + h * hd, G - g0 < ATT_SUB ? G - g0 : ATT_SUB, hd, s->krow, s->vrow, m, s->score);
     }
+}
+
+typedef struct {
+    const Policy *P;
+    int layer;
+    const KVStore *st;
+    float *out;
+    const float *q;
+    int pos0, t0, zone_end;
+} Decode;
+
+static void decode_task(void *ctx, int i, int thread) {
+    Decode *d = ctx;
+    Scratch s = thread_scratch(d->P, thread);
+    int t = d->t0 + i / d->P->n_kv_heads;
+    attend_one(d->P, d->layer, d->st, d->out, d->q, t, d->pos0 + t, i % d->P->n_kv_heads, d->zone_end, &s);
 }
 
 static void policy_attend(AttnPolicy *ap, int layer, float *out, const float *q, float *k_cache, float *v_cache, int pos0, int T,
@@ -227,13 +230,8 @@ static void policy_attend(AttnPolicy *ap, int layer, float *out, const float *q,
         int zone_end = attn_zone_end(&P->cfg, pos0 + t0), t1 = t0 + 1;
         while (t1 < T && attn_zone_end(&P->cfg, pos0 + t1) == zone_end) t1++;
         index_to(P, layer, &st, k_cache, v_cache, zone_end);
-        int tasks = (t1 - t0) * n_kv_heads;
-#pragma omp parallel for schedule(dynamic, 1) num_threads(team_size(P))
-        for (int i = 0; i < tasks; i++) {
-            Scratch s = thread_scratch(P, omp_get_thread_num());
-            int t = t0 + i / n_kv_heads;
-            attend_one(P, layer, &st, out, q, t, pos0 + t, i % n_kv_heads, zone_end, &s);
-        }
+        Decode d = {P, layer, &st, out, q, pos0, t0, zone_end};
+        pool_run((t1 - t0) * n_kv_heads, decode_task, &d);
         t0 = t1;
     }
 }
@@ -311,7 +309,7 @@ AttnPolicy *attn_policy_create(const AttnConfig *c, int n_layers, int n_heads, i
     *ap = (AttnPolicy){method_names[c->method], policy_attend, policy_reset, policy_destroy, P};
     P->cfg = *c;
     P->n_layers = n_layers, P->n_heads = n_heads, P->n_kv_heads = n_kv_heads, P->head_dim = head_dim, P->ctx = ctx;
-    P->n_threads = omp_get_max_threads();
+    P->n_threads = pool_max_threads();
     int cap = ctx > c->sink ? ctx - c->sink : 0; // the most zone slots a sequence of ctx tokens has
     switch (c->method) {
     case ATTN_PARISKV: P->sel = selector_pariskv(n_layers, n_kv_heads, head_dim, cap, err); break;

@@ -1,8 +1,9 @@
-// The CPU backend: the reference every other backend is checked against. fp32 math, OpenMP
-// across output rows, bf16 weights widened and Q8_0 / Q4_K blocks dequantized on the fly.
+// The CPU backend: the reference every other backend is checked against. fp32 math, the pool's
+// threads across output rows, bf16 weights widened and Q8_0 / Q4_K blocks dequantized on the fly.
 #include "backend.h"
 #include "bf16.h"
 #include "config.h"
+#include "pool.h"
 #include "quant.h"
 
 #include <math.h>
@@ -37,68 +38,83 @@ static float dot_row(const void *w, uint32_t dtype, size_t i, const float *x, in
     }
 }
 
+// One product y (T, d) = x (T, n) · W^T, split into tasks of `rows` output rows.
+typedef struct {
+    float *y;
+    const float *x;
+    const void *w;
+    uint32_t dtype;
+    int T, n, d, rows;
+    float *buf[POOL_MAX_THREADS]; // per thread: weight rows widened to fp32 (allocated on first use)
+} Product;
+
+static float *thread_buf(Product *p, int thread, size_t floats) {
+    if (!p->buf[thread]) p->buf[thread] = malloc(floats * sizeof(float));
+    return p->buf[thread];
+}
+
+// Decode: each weight row read once, its dot product with the one x.
+static void rows_task(void *ctx, int task, int thread) {
+    (void)thread;
+    Product *p = ctx;
+    int i1 = (task + 1) * p->rows < p->d ? (task + 1) * p->rows : p->d;
+    for (int i = task * p->rows; i < i1; i++) p->y[i] = dot_row(p->w, p->dtype, (size_t)i, p->x, p->n);
+}
+
 #ifndef NO_BLAS
 #define PANEL 64 // weight rows a thread widens to fp32 and multiplies at once (64 x 4096 floats: 1 MiB)
 
-// y (T, d) = x (T, n) · W^T as a matrix product: OpenBLAS's sgemm on panels of PANEL weight
-// rows, each widened (bf16) or dequantized (Q8_0, Q4_K) once by the thread that multiplies it
-// (OpenBLAS runs one thread inside our parallel region). The products' sums run in sgemm's
-// order, not dot_f32's: results agree with the row-by-row path to fp32 rounding, not bit for bit.
-static void matmul_blas(float *y, const float *x, const void *w, uint32_t dtype, int T, int n, int d) {
-    int panels = (d + PANEL - 1) / PANEL;
-#pragma omp parallel
-    {
-        float *wp = dtype != DTYPE_F32 ? malloc((size_t)PANEL * n * sizeof(float)) : NULL;
-#pragma omp for schedule(dynamic, 1)
-        for (int p = 0; p < panels; p++) {
-            int i0 = p * PANEL, rows = d - i0 < PANEL ? d - i0 : PANEL;
-            const float *wr = (const float *)w + (size_t)i0 * n;
-            if (dtype != DTYPE_F32) {
-                if (!wp) { // no scratch: convert inside the dot products
-                    for (int t = 0; t < T; t++)
-                        for (int r = 0; r < rows; r++) y[(size_t)t * d + i0 + r] = dot_row(w, dtype, (size_t)(i0 + r), x + (size_t)t * n, n);
-                    continue;
-                }
-                weights_rows_to_f32(w, dtype, (size_t)i0, (size_t)rows, (size_t)n, wp);
-                wr = wp;
-            }
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, rows, n, 1.0f, x, n, wr, n, 0.0f, y + i0, d);
+// Several tokens: OpenBLAS's sgemm on a panel of PANEL weight rows, widened (bf16) or dequantized
+// (Q8_0, Q4_K) once by the thread that multiplies it (OpenBLAS runs single-threaded inside our
+// tasks). The products' sums run in sgemm's order, not dot_f32's: results agree with the
+// row-by-row path to fp32 rounding, not bit for bit.
+static void panel_task(void *ctx, int task, int thread) {
+    Product *p = ctx;
+    int i0 = task * PANEL, rows = p->d - i0 < PANEL ? p->d - i0 : PANEL, n = p->n;
+    const float *wr = (const float *)p->w + (size_t)i0 * n;
+    if (p->dtype != DTYPE_F32) {
+        float *wp = thread_buf(p, thread, (size_t)PANEL * n);
+        if (!wp) { // no scratch: convert inside the dot products
+            for (int t = 0; t < p->T; t++)
+                for (int r = 0; r < rows; r++) p->y[(size_t)t * p->d + i0 + r] = dot_row(p->w, p->dtype, (size_t)(i0 + r), p->x + (size_t)t * n, n);
+            return;
         }
-        free(wp);
+        weights_rows_to_f32(p->w, p->dtype, (size_t)i0, (size_t)rows, (size_t)n, wp);
+        wr = wp;
     }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, p->T, rows, n, 1.0f, p->x, n, wr, n, 0.0f, p->y + i0, p->d);
+}
+#else
+// Several tokens without BLAS: each weight row widened once and reused for every token.
+static void row_reuse_task(void *ctx, int task, int thread) {
+    Product *p = ctx;
+    int i = task, n = p->n;
+    const float *wr = (const float *)p->w + (size_t)i * n;
+    if (p->dtype != DTYPE_F32) {
+        float *row = thread_buf(p, thread, (size_t)n);
+        if (!row) { // no scratch row: convert inside the dot product
+            for (int t = 0; t < p->T; t++) p->y[(size_t)t * p->d + i] = dot_row(p->w, p->dtype, (size_t)i, p->x + (size_t)t * n, n);
+            return;
+        }
+        weights_rows_to_f32(p->w, p->dtype, (size_t)i, 1, (size_t)n, row);
+        wr = row;
+    }
+    for (int t = 0; t < p->T; t++) p->y[(size_t)t * p->d + i] = dot_f32(wr, p->x + (size_t)t * n, n);
 }
 #endif
 
 static void matmul(float *y, const float *x, const void *w, uint32_t dtype, int T, int n, int d) {
-    if (T == 1) { // decode: one pass over the weights, nothing to reuse
-#pragma omp parallel for schedule(static)
-        for (int i = 0; i < d; i++) y[i] = dot_row(w, dtype, (size_t)i, x, n);
+    Product p = {y, x, w, dtype, T, n, d, 16, {NULL}};
+    if (T == 1) { // decode: one pass over the weights, nothing to reuse; 16 rows a task
+        pool_run((d + p.rows - 1) / p.rows, rows_task, &p);
         return;
     }
 #ifndef NO_BLAS
-    matmul_blas(y, x, w, dtype, T, n, d);
-    return;
+    pool_run((d + PANEL - 1) / PANEL, panel_task, &p);
+#else
+    pool_run(d, row_reuse_task, &p);
 #endif
-    // Several tokens: widen each weight row once and reuse it for every token.
-#pragma omp parallel
-    {
-        float *row = dtype != DTYPE_F32 ? malloc((size_t)n * sizeof(float)) : NULL;
-#pragma omp for schedule(static)
-        for (int i = 0; i < d; i++) {
-            const float *wr;
-            if (dtype != DTYPE_F32 && row) {
-                weights_rows_to_f32(w, dtype, (size_t)i, 1, (size_t)n, row);
-                wr = row;
-            } else if (dtype != DTYPE_F32) { // no scratch row: convert inside the dot product
-                for (int t = 0; t < T; t++) y[(size_t)t * d + i] = dot_row(w, dtype, (size_t)i, x + (size_t)t * n, n);
-                continue;
-            } else {
-                wr = (const float *)w + (size_t)i * n;
-            }
-            for (int t = 0; t < T; t++) y[(size_t)t * d + i] = dot_f32(wr, x + (size_t)t * n, n);
-        }
-        free(row);
-    }
+    for (int i = 0; i < POOL_MAX_THREADS; i++) free(p.buf[i]);
 }
 
 static void rmsnorm(float *out, const float *x, const float *w, int T, int n, float eps) {

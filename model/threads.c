@@ -2,9 +2,9 @@
 // then, keep the faster.
 #include "threads.h"
 
-#include <omp.h>
-#include <stdio.h>
-#include <stdlib.h>
+#include "pool.h"
+
+#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sched.h>
@@ -22,7 +22,8 @@ enum {
 int threads_available(void) {
     cpu_set_t set;
     if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
-    return omp_get_num_procs() > 0 ? omp_get_num_procs() : 1;
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
 }
 
 static double now(void) {
@@ -68,7 +69,7 @@ int tuner_threads(const ThreadTuner *t) { return t->cand[t->best]; }
 
 void tuner_begin(ThreadTuner *t) {
     t->running = t->probing >= 0 ? t->probing : t->best;
-    omp_set_num_threads(t->cand[t->running]);
+    pool_set_threads(t->cand[t->running]);
     t->t0 = now();
 }
 

@@ -31,13 +31,13 @@ int threads_available(void);
 
 // A first guess before any timing: max_threads less the other processes running now (the kernel's
 // procs_running, least of a few samples over ~5 ms, ourselves not counted), at least 1. Call it
-// before any parallel region: OpenMP's idle threads spin for a while and would count.
+// before any parallel operation: the pool's threads spin for a moment after one and would count.
 int threads_guess(int max_threads);
 
 // fixed > 0: always that many (no tuning). Else tune among max_threads, max_threads - 1 and 1,
 // starting from the candidate nearest `guess` (0: max_threads).
 void tuner_init(ThreadTuner *t, int max_threads, int fixed, int guess);
-// Around one forward pass of `tokens` tokens: begin sets OpenMP's thread count for the pass.
+// Around one forward pass of `tokens` tokens: begin sets the pool's team size for the pass.
 void tuner_begin(ThreadTuner *t);
 void tuner_end(ThreadTuner *t, int tokens);
 // The thread count of the pass begun last.

@@ -5,9 +5,9 @@
 #include "../attention/attention.h"
 #include "../model/model.h"
 #include "test_pariskv_util.h"
+#include "../model/pool.h"
 
 #include <math.h>
-#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -67,7 +67,7 @@ static int argmax(const float *x, int n) {
 int main(void) {
     // One thread: 2 x 1100 single-token steps of a tiny model are all parallel-region overhead,
     // ruinous on a busy machine (the thread count's irrelevance is test_pariskv_policy's job).
-    omp_set_num_threads(1);
+    pool_set_threads(1);
     char dir[] = "/tmp/pkvmodelXXXXXX", path[64], cmd[4352];
     if (!mkdtemp(dir)) return perror("mkdtemp"), 1;
     snprintf(path, sizeof path, "%s/tiny.bin", dir);

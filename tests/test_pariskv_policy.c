@@ -5,9 +5,9 @@
 #include "../attention/attention.h"
 #include "../offload/fp8.h"
 #include "test_pariskv_util.h"
+#include "../model/pool.h"
 
 #include <math.h>
-#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,7 +31,7 @@ static Inputs make_inputs(Rng *r, int L, int H, int Hkv, int D, int ctx) {
     Inputs in = {L, H, Hkv, D, ctx, NULL, NULL, NULL, NULL};
     size_t kv = (size_t)L * ctx * Hkv * D, qn = (size_t)L * ctx * H * D;
     in.k = xcalloc(kv, sizeof(float)), in.v = xcalloc(kv, sizeof(float)), in.q = xcalloc(qn, sizeof(float));
-    in.scratch = xcalloc((size_t)omp_get_max_threads() * attention_dense_scratch(H, Hkv, ctx), sizeof(float));
+    in.scratch = xcalloc(attention_dense_scratch(H, Hkv, D, ctx, pool_max_threads()), sizeof(float));
     Shape ks = make_shape(r, D, 4.0f), qs = make_shape(r, D, 2.0f);
     for (size_t i = 0; i < kv / D; i++) draw(r, &ks, D, in.k + i * D);
     for (size_t i = 0; i < kv; i++) in.v[i] = gauss(r);
@@ -139,8 +139,8 @@ static void test_chunks_equal_steps(void) {
     float *a = xcalloc(n, sizeof(float)), *b = xcalloc(n, sizeof(float));
     // One thread here (the thread count is checked on its own below): thousands of one-query
     // calls each open a parallel region, which costs more than the work on a busy machine.
-    int threads = omp_get_max_threads();
-    omp_set_num_threads(1);
+    int threads = pool_max_threads();
+    pool_set_threads(1);
     for (int P = 0; P <= 300; P += 300)
         for (int m = ATTN_PARISKV; m < ATTN_N_METHODS; m++) {
             AttnConfig c;
@@ -158,16 +158,16 @@ static void test_chunks_equal_steps(void) {
         AttnConfig c;
         attn_config_default(&c);
         c.method = m, c.sink = 4, c.local = 32, c.update = 64, c.topk = 16, c.dense_min = 200;
-        omp_set_num_threads(1);
+        pool_set_threads(1);
         AttnPolicy *pa = create(&c, &in);
         for (int p = 0; p < in.ctx; p += 90) attend(pa, &in, p, p + 90 < in.ctx ? 90 : in.ctx - p, a);
-        omp_set_num_threads(threads > 1 ? threads : 2);
+        pool_set_threads(threads > 1 ? threads : 2);
         AttnPolicy *pb = create(&c, &in);
         for (int p = 0; p < in.ctx; p += 90) attend(pb, &in, p, p + 90 < in.ctx ? 90 : in.ctx - p, b);
         check(memcmp(a, b, n * sizeof(float)) == 0, "%s: 1 thread and %d threads give the same output, bit for bit", attn_method_name(m),
               threads > 1 ? threads : 2);
         pa->destroy(pa), pb->destroy(pb);
-        omp_set_num_threads(threads);
+        pool_set_threads(threads);
     }
     free(a), free(b), free_inputs(&in);
 }
@@ -493,6 +493,7 @@ static void test_bad_config(void) {
 }
 
 int main(void) {
+    pool_set_max_threads(pool_max_threads() > 2 ? pool_max_threads() : 2); // the thread-count check needs two
     test_regions();
     test_exact_when_budget_covers_zone();
     test_chunks_equal_steps();

@@ -24,7 +24,7 @@ vg() {
         failed=$((failed + 1))
     fi
 }
-# Two OpenMP threads: the parallel regions run as they do for real, on a machine of two cores.
+# Two threads: the pool's operations run as they do for real, on a machine of two cores.
 export OMP_NUM_THREADS=2
 vg export "$B/export" tests/data/tiny-qwen3 "$tmp/m.bin"
 if [ -f "$tmp/m.bin" ]; then

@@ -21,6 +21,7 @@
 #include <errno.h>
 #include <math.h>
 #include <omp.h>
+#include "../../model/pool.h"
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,6 +31,7 @@
 #define CHUNK 64
 #define MAX_BINS 8
 #define MAX_ARMS 12
+static int arm_threads = 1; // OpenMP threads running the arms side by side
 #define ZONE_BIN 1000 // zone-size bins for the comparison with the paper's recall figures
 #define ZONE_BINS 16
 
@@ -239,8 +241,11 @@ static void lockstep(const Model *m, const Exp *e, Arm *arms, int n_arms, Bin *f
             if (b >= 0 && p + 1 < e->n && !attn_is_dense(&arms[0].cfg, p))
                 full_bin[b].nll_full += lzf[t] - lf[(size_t)t * V + e->tokens[p + 1]], full_bin[b].n++;
         }
-        // One thread per arm: the forward pass inside runs single-threaded (no nested parallelism).
-#pragma omp parallel for schedule(dynamic, 1)
+        // One thread per arm: the forward pass inside runs single-threaded (the pool takes one
+        // operation at a time; with a team of one it runs tasks on the calling thread).
+        int team = pool_threads();
+        pool_set_threads(1);
+#pragma omp parallel for schedule(dynamic, 1) num_threads(arm_threads)
         for (int i = 0; i < n_arms; i++) {
             Arm *a = &arms[i];
             double ta = now_s();
@@ -263,6 +268,7 @@ static void lockstep(const Model *m, const Exp *e, Arm *arms, int n_arms, Bin *f
             }
             a->seconds += now_s() - ta;
         }
+        pool_set_threads(team);
         double el = now_s() - t_start;
         fprintf(stderr, "\r  %d / %d positions, %.0f s elapsed, %.0f s left   ", c0 + T, e->n, el, el / (c0 + T) * (e->n - c0 - T));
     }
@@ -390,7 +396,7 @@ static void run_experiment(const Model *m, const Exp *e, const AttnConfig *base,
         if (arms[i].select_failures) printf("warning: %s: %d selections could not be measured\n", arms[i].label, arms[i].select_failures);
     printf("time: %.0f s wall; full attention %.0f s", el, full_s);
     for (int i = 0; i < n_arms; i++) printf(", %s %.0f s", arms[i].label, arms[i].seconds);
-    printf(" (policy times are per thread, %d threads)\n\n", omp_get_max_threads());
+    printf(" (policy times are per thread, %d threads)\n\n", arm_threads);
     fflush(stdout);
     arms_free(arms, n_arms);
     free(arms);
@@ -436,8 +442,8 @@ static void generate(const Model *m, const int *prompt, int P, int G, int *out, 
     // One thread: a single-token step opens some 250 parallel regions, and on a shared machine
     // their barriers cost more than the work (1.5 s per token measured with 2 threads, one core
     // busy elsewhere). The tokens do not depend on the thread count.
-    int threads = omp_get_max_threads();
-    omp_set_num_threads(1);
+    int threads = pool_threads();
+    pool_set_threads(1);
     const float *l = NULL;
     for (int i = 0; i < P; i += CHUNK)
         if (!(l = model_forward(m, &s, prompt + i, P - i < CHUNK ? P - i : CHUNK, i, 0, err))) die("%s", err);
@@ -448,7 +454,7 @@ static void generate(const Model *m, const int *prompt, int P, int G, int *out, 
         if (i % 64 == 63) fprintf(stderr, "\r  generated %d / %d (%.0f ms/token)", i + 1, G, 1e3 * (now_s() - t0) / (i + 1));
     }
     fprintf(stderr, "\n");
-    omp_set_num_threads(threads);
+    pool_set_threads(threads);
     run_state_free(&s);
     if (cache && (f = fopen(cache, "w"))) {
         fprintf(f, "%d %d\n", P, G);
@@ -483,6 +489,7 @@ static void usage(void) {
 }
 
 int main(int argc, char **argv) {
+    arm_threads = omp_get_max_threads(); // before the pool's first operation sets this thread's count to one (pool.c)
     const char *model_path = NULL, *text = "../shared/papers/002_2a568f802c63c4ca.txt", *drift_text = "../shared/papers/003_87dadc83df7b9a89.txt";
     const char *drift_cache = "build/quality/drift.ids", *policies = "pariskv,streaming,quest,fier,kmeans,oracle";
     int positions = 0, stride = 64, bins = 4, drift_prompt = 3072, drift_gen = 4096, do_text = 1;
@@ -540,7 +547,7 @@ int main(int argc, char **argv) {
     int ctx = (int)m.c.max_seq_len;
     printf("model %s: %u layers, %u heads / %u KV heads, head_dim %u, context %d; topk %d, sink %d, local %d, update %d, dense below %d tokens; %d threads\n\n",
            model_path, m.c.n_layers, m.c.n_heads, m.c.n_kv_heads, m.c.head_dim, ctx, base.topk, base.sink, base.local, base.update,
-           attn_dense_threshold(&base), omp_get_max_threads());
+           attn_dense_threshold(&base), arm_threads);
 
     if (do_text) {
         int n;
