@@ -9,14 +9,20 @@
 // SSE). Dot products and weighted sums are written out in a fixed order (ISO C: no contraction into
 // FMA); the sum of a block's exponentials is the compiler's vectorized reduction.
 typedef float v8 __attribute__((vector_size(32)));
+// Builds without AVX (the fuzzers', x86-64-v2) warn that passing v8 by value changes the ABI:
+// it only ever passes between these static functions of one file, so no ABI is involved.
+#pragma GCC diagnostic ignored "-Wpsabi"
 
-static inline v8 ld8(const float *p) {
+static inline __attribute__((always_inline)) v8 ld8(const float *p) {
     v8 v;
     memcpy(&v, p, sizeof v);
     return v;
 }
 
-static inline float hsum8(v8 a) { return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7])); }
+static inline __attribute__((always_inline)) float hsum8(const v8 *v) {
+    const float *a = (const float *)v;
+    return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
+}
 
 static inline __attribute__((always_inline)) float dot(const float *q, const float *k, int hd) {
     if (hd % 16) { // any head_dim: plain order
@@ -29,7 +35,8 @@ static inline __attribute__((always_inline)) float dot(const float *q, const flo
         a0 += ld8(q + j) * ld8(k + j);
         a1 += ld8(q + j + 8) * ld8(k + j + 8);
     }
-    return hsum8(a0 + a1);
+    v8 s = a0 + a1;
+    return hsum8(&s);
 }
 
 // o (hd) += sum over the m rows of w[p] * v[p], rows in order; 64 columns at a time so the

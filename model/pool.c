@@ -18,9 +18,12 @@
 
 
 // The one pool of the process (a runner has one CPU team). The current operation's fields are
-// written by the caller before it publishes the operation in `claim` (release), and read by a
-// worker after it sees the operation there (acquire); a worker that reads them late, when a
-// newer operation has replaced them, fails its claim (the operation id differs) and uses nothing.
+// written by the caller before it publishes the operation in `claim`, and read by a worker after
+// it sees the operation there. When an operation is done the caller closes `claim` (index past any
+// task) before it writes the next operation's fields: a worker that read `claim` before the close
+// and a field after it (the next operation's) fails its claim, since `claim` changed in between,
+// and uses nothing. (Without the close such a worker could claim index n of the finished
+// operation while holding the next one's larger n, and run that task twice.)
 static struct {
     int max, team, started, blas_single;
     _Atomic uint64_t claim;  // (operation id << 32) | next task index
@@ -66,10 +69,10 @@ static int spin(_Atomic uint32_t *addr, uint32_t val, int equal) {
 // Claims and runs tasks of the operation seen in `claim` until none is left.
 static void work(int thread) {
     uint64_t c = atomic_load_explicit(&P.claim, memory_order_acquire);
-    if (thread >= atomic_load_explicit(&P.team_now, memory_order_relaxed)) return;
-    uint32_t op = (uint32_t)(c >> 32), n = (uint32_t)atomic_load_explicit(&P.n, memory_order_relaxed);
-    PoolTask fn = atomic_load_explicit(&P.fn, memory_order_relaxed);
-    void *ctx = atomic_load_explicit(&P.ctx, memory_order_relaxed);
+    if (thread >= atomic_load_explicit(&P.team_now, memory_order_acquire)) return;
+    uint32_t op = (uint32_t)(c >> 32), n = (uint32_t)atomic_load_explicit(&P.n, memory_order_acquire);
+    PoolTask fn = atomic_load_explicit(&P.fn, memory_order_acquire);
+    void *ctx = atomic_load_explicit(&P.ctx, memory_order_acquire);
     while ((uint32_t)(c >> 32) == op && (uint32_t)c < n) {
         if (!atomic_compare_exchange_weak_explicit(&P.claim, &c, c + 1, memory_order_acq_rel, memory_order_acquire)) continue;
         fn(ctx, (int)(uint32_t)c, thread);
@@ -144,10 +147,11 @@ void pool_run(int n_tasks, PoolTask fn, void *ctx) {
     }
     if (!P.started) start_workers();
     if (team > P.max) team = P.max;
-    atomic_store_explicit(&P.fn, fn, memory_order_relaxed);
-    atomic_store_explicit(&P.ctx, ctx, memory_order_relaxed);
-    atomic_store_explicit(&P.n, n_tasks, memory_order_relaxed);
-    atomic_store_explicit(&P.team_now, team, memory_order_relaxed);
+    // Release: a worker that reads any of these also sees the previous operation's close.
+    atomic_store_explicit(&P.fn, fn, memory_order_release);
+    atomic_store_explicit(&P.ctx, ctx, memory_order_release);
+    atomic_store_explicit(&P.n, n_tasks, memory_order_release);
+    atomic_store_explicit(&P.team_now, team, memory_order_release);
     atomic_store(&P.done, 0);
     atomic_store_explicit(&P.claim, (uint64_t)++P.op << 32, memory_order_release);
     atomic_fetch_add(&P.seq, 1);
@@ -160,4 +164,5 @@ void pool_run(int n_tasks, PoolTask fn, void *ctx) {
         for (uint32_t d; (d = atomic_load(&P.done)) != n;) futex_wait(&P.done, d);
         atomic_store(&P.caller_asleep, 0);
     }
+    atomic_exchange_explicit(&P.claim, ((uint64_t)P.op << 32) | UINT32_MAX, memory_order_acq_rel); // the close
 }
