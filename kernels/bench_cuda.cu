@@ -127,6 +127,18 @@ static int bench_pariskv(const Model *m, const int *ctx_list, int n_ctx, int ste
     return rc;
 }
 
+// Where a prefill of n tokens went: causal attention (2 * head_dim * heads * layers * n^2 flops:
+// QK^T and PV over the causal half) in the flash kernel, timed by events around it, and the rest
+// (the GEMMs: 2 flops per weight and token; norms, RoPE, launches).
+static void prefill_breakdown(const Config *c, int n, double total_s, double attn_s) {
+    double hd = c->head_dim, q = (double)c->n_heads * hd, kv = (double)c->n_kv_heads * hd;
+    double attn_flop = 2.0 * hd * c->n_heads * c->n_layers * (double)n * n;
+    double lin_flop = 2.0 * n * c->n_layers * ((double)c->dim * (q + 2 * kv) + q * c->dim + 3.0 * c->dim * c->hidden_dim);
+    double rest = total_s - attn_s;
+    printf("%9s   prefill %.2f s: attention %.2f s (%.1f PFLOP, %.0f TFLOP/s), the rest %.2f s (GEMMs %.1f PFLOP, %.0f TFLOP/s over it)\n",
+           "", total_s, attn_s, attn_flop / 1e15, attn_flop / attn_s / 1e12, rest, lin_flop / 1e15, rest > 0 ? lin_flop / rest / 1e12 : 0.0);
+}
+
 extern "C" int gpu_bench(const Model *m, const int *ctx_list, int n_ctx, int steps, int real_prefill, int chunk, const AttnConfig *attn) {
     const Config *c = &m->c;
     double bw = gpu_read_bandwidth();
@@ -166,8 +178,9 @@ extern "C" int gpu_bench(const Model *m, const int *ctx_list, int n_ctx, int ste
             rc = 1;
             break;
         }
-        double prefill_s = -1;
+        double prefill_s = -1, attn_ms = -1;
         if (real_prefill) {
+            gpu_prefill_attention_ms(g, 1);
             int *tok = (int *)malloc(sizeof(int) * (size_t)chunk);
             unsigned s = 12345;
             double t0 = now_s();
@@ -180,6 +193,7 @@ extern "C" int gpu_bench(const Model *m, const int *ctx_list, int n_ctx, int ste
                 }
             }
             prefill_s = now_s() - t0;
+            attn_ms = gpu_prefill_attention_ms(g, 0);
             free(tok);
         } else if (gpu_fill_kv_random(g, N) != cudaSuccess) {
             printf("%9d | cannot fill the KV cache\n", N);
@@ -199,6 +213,7 @@ extern "C" int gpu_bench(const Model *m, const int *ctx_list, int n_ctx, int ste
             if (prefill_s >= 0) snprintf(pf, sizeof pf, "%.2f", prefill_s);
             printf("%9d | %10.3f | %8.3f-%-8.3f | %8.1f | %9.3f | %10.3f | %11s\n", N, med, p10, p90, 1e3 / med, floor_ms,
                    med / floor_ms, pf);
+            if (prefill_s > 0 && attn_ms > 0) prefill_breakdown(c, N, prefill_s, attn_ms / 1e3);
             fflush(stdout);
         }
         gpu_destroy(g);

@@ -48,6 +48,9 @@ static void qmat_free(QMat *q) { cudaFree(q->qs), cudaFree(q->meta), q->qs = NUL
 static void gpu_free(GpuState *g) {
     if (!g) return;
     if (g->graph_ready) cudaGraphExecDestroy(g->decode_graph);
+    for (uint32_t i = 0; g->attn_ev && i < 2 * g->c.n_layers; i++)
+        if (g->attn_ev[i]) cudaEventDestroy(g->attn_ev[i]);
+    free(g->attn_ev);
     pkv_free(&g->pkv);
     if (g->layers) {
         for (uint32_t l = 0; l < g->c.n_layers; l++) {
@@ -635,8 +638,10 @@ static cudaError_t enqueue_forward(GpuState *g, int T, int pos, int all_logits) 
         CU_TRY(gpu_gemm_w(g, g->proj, g->xb, w->wqkv, &w->qqkv, w->attn_norm, T, dim, q_dim + 2 * kv_dim, 0));
         CU_TRY(qkv_rope_store(g->q, kc, vc, g->proj, w->q_norm, w->k_norm, g->inv_freq, g->d_pos, T, nh, nkv, hd, g->dcap,
                               c->norm_eps, st));
+        if (g->attn_ev) CU_TRY(cudaEventRecord(g->attn_ev[2 * l], st));
         if (hd == 64 || hd == 128) CU_TRY(flash_prefill(g->att, g->q, kc, vc, pos, T, nh, nkv, hd, g->dcap, st));
         else CU_TRY(attn_prefill_simple(g->att, g->q, kc, vc, pos, T, nh, nkv, hd, g->dcap, st)); // other head sizes
+        if (g->attn_ev) CU_TRY(cudaEventRecord(g->attn_ev[2 * l + 1], st));
         CU_TRY(gpu_gemm_w(g, g->x, g->att, w->wo, &w->qo, NULL, T, q_dim, dim, 1));
         CU_TRY(rmsnorm_bf16(g->xb, g->x, NULL, T, dim, c->norm_eps, st)); // weights folded into wgu
         CU_TRY(gpu_gemm_w(g, g->proj, g->xb, w->wgu, &w->qgu, w->ffn_norm, T, dim, 2 * hidden, 0));
@@ -851,6 +856,10 @@ extern "C" float *gpu_forward(void *dev, const int *tokens, int T, int pos, int 
         if (e == cudaSuccess) e = enqueue_forward(g, T, pos, all_logits);
     }
     if (e == cudaSuccess) e = cudaStreamSynchronize(g->st);
+    for (uint32_t l = 0; e == cudaSuccess && T > 1 && g->attn_ev && l < g->c.n_layers; l++) {
+        float ms;
+        if ((e = cudaEventElapsedTime(&ms, g->attn_ev[2 * l], g->attn_ev[2 * l + 1])) == cudaSuccess) g->attn_ms += ms;
+    }
     if (e != cudaSuccess) {
         gpu_set_err(err, "GPU forward pass failed: %s", cudaGetErrorString(e));
         return NULL;
@@ -859,6 +868,19 @@ extern "C" float *gpu_forward(void *dev, const int *tokens, int T, int pos, int 
 }
 
 // ---- for the benchmark ----
+
+// Times each layer's prefill attention (events around the kernel) from now on; returns the
+// milliseconds summed so far (-1: could not make the events).
+extern "C" double gpu_prefill_attention_ms(void *dev, int start) {
+    GpuState *g = (GpuState *)dev;
+    if (start && !g->attn_ev) {
+        g->attn_ev = (cudaEvent_t *)calloc(2 * (size_t)g->c.n_layers, sizeof(cudaEvent_t));
+        for (uint32_t i = 0; g->attn_ev && i < 2 * g->c.n_layers; i++)
+            if (cudaEventCreate(&g->attn_ev[i]) != cudaSuccess) return -1;
+        g->attn_ms = 0;
+    }
+    return g->attn_ev ? g->attn_ms : -1;
+}
 
 extern "C" cudaError_t gpu_fill_kv_random(void *dev, int n_tokens) {
     GpuState *g = (GpuState *)dev;

@@ -26,6 +26,9 @@ size_t gpu_state_weight_bytes(void *dev);
 cudaError_t gpu_fill_kv_random(void *dev, int n_tokens);
 // Times n decode steps at position pos after warmup steps; per-step milliseconds into ms_out.
 cudaError_t gpu_time_decode(void *dev, int pos, int warmup, int n, float *ms_out);
+// --bench-prefill's breakdown: start != 0 starts timing each layer's prefill attention (events
+// around the kernel); returns the milliseconds summed over the forward passes since (-1: none).
+double gpu_prefill_attention_ms(void *dev, int start);
 // Measured streaming read bandwidth of the device, bytes per second.
 double gpu_read_bandwidth(void);
 // ./run --bench: for each context, fill (real prefill of random tokens in chunks, or random

@@ -103,6 +103,8 @@ struct GpuState {
     int *h_pos;         // pinned (1)
     float *h_logits;    // pinned (chunk, vocab)
     int skip;           // PKV_DECODE_SKIP: decode stages left out, for timing breakdowns only
+    cudaEvent_t *attn_ev; // --bench-prefill: events around each layer's prefill attention (2 per layer), or NULL
+    double attn_ms;       // their sum over the chunks so far
     float *h_step;      // pinned (vocab): the logits of a decode step
     cudaGraphExec_t decode_graph;
     int graph_ready;

