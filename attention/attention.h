@@ -10,13 +10,14 @@
 //   out     (T, n_heads * head_dim)
 //   q       (T, n_heads * head_dim)
 //   k_cache (ctx, n_kv_heads * head_dim), v_cache likewise; positions 0 .. pos0 + T - 1 filled
-//   scratch attention_dense_scratch(n_heads, n_kv_heads, head_dim, pos0 + T, pool_max_threads()) floats
+//   scratch attention_dense_scratch(n_heads, n_kv_heads, head_dim, pos0 + T) floats (sized for the
+//           pool's most threads: call it after pool_set_max_threads, model/pool.h)
 // The query heads of a KV group are attended together, so each K and V row is read once per group;
 // a single query's blocks of positions are spread over the threads (attend_rows below), which gives
 // the same numbers as one thread taking them in turn.
 void attention_dense(float *out, const float *q, const float *k_cache, const float *v_cache, int pos0, int T,
                      int n_heads, int n_kv_heads, int head_dim, float *scratch);
-size_t attention_dense_scratch(int n_heads, int n_kv_heads, int head_dim, int n_keys, int n_threads);
+size_t attention_dense_scratch(int n_heads, int n_kv_heads, int head_dim, int n_keys);
 
 // ---- exact attention over a list of rows (attend_rows.c): the arithmetic every CPU attention shares ----
 //

@@ -3,11 +3,9 @@
 // comes from a Selector: ParisKV or one of its peers, all on the same keys and the same budget.
 #include "attention.h"
 #include "selector.h"
-#include "softmax_exp.h"
+#include "../model/pool.h"
 #include "../offload/fp8.h"
 
-#include <math.h>
-#include "../model/pool.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

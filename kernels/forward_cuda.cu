@@ -874,10 +874,15 @@ extern "C" float *gpu_forward(void *dev, const int *tokens, int T, int pos, int 
 extern "C" double gpu_prefill_attention_ms(void *dev, int start) {
     GpuState *g = (GpuState *)dev;
     if (start && !g->attn_ev) {
-        g->attn_ev = (cudaEvent_t *)calloc(2 * (size_t)g->c.n_layers, sizeof(cudaEvent_t));
-        for (uint32_t i = 0; g->attn_ev && i < 2 * g->c.n_layers; i++)
-            if (cudaEventCreate(&g->attn_ev[i]) != cudaSuccess) return -1;
-        g->attn_ms = 0;
+        cudaEvent_t *ev = (cudaEvent_t *)calloc(2 * (size_t)g->c.n_layers, sizeof(cudaEvent_t));
+        uint32_t made = 0;
+        while (ev && made < 2 * g->c.n_layers && cudaEventCreate(&ev[made]) == cudaSuccess) made++;
+        if (!ev || made < 2 * g->c.n_layers) { // all or none: the forward pass records every one
+            for (uint32_t i = 0; i < made; i++) cudaEventDestroy(ev[i]);
+            free(ev);
+            return -1;
+        }
+        g->attn_ev = ev, g->attn_ms = 0;
     }
     return g->attn_ev ? g->attn_ms : -1;
 }

@@ -49,7 +49,7 @@ typedef struct {
     float *hb;          // (chunk, hidden_dim)
     float *hb2;         // (chunk, hidden_dim)
     float *logits;      // (chunk, vocab_size)
-    float *att_scratch; // attention_dense_scratch(.., ctx, threads): scores and blocks' partial results
+    float *att_scratch; // attention_dense_scratch(.., ctx): scores and blocks' partial results
     float *key_cache;   // (n_layers, ctx, n_kv_heads * head_dim)
     float *value_cache; // (n_layers, ctx, n_kv_heads * head_dim)
     AttnPolicy *attn;   // NULL: dense attention (not owned)

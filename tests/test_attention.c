@@ -28,7 +28,7 @@ static Case make_case(Rng *r, int H, int Hkv, int hd, int n, float qscale) {
 static void free_case(Case *c) { free(c->k), free(c->v), free(c->q); }
 
 static float *scratch_for(const Case *c) {
-    return calloc(attention_dense_scratch(c->H, c->Hkv, c->hd, c->n, pool_max_threads()), sizeof(float));
+    return calloc(attention_dense_scratch(c->H, c->Hkv, c->hd, c->n), sizeof(float));
 }
 
 static double gamma_n(double n) { // n unit roundoffs, as in Higham's gamma_n

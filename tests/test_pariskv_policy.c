@@ -31,7 +31,7 @@ static Inputs make_inputs(Rng *r, int L, int H, int Hkv, int D, int ctx) {
     Inputs in = {L, H, Hkv, D, ctx, NULL, NULL, NULL, NULL};
     size_t kv = (size_t)L * ctx * Hkv * D, qn = (size_t)L * ctx * H * D;
     in.k = xcalloc(kv, sizeof(float)), in.v = xcalloc(kv, sizeof(float)), in.q = xcalloc(qn, sizeof(float));
-    in.scratch = xcalloc(attention_dense_scratch(H, Hkv, D, ctx, pool_max_threads()), sizeof(float));
+    in.scratch = xcalloc(attention_dense_scratch(H, Hkv, D, ctx), sizeof(float));
     Shape ks = make_shape(r, D, 4.0f), qs = make_shape(r, D, 2.0f);
     for (size_t i = 0; i < kv / D; i++) draw(r, &ks, D, in.k + i * D);
     for (size_t i = 0; i < kv; i++) in.v[i] = gauss(r);
