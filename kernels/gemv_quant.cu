@@ -1,12 +1,16 @@
 // Quantized weights on the GPU (gemv_quant.h): the decode GEMVs that read Q8_0 / Q4_K rows,
 // the dequantization a prefill GEMM multiplies, the upload's repacking and random blocks.
 //
-// A GEMV block is 8 warps, each warp two rows (a gate/up pair for SwiGLU), so every activation
-// value read from shared memory serves two rows. The block stages x (times the norm's weights)
-// in shared memory as fp32, swizzled so that the lanes of a quarter-warp, which read 16 or 32
-// consecutive weights' x each, hit distinct banks. Quants become floats with one byte permute:
-// 0x4B0000qq is the float 2^23 + qq, so qq = that - 2^23 exactly (Q8_0 flips the sign bit first:
-// 2^23 + 128 + q). Q4_K's min term needs the sum of x over each 16-weight run: staged too.
+// Decode multiplies the blocks by activations quantized per 32 (model/quant.h's ActQ8, the CPU
+// reference's arithmetic bit for bit), so a block's products are integer dot products (dp4a)
+// and each weight costs about a quarter of an instruction. A GEMV block is 8 warps, each warp two
+// rows (a gate/up pair for SwiGLU), so every activation byte read from shared memory serves two
+// rows. Each block quantizes x (times the norm's weights) into shared memory itself: 8 values a
+// thread, the 4 threads of a 32-block exchanging their max and sums by shuffles.
+//
+// A lane's unit of work is 32 bytes of a row: a Q8_0 block, or Q4_K's sub-block pair 2p, 2p + 1
+// of a super-block (bytes 32p .. 32p + 31: low nibbles pair with x[64p + l], high with
+// x[64p + 32 + l]), so one unit needs one scale (Q8_0) or one scale pair (Q4_K).
 #include <cuda_fp16.h>
 #include <string.h>
 
@@ -19,8 +23,6 @@ extern "C" {
 #include "../model/quant.h"
 }
 
-#define QW 8 // warps per block
-#define QU 4 // 16-byte chunks per row and lane in flight
 
 struct QNorm {
     bf16 *y_bf16;          // producer: bf16 copy of the result
@@ -35,34 +37,39 @@ extern "C" size_t qmat_meta_bytes(uint32_t dt, size_t rows, size_t cols) {
     return dt == DTYPE_Q8_0 ? rows * (cols / 32) * 2 : rows * (cols / 256) * 16;
 }
 
+// The device order of a row's 16-byte chunks: units in groups of 32, a group's first halves, then
+// its second halves (a last group of g < 32 units likewise), so that lane L of a warp loads unit
+// 32j + L as chunks L and g + L of group j, each load coalesced, and holds its whole unit.
+__host__ __device__ __forceinline__ size_t unit_chunk(size_t unit, int half, size_t n_units) {
+    size_t g0 = unit & ~(size_t)31, gs = n_units - g0 < 32 ? n_units - g0 : 32;
+    return 2 * g0 + (size_t)half * gs + (unit - g0);
+}
+static __host__ __device__ size_t row_units(uint32_t dt, size_t cols) { return dt == DTYPE_Q8_0 ? cols / 32 : cols / 64; }
+
 extern "C" void qmat_repack_rows(uint32_t dt, const uint8_t *src, size_t n, size_t cols, size_t row0, size_t step, int8_t *qs,
                                  uint8_t *meta) {
-    size_t per_block = dt == DTYPE_Q8_0 ? QK8_0 : QK_K, blocks = cols / per_block;
+    size_t per_block = dt == DTYPE_Q8_0 ? QK8_0 : QK_K, blocks = cols / per_block, units = row_units(dt, cols);
     size_t bb = dt == DTYPE_Q8_0 ? Q8_0_BYTES : Q4_K_BYTES, head = dt == DTYPE_Q8_0 ? 2 : 16, body = bb - head;
     for (size_t i = 0; i < n; i++) {
         size_t r = row0 + i * step;
+        uint8_t *row = (uint8_t *)qs + r * units * 32;
         for (size_t b = 0; b < blocks; b++) {
             const uint8_t *blk = src + (i * blocks + b) * bb;
             memcpy(meta + (r * blocks + b) * head, blk, head);
-            memcpy((uint8_t *)qs + (r * blocks + b) * body, blk + head, body);
+            for (size_t k = 0; k < body / 16; k++) { // the block's 16-byte chunks to their places
+                size_t unit = (b * body + 16 * k) / 32;
+                memcpy(row + 16 * unit_chunk(unit, (int)(k & 1), units), blk + head + 16 * k, 16);
+            }
         }
     }
 }
 
 // ---- decode GEMVs ----
 
-__device__ __forceinline__ int swz(int i, int sh) { return (i & ~3) | ((i & 3) ^ ((i >> sh) & 3)); }
-
-// Byte sel of v as the float 2^23 + byte.
-__device__ __forceinline__ float byte_f(uint32_t v, uint32_t sel) { return __uint_as_float(__byte_perm(v, 0x4B000000u, 0x7540u | sel)); }
-
-// sum_b q_b x_b over one word's 4 bytes (biased by `bias` each) and 4 x values.
-__device__ __forceinline__ float dot4(uint32_t v, float4 x, float bias) {
-    float s = (byte_f(v, 0) - bias) * x.x;
-    s = fmaf(byte_f(v, 1) - bias, x.y, s);
-    s = fmaf(byte_f(v, 2) - bias, x.z, s);
-    return fmaf(byte_f(v, 3) - bias, x.w, s);
-}
+// Small integers to float without the conversion unit (a quarter of the FMA rate): the float
+// 2^23 + 2^22 + v for |v| < 2^22, less that constant, is v exactly.
+__device__ __forceinline__ float i2f(int v) { return __int_as_float(v + 0x4B400000) - 12582912.0f; }
+__device__ __forceinline__ float u6f(uint32_t v) { return __uint_as_float(0x4B000000u | v) - 8388608.0f; }
 
 // GGML's get_scale_min_k4 for the sub-block pair (2p, 2p + 1), p = 0..3, without branches (lanes
 // of a warp hold different p): bytes jj of the scale words A (0..3), B (4..7), C (8..11).
@@ -73,132 +80,208 @@ __device__ __forceinline__ void scale_min_pair(uint4 m, int p, float *sc0, float
         uint32_t jj = (uint32_t)((2 * p + t) & 3);
         uint32_t A = __byte_perm(m.y, 0, 0x4440u | jj), B = __byte_perm(m.z, 0, 0x4440u | jj), C = __byte_perm(m.w, 0, 0x4440u | jj);
         uint32_t sc = hi ? (C & 15u) | ((A >> 2) & 0x30u) : A & 63u, mn = hi ? (C >> 4) | ((B >> 2) & 0x30u) : B & 63u;
-        if (t == 0) *sc0 = (float)sc, *mn0 = (float)mn;
-        else *sc1 = (float)sc, *mn1 = (float)mn;
+        if (t == 0) *sc0 = u6f(sc), *mn0 = u6f(mn);
+        else *sc1 = u6f(sc), *mn1 = u6f(mn);
     }
 }
 
 __device__ __forceinline__ float half_lo(uint32_t v) { return __half2float(__ushort_as_half((unsigned short)(v & 0xffffu))); }
 __device__ __forceinline__ float half_hi(uint32_t v) { return __half2float(__ushort_as_half((unsigned short)(v >> 16))); }
 
-// Q8_0: chunk c of a row is quants 16c .. 16c + 15 (half of block c / 2).
-__device__ __forceinline__ float q8_chunk(uint4 w, const float4 *xs, int c) {
-    const float bias = 8388608.0f + 128.0f;
-    int i = 4 * c;
-    float s = dot4(w.x ^ 0x80808080u, xs[swz(i, 3)], bias);
-    s += dot4(w.y ^ 0x80808080u, xs[swz(i + 1, 3)], bias);
-    s += dot4(w.z ^ 0x80808080u, xs[swz(i + 2, 3)], bias);
-    s += dot4(w.w ^ 0x80808080u, xs[swz(i + 3, 3)], bias);
-    return s;
-}
-
-// sum_b q_b x_b over a word of 4 nibble-bytes (0..15 each): byte b alone in a 32-bit word is the
-// denormal float q 2^-149, and x comes scaled by 2^100 (XS), so each product is q x 2^-49, exact
-// in its rounding as any product, with one permute and one FMA a weight.
-__device__ __forceinline__ float dot4_denorm(uint32_t v, float4 x, float s) {
-    s = fmaf(__uint_as_float(__byte_perm(v, 0, 0x4440u)), x.x, s);
-    s = fmaf(__uint_as_float(__byte_perm(v, 0, 0x4441u)), x.y, s);
-    s = fmaf(__uint_as_float(__byte_perm(v, 0, 0x4442u)), x.z, s);
-    return fmaf(__uint_as_float(__byte_perm(v, 0, 0x4443u)), x.w, s);
-}
-#define XS 1.2676506002282294e30f // 2^100: Q4_K's staged x
-#define XS_BACK 562949953421312.0f // 2^49: a Q4_K sum of products back to units of x
-
-// Q4_K: chunk c is bytes 16c .. 16c + 15 of the quants: super-block c / 8, within it the 32-byte
-// group p = (c % 8) / 2 (sub-blocks 2p in the low nibbles, 2p + 1 in the high), half h = c % 2.
-// Returns sum_w (d sc q - dmin m) x over its 32 weights.
-__device__ __forceinline__ float q4_chunk(uint4 w, uint4 m, const float4 *xs, const float *xsum, int c) {
-    int k = c & 7, p = k >> 1, h = k & 1;
-    int i = 64 * (c >> 3) + 16 * p + 4 * h; // float4 index of the low nibbles' first x
-    uint32_t wv[4] = {w.x, w.y, w.z, w.w};
-    float tl = 0.0f, th = 0.0f;
-#pragma unroll
-    for (int q = 0; q < 4; q++) {
-        tl = dot4_denorm(wv[q] & 0x0F0F0F0Fu, xs[swz(i + q, 4)], tl);
-        th = dot4_denorm((wv[q] >> 4) & 0x0F0F0F0Fu, xs[swz(i + 8 + q, 4)], th);
+// Shared memory: the quantized x, swizzled in 16-byte chunks so that the 8 lanes of a 128-bit
+// load's phase hit distinct banks, then the blocks' d and (Q4_K) d times the sum of q.
+// Byte offset of values i .. i + 7 (i a multiple of 8).
+template <int FMT> __device__ __forceinline__ int xq_at(int i) {
+    if (FMT == 0) { // Q8_0 unit b = 32 values: chunk k at slot k ^ bit 2 of b
+        int b = i >> 5, k = (i >> 4) & 1;
+        return 32 * b + 16 * (k ^ ((b >> 2) & 1)) + (i & 15);
     }
-    float d = half_lo(m.x), dmin = half_hi(m.x), scl, mnl, sch, mnh;
-    scale_min_pair(m, p, &scl, &mnl, &sch, &mnh);
-    return d * XS_BACK * (scl * tl + sch * th) - dmin * (mnl * xsum[i / 4] + mnh * xsum[i / 4 + 2]);
+    int t = i >> 6, k = (i >> 4) & 3; // Q4_K unit t = 64 values: chunk k at slot k ^ bits 1-2 of t
+    return 64 * t + 16 * (k ^ ((t >> 1) & 3)) + (i & 15);
+}
+template <int FMT> __device__ __forceinline__ int4 xq_chunk(const int8_t *xq, int unit, int k) {
+    if (FMT == 0) return *(const int4 *)(xq + 32 * unit + 16 * (k ^ ((unit >> 2) & 1)));
+    return *(const int4 *)(xq + 64 * unit + 16 * (k ^ ((unit >> 1) & 3)));
 }
 
-// A batch of a warp's two rows: QU chunks per lane (16 quant bytes each) and their block heads.
+// x (cols bf16), times g when given (G), into shared memory quantized per 32 as act_q8_quantize
+// does. The loads of a round (XU groups of 8 values a thread, and their g) are issued before any
+// arithmetic: one L2 round trip a round (most shapes take one round), not one a group.
+#define XU 2
+template <int FMT, int QW, bool G>
+__device__ __forceinline__ void stage_x(int8_t *xq, float *xd, float *xs, const bf16 *x, const float *g, int cols, int warp, int lane) {
+    const int n8 = cols / 8;
+    for (int base = warp * 32; base < n8; base += XU * QW * 32) { // warp-uniform trips: the shuffles see every lane
+        uint4 raw[XU];
+        float4 ga[XU], gb[XU];
+#pragma unroll
+        for (int k = 0; k < XU; k++) {
+            int gi = base + k * QW * 32 + lane;
+            bool ok = gi < n8;
+            raw[k] = ok ? ((const uint4 *)x)[gi] : make_uint4(0, 0, 0, 0);
+            if (G) {
+                ga[k] = ok ? ((const float4 *)g)[2 * gi] : make_float4(0, 0, 0, 0);
+                gb[k] = ok ? ((const float4 *)g)[2 * gi + 1] : make_float4(0, 0, 0, 0);
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < XU; k++) {
+            int gi = base + k * QW * 32 + lane;
+            if (base + k * QW * 32 >= n8) break; // warp-uniform
+            uint32_t rw[4] = {raw[k].x, raw[k].y, raw[k].z, raw[k].w};
+            float v[8];
+#pragma unroll
+            for (int j = 0; j < 4; j++) v[2 * j] = __uint_as_float(rw[j] << 16), v[2 * j + 1] = __uint_as_float(rw[j] & 0xffff0000u);
+            if (G) {
+                v[0] *= ga[k].x, v[1] *= ga[k].y, v[2] *= ga[k].z, v[3] *= ga[k].w;
+                v[4] *= gb[k].x, v[5] *= gb[k].y, v[6] *= gb[k].z, v[7] *= gb[k].w;
+            }
+            float am = 0.0f;
+#pragma unroll
+            for (int j = 0; j < 8; j++) am = fmaxf(am, fabsf(v[j]));
+            am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, 1));
+            am = fmaxf(am, __shfl_xor_sync(0xffffffffu, am, 2));
+            float d = am / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f; // correctly rounded, as the CPU's
+            int sum = 0;
+            uint32_t pk[2] = {0, 0};
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                float r = roundf(v[j] * id);
+                if (!(fabsf(r) <= 127.0f)) r = r > 0.0f ? 127.0f : r < 0.0f ? -127.0f : 0.0f;
+                int qi = (int)r;
+                sum += qi;
+                pk[j >> 2] |= (uint32_t)(qi & 255) << (8 * (j & 3));
+            }
+            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+            if (gi < n8) {
+                *(uint2 *)(xq + xq_at<FMT>(8 * gi)) = make_uint2(pk[0], pk[1]);
+                if ((gi & 3) == 0) {
+                    xd[gi >> 2] = d;
+                    if (FMT == 1) xs[gi >> 2] = d * (float)sum;
+                }
+            }
+        }
+    }
+}
+
+// A batch of a warp's two rows: 2 units a lane (two 16-byte chunks each) and their heads.
+#define QB 2
 struct QBatch {
-    uint4 a[QU], b[QU];     // rows r0, r1
-    uint4 ma[QU], mb[QU];   // Q4_K: the super-block heads
-    unsigned short da[QU], db[QU]; // Q8_0: the blocks' d
+    uint4 a[2 * QB], b[2 * QB];    // rows r0, r1
+    uint4 ma[QB], mb[QB];          // Q4_K: the super-block heads
+    unsigned short da[QB], db[QB]; // Q8_0: the blocks' d
 };
 
 template <int FMT>
-__device__ __forceinline__ void load_batch(QBatch &q, const QMat &m, int r0, int r1, int c0, int lane) {
-    int cols = m.cols, chunks = FMT == 0 ? cols / 16 : cols / 32;
-    size_t row_bytes = FMT == 0 ? (size_t)cols : (size_t)cols / 2;
-    const uint4 *w0 = (const uint4 *)(m.qs + (size_t)r0 * row_bytes), *w1 = (const uint4 *)(m.qs + (size_t)r1 * row_bytes);
+__device__ __forceinline__ void load_batch(QBatch &q, const QMat &m, int r0, int r1, int u0, int lane) {
+    const int units = FMT == 0 ? m.cols / 32 : m.cols / 64;
+    const uint4 *w0 = (const uint4 *)m.qs + (size_t)r0 * 2 * units, *w1 = (const uint4 *)m.qs + (size_t)r1 * 2 * units;
 #pragma unroll
-    for (int u = 0; u < QU; u++) {
-        int c = c0 + u * 32 + lane;
-        bool ok = c < chunks;
-        q.a[u] = ok ? __ldcs(w0 + c) : make_uint4(0, 0, 0, 0);
-        q.b[u] = ok ? __ldcs(w1 + c) : make_uint4(0, 0, 0, 0);
+    for (int u = 0; u < QB; u++) {
+        int t = u0 + u * 32 + lane;
+        bool ok = t < units;
+        size_t c0 = unit_chunk((size_t)t, 0, (size_t)units), c1 = unit_chunk((size_t)t, 1, (size_t)units);
+        q.a[2 * u] = ok ? __ldcs(w0 + c0) : make_uint4(0, 0, 0, 0);
+        q.a[2 * u + 1] = ok ? __ldcs(w0 + c1) : make_uint4(0, 0, 0, 0);
+        q.b[2 * u] = ok ? __ldcs(w1 + c0) : make_uint4(0, 0, 0, 0);
+        q.b[2 * u + 1] = ok ? __ldcs(w1 + c1) : make_uint4(0, 0, 0, 0);
         if (FMT == 0) {
-            const unsigned short *d0 = (const unsigned short *)m.meta + (size_t)r0 * (cols / 32);
-            const unsigned short *d1 = (const unsigned short *)m.meta + (size_t)r1 * (cols / 32);
-            q.da[u] = ok ? __ldg(d0 + (c >> 1)) : 0;
-            q.db[u] = ok ? __ldg(d1 + (c >> 1)) : 0;
+            q.da[u] = ok ? __ldg((const unsigned short *)m.meta + (size_t)r0 * units + t) : 0;
+            q.db[u] = ok ? __ldg((const unsigned short *)m.meta + (size_t)r1 * units + t) : 0;
         } else {
-            const uint4 *h0 = (const uint4 *)(m.meta + (size_t)r0 * (cols / 256) * 16);
-            const uint4 *h1 = (const uint4 *)(m.meta + (size_t)r1 * (cols / 256) * 16);
-            q.ma[u] = ok ? __ldg(h0 + (c >> 3)) : make_uint4(0, 0, 0, 0);
-            q.mb[u] = ok ? __ldg(h1 + (c >> 3)) : make_uint4(0, 0, 0, 0);
+            q.ma[u] = ok ? __ldg((const uint4 *)m.meta + (size_t)r0 * (m.cols / 256) + (t >> 2)) : make_uint4(0, 0, 0, 0);
+            q.mb[u] = ok ? __ldg((const uint4 *)m.meta + (size_t)r1 * (m.cols / 256) + (t >> 2)) : make_uint4(0, 0, 0, 0);
         }
     }
 }
 
-template <int FMT, int EPI, bool NORM_IN, bool STATS> // FMT 0: Q8_0, 1: Q4_K
-__global__ void __launch_bounds__(QW * 32) gemv_q_kernel(void *y, QMat m, const bf16 *x, const float *g, QNorm nl) {
-    extern __shared__ float4 xs[];
-    const int cols = m.cols, n4 = cols / 4, chunks = FMT == 0 ? cols / 16 : cols / 32;
-    float *xsum = (float *)(xs + n4); // Q4_K: sums of x over runs of 16
-    constexpr int SH = FMT == 0 ? 3 : 4;
+__device__ __forceinline__ int dot16(uint4 w, int4 x, int acc) {
+    acc = __dp4a((int)w.x, x.x, acc);
+    acc = __dp4a((int)w.y, x.y, acc);
+    acc = __dp4a((int)w.z, x.z, acc);
+    return __dp4a((int)w.w, x.w, acc);
+}
+__device__ __forceinline__ uint4 nib(uint4 w, int shift) {
+    const uint32_t M = 0x0F0F0F0Fu;
+    return make_uint4((w.x >> shift) & M, (w.y >> shift) & M, (w.z >> shift) & M, (w.w >> shift) & M);
+}
+
+// Q8_0 unit: d dx sum(q qx) over the block.
+__device__ __forceinline__ float q8_unit(uint4 w0, uint4 w1, unsigned short dw, int4 x0, int4 x1, float dx) {
+    int s = dot16(w1, x1, dot16(w0, x0, 0));
+    return __half2float(__ushort_as_half(dw)) * dx * i2f(s);
+}
+
+// Q4_K unit (sub-blocks 2p, 2p + 1): dx (d sc sum(q qx)) - dmin m (dx sum(qx)) for each.
+__device__ __forceinline__ float q4_unit(uint4 w0, uint4 w1, uint4 m, int p, int4 X0, int4 X1, int4 X2, int4 X3, float2 dx, float2 sx) {
+    int il = dot16(nib(w1, 0), X1, dot16(nib(w0, 0), X0, 0));
+    int ih = dot16(nib(w1, 4), X3, dot16(nib(w0, 4), X2, 0));
+    float d = half_lo(m.x), dmin = half_hi(m.x), scl, mnl, sch, mnh;
+    scale_min_pair(m, p, &scl, &mnl, &sch, &mnh);
+    return d * (dx.x * scl * i2f(il) + dx.y * sch * i2f(ih)) - dmin * (mnl * sx.x + mnh * sx.y);
+}
+
+// s0, s1 += the batch c (units from u0) times the staged x, for rows r0, r1.
+template <int FMT>
+__device__ __forceinline__ void mul_batch(const QBatch &c, const int8_t *xq, const float *xd, const float *xs, int units, int u0, int lane,
+                                          float &s0, float &s1) {
+#pragma unroll
+    for (int u = 0; u < QB; u++) {
+        int t = u0 + u * 32 + lane;
+        if (t >= units) continue;
+        if (FMT == 0) {
+            int4 x0 = xq_chunk<0>(xq, t, 0), x1 = xq_chunk<0>(xq, t, 1);
+            float dx = xd[t];
+            s0 += q8_unit(c.a[2 * u], c.a[2 * u + 1], c.da[u], x0, x1, dx);
+            s1 += q8_unit(c.b[2 * u], c.b[2 * u + 1], c.db[u], x0, x1, dx);
+        } else {
+            int4 X0 = xq_chunk<1>(xq, t, 0), X1 = xq_chunk<1>(xq, t, 1), X2 = xq_chunk<1>(xq, t, 2), X3 = xq_chunk<1>(xq, t, 3);
+            float2 dx = *(const float2 *)(xd + 2 * t), sx = *(const float2 *)(xs + 2 * t);
+            s0 += q4_unit(c.a[2 * u], c.a[2 * u + 1], c.ma[u], t & 3, X0, X1, X2, X3, dx, sx);
+            s1 += q4_unit(c.b[2 * u], c.b[2 * u + 1], c.mb[u], t & 3, X0, X1, X2, X3, dx, sx);
+        }
+    }
+}
+
+// FMT 0: Q8_0, 1: Q4_K; QW warps a block, each two rows (a SwiGLU's gate/up pair).
+template <int FMT, int EPI, bool NORM_IN, bool STATS, int QW>
+__global__ void __launch_bounds__(QW * 32, (FMT == 0 && !NORM_IN ? 4 : 3) * 8 / QW) gemv_q_kernel(void *y, QMat m, const bf16 *x, const float *g, QNorm nl) {
+    extern __shared__ int4 smem[];
+    const int cols = m.cols, units = FMT == 0 ? cols / 32 : cols / 64;
+    int8_t *xq = (int8_t *)smem;
+    float *xd = (float *)(xq + cols), *xs = xd + cols / 32;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int r0 = (blockIdx.x * QW + warp) * 2;
+    // The grid is at most what fits on the GPU at once: a block stages x once and then takes
+    // groups of 2 QW rows blockIdx.x, + gridDim.x, ... (a wide matrix's many groups share one staging).
+    const int groups = (m.rows + 2 * QW - 1) / (2 * QW);
+    int grp = blockIdx.x, r0 = (grp * QW + warp) * 2;
     bool active = r0 < m.rows;
     int r1 = r0 + 1 < m.rows ? r0 + 1 : r0;
+    if (!active) r0 = r1 = 0;
     // The first batch of weights is requested before anything else: weights are read-only, so
     // their loads overlap the previous kernel's tail (PDL) and the staging of x.
     QBatch q;
-    load_batch<FMT>(q, m, active ? r0 : 0, active ? r1 : 0, 0, lane);
+    load_batch<FMT>(q, m, r0, r1, 0, lane);
     pdl_release();
     pdl_wait();
-    for (int i = threadIdx.x; i < n4; i += blockDim.x) {
-        uint2 raw = ((const uint2 *)x)[i];
-        float4 v = make_float4(__uint_as_float(raw.x << 16), __uint_as_float(raw.x & 0xffff0000u), __uint_as_float(raw.y << 16),
-                               __uint_as_float(raw.y & 0xffff0000u));
-        if (g) {
-            float4 gg = ((const float4 *)g)[i];
-            v.x *= gg.x, v.y *= gg.y, v.z *= gg.z, v.w *= gg.w;
-        }
-        xs[swz(i, SH)] = v;
-    }
-    __syncthreads();
-    if (FMT == 1) { // the sums of x over runs of 16, then x scaled for dot4_denorm (each thread its own run)
-        for (int i = threadIdx.x; i < cols / 16; i += blockDim.x) {
-            float s = 0.0f;
+    // NORM_IN: this thread's share of the producer's sums of squares, requested with x (below)
+    // and added after it is staged.
+    constexpr int SQ = 2;
+    float sqv[SQ];
 #pragma unroll
-            for (int k = 0; k < 4; k++) {
-                float4 v = xs[swz(4 * i + k, SH)];
-                s += (v.x + v.y) + (v.z + v.w);
-                xs[swz(4 * i + k, SH)] = make_float4(v.x * XS, v.y * XS, v.z * XS, v.w * XS);
-            }
-            xsum[i] = s;
-        }
-        __syncthreads();
+    for (int k = 0; k < SQ; k++) {
+        int i = threadIdx.x + k * QW * 32;
+        sqv[k] = NORM_IN && i < nl.n_sumsq ? nl.sumsq_in[i] : 0.0f;
     }
+    stage_x<FMT, QW, NORM_IN>(xq, xd, xs, x, g, cols, warp, lane);
     __shared__ float red[QW];
     float inv_rms = 1.0f;
     if (NORM_IN) {
         float ss = 0.0f;
-        for (int i = threadIdx.x; i < nl.n_sumsq; i += blockDim.x) ss += nl.sumsq_in[i];
+#pragma unroll
+        for (int k = 0; k < SQ; k++) ss += sqv[k];
+        for (int i = threadIdx.x + SQ * QW * 32; i < nl.n_sumsq; i += QW * 32) ss += nl.sumsq_in[i];
         ss = warp_sum(ss);
         if (lane == 0) red[warp] = ss;
         __syncthreads();
@@ -206,78 +289,116 @@ __global__ void __launch_bounds__(QW * 32) gemv_q_kernel(void *y, QMat m, const 
 #pragma unroll
         for (int i = 0; i < QW; i++) ss += red[i];
         inv_rms = rsqrtf(ss / (float)cols + nl.eps);
-        __syncthreads(); // red is reused below
     }
-    float s0 = 0.0f, s1 = 0.0f;
-    if (active) {
-        for (int c0 = 0;;) {
-#pragma unroll
-            for (int u = 0; u < QU; u++) {
-                int c = c0 + u * 32 + lane;
-                if (c < chunks) {
-                    if (FMT == 0) {
-                        s0 = fmaf(__half2float(__ushort_as_half(q.da[u])), q8_chunk(q.a[u], xs, c), s0);
-                        s1 = fmaf(__half2float(__ushort_as_half(q.db[u])), q8_chunk(q.b[u], xs, c), s1);
-                    } else {
-                        s0 += q4_chunk(q.a[u], q.ma[u], xs, xsum, c);
-                        s1 += q4_chunk(q.b[u], q.mb[u], xs, xsum, c);
-                    }
+    __syncthreads(); // x staged (and red read: it is reused below)
+    for (;;) {
+        float s0 = 0.0f, s1 = 0.0f;
+        if (active) {
+            for (int u0 = 0;;) {
+                mul_batch<FMT>(q, xq, xd, xs, units, u0, lane, s0, s1);
+                u0 += 32 * QB;
+                if (u0 >= units) break;
+                load_batch<FMT>(q, m, r0, r1, u0, lane);
+            }
+        }
+        // the next group's first batch is requested before this group's sums are written
+        int ngrp = grp + gridDim.x, n0 = (ngrp * QW + warp) * 2;
+        bool nact = ngrp < groups && n0 < m.rows;
+        int n1 = n0 + 1 < m.rows ? n0 + 1 : n0;
+        if (!nact) n0 = n1 = 0;
+        if (ngrp < groups) load_batch<FMT>(q, m, n0, n1, 0, lane);
+        s0 = warp_sum(s0) * inv_rms;
+        s1 = warp_sum(s1) * inv_rms;
+        float sq = 0.0f;
+        if (lane == 0 && active) {
+            if (EPI == GEMV_SWIGLU) {
+                ((bf16 *)y)[r0 / 2] = __float2bfloat16(s0 / (1.0f + __expf(-s0)) * s1);
+            } else if (EPI == GEMV_STORE) {
+                ((float *)y)[r0] = s0;
+                if (r1 != r0) ((float *)y)[r1] = s1;
+            } else {
+                float *yf = (float *)y;
+                float v0 = yf[r0] + s0, v1 = r1 != r0 ? yf[r1] + s1 : 0.0f;
+                yf[r0] = v0;
+                if (r1 != r0) yf[r1] = v1;
+                if (STATS) {
+                    nl.y_bf16[r0] = __float2bfloat16(v0);
+                    if (r1 != r0) nl.y_bf16[r1] = __float2bfloat16(v1);
+                    sq = v0 * v0 + v1 * v1;
                 }
             }
-            c0 += 32 * QU;
-            if (c0 >= chunks) break;
-            load_batch<FMT>(q, m, r0, r1, c0, lane);
         }
-    }
-    s0 = warp_sum(s0) * inv_rms;
-    s1 = warp_sum(s1) * inv_rms;
-    float sq = 0.0f;
-    if (lane == 0 && active) {
-        if (EPI == GEMV_SWIGLU) {
-            ((bf16 *)y)[r0 / 2] = __float2bfloat16(s0 / (1.0f + __expf(-s0)) * s1);
-        } else if (EPI == GEMV_STORE) {
-            ((float *)y)[r0] = s0;
-            if (r1 != r0) ((float *)y)[r1] = s1;
-        } else {
-            float *yf = (float *)y;
-            float v0 = yf[r0] + s0, v1 = r1 != r0 ? yf[r1] + s1 : 0.0f;
-            yf[r0] = v0;
-            if (r1 != r0) yf[r1] = v1;
-            if (STATS) {
-                nl.y_bf16[r0] = __float2bfloat16(v0);
-                if (r1 != r0) nl.y_bf16[r1] = __float2bfloat16(v1);
-                sq = v0 * v0 + v1 * v1;
-            }
+        if (STATS) { // rows in fours: warps 2t and 2t + 1 of the group hold fours t
+            if (lane == 0) red[warp] = sq;
+            __syncthreads();
+            int fours = (m.rows + 3) / 4, gi = grp * (QW / 2) + threadIdx.x;
+            if (threadIdx.x < QW / 2 && gi < fours) nl.sumsq[gi] = red[2 * threadIdx.x] + red[2 * threadIdx.x + 1];
+            __syncthreads(); // red is written again by the next group
         }
-    }
-    if (STATS) { // rows in fours: warps 2t and 2t + 1 of the block hold group t
-        if (lane == 0) red[warp] = sq;
-        __syncthreads();
-        int groups = (m.rows + 3) / 4, gi = blockIdx.x * (QW / 2) + threadIdx.x;
-        if (threadIdx.x < QW / 2 && gi < groups) nl.sumsq[gi] = red[2 * threadIdx.x] + red[2 * threadIdx.x + 1];
+        if (ngrp >= groups) break; // block-uniform
+        grp = ngrp, r0 = n0, r1 = n1, active = nact;
     }
 }
 
-template <int FMT, int EPI, bool NORM_IN, bool STATS>
-static cudaError_t launch_q(void *y, const QMat *m, const bf16 *x, const float *g, QNorm nl, cudaStream_t st) {
-    if (m->cols % (FMT == 0 ? 32 : 256) || m->rows < 1) return cudaErrorInvalidValue;
-    size_t smem = (size_t)m->cols * 4 + (FMT == 1 ? (size_t)m->cols / 16 * 4 : 0);
+// Which block size (0: 8 warps, 1: 16) a shape runs with: tuned on the H100 (test_gemv_quant's
+// variant table in tests/bench/GPU.md); any choice computes the same sums in the same order per row.
+static int pick_variant(uint32_t dt, int rows, int cols, int epi) {
+    (void)rows, (void)epi;
+    return dt == DTYPE_Q4_K || cols >= 8192 ? 1 : 0; // Q4_K, long rows (the FFN's down): fewer blocks staging x
+}
+
+template <int FMT, int EPI, bool NORM_IN, bool STATS, int QW>
+static cudaError_t launch_v(void *y, const QMat *m, const bf16 *x, const float *g, QNorm nl, size_t smem, cudaStream_t st) {
+    auto k = gemv_q_kernel<FMT, EPI, NORM_IN, STATS, QW>;
     if (smem > 48 * 1024) {
         static size_t set = 0; // the largest size this instantiation was allowed so far
         if (smem > set) {
-            CU_TRY(cudaFuncSetAttribute(gemv_q_kernel<FMT, EPI, NORM_IN, STATS>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+            CU_TRY(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
             set = smem;
         }
     }
-    int blocks = (m->rows + 2 * QW - 1) / (2 * QW);
-    return launch_pdl(gemv_q_kernel<FMT, EPI, NORM_IN, STATS>, blocks, QW * 32, smem, st, y, *m, x, g, nl);
+    static size_t fit_smem[4];
+    static int fit[4]; // blocks of this instantiation resident on the whole GPU at once, by smem
+    int slot = 0;
+    while (slot < 3 && fit[slot] && fit_smem[slot] != smem) slot++;
+    if (!fit[slot] || fit_smem[slot] != smem) {
+        int dev, sms, per_sm;
+        CU_TRY(cudaGetDevice(&dev));
+        CU_TRY(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+        CU_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, QW * 32, smem));
+        fit[slot] = sms * (per_sm > 0 ? per_sm : 1), fit_smem[slot] = smem;
+    }
+    int groups = (m->rows + 2 * QW - 1) / (2 * QW), blocks = groups < fit[slot] ? groups : fit[slot];
+    return launch_pdl(k, blocks, QW * 32, smem, st, y, *m, x, g, nl);
+}
+
+template <int FMT, int EPI, bool NORM_IN, bool STATS>
+static cudaError_t launch_q(void *y, const QMat *m, const bf16 *x, const float *g, QNorm nl, int variant, cudaStream_t st) {
+    if (m->cols % (FMT == 0 ? 32 : 256) || m->rows < 1) return cudaErrorInvalidValue;
+    if (((uintptr_t)x & 15) || ((uintptr_t)g & 15)) return cudaErrorMisalignedAddress; // x read 8 values at a time
+    size_t smem = (size_t)m->cols + (size_t)m->cols / 32 * 4 * (FMT == 1 ? 2 : 1);
+    if (variant < 0) variant = pick_variant(m->dt, m->rows, m->cols, EPI);
+    if (variant == 1) return launch_v<FMT, EPI, NORM_IN, STATS, 16>(y, m, x, g, nl, smem, st);
+    return launch_v<FMT, EPI, NORM_IN, STATS, 8>(y, m, x, g, nl, smem, st);
 }
 
 template <int EPI, bool NORM_IN, bool STATS>
-static cudaError_t launch_fmt(void *y, const QMat *m, const bf16 *x, const float *g, QNorm nl, cudaStream_t st) {
-    if (m->dt == DTYPE_Q8_0) return launch_q<0, EPI, NORM_IN, STATS>(y, m, x, g, nl, st);
-    if (m->dt == DTYPE_Q4_K) return launch_q<1, EPI, NORM_IN, STATS>(y, m, x, g, nl, st);
+static cudaError_t launch_fmt(void *y, const QMat *m, const bf16 *x, const float *g, QNorm nl, cudaStream_t st, int variant = -1) {
+    if (m->dt == DTYPE_Q8_0) return launch_q<0, EPI, NORM_IN, STATS>(y, m, x, g, nl, variant, st);
+    if (m->dt == DTYPE_Q4_K) return launch_q<1, EPI, NORM_IN, STATS>(y, m, x, g, nl, variant, st);
     return cudaErrorInvalidValue;
+}
+
+extern "C" cudaError_t gemv_q_variant(void *y, const QMat *m, const bf16 *x, int epilogue, bf16 *y_bf16, float *sumsq, int variant,
+                                      cudaStream_t st) {
+    QNorm none = {NULL, NULL, NULL, 0, 0.0f}, nl = {y_bf16, sumsq, NULL, 0, 0.0f};
+    switch (epilogue) {
+    case GEMV_STORE: return launch_fmt<GEMV_STORE, false, false>(y, m, x, NULL, none, st, variant);
+    case GEMV_SWIGLU: return launch_fmt<GEMV_SWIGLU, false, false>(y, m, x, NULL, none, st, variant);
+    case GEMV_ADD: return y_bf16 ? launch_fmt<GEMV_ADD, false, true>((float *)y, m, x, NULL, nl, st, variant)
+                                 : launch_fmt<GEMV_ADD, false, false>(y, m, x, NULL, none, st, variant);
+    default: return cudaErrorInvalidValue;
+    }
 }
 
 extern "C" cudaError_t gemv_q(void *y, const QMat *m, const bf16 *x, int epilogue, cudaStream_t st) {
@@ -317,7 +438,8 @@ __device__ __forceinline__ void store16(bf16 *p, const float *v) {
     ((uint4 *)p)[1] = make_uint4(u[4], u[5], u[6], u[7]);
 }
 
-// One thread per 16 quants (Q8_0) or 32 (Q4_K, one 16-byte chunk).
+// One thread per 16 quants (Q8_0) or 32 (Q4_K): one 16-byte chunk c of the GGML row, found at
+// its device place (unit c / 2, half c % 2).
 __global__ void q_to_bf16_kernel(bf16 *W, QMat m, const float *g) {
     size_t per_row = m.dt == DTYPE_Q8_0 ? m.cols / 16 : m.cols / 32, n = per_row * m.rows;
     for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < n; t += (size_t)gridDim.x * blockDim.x) {
@@ -325,7 +447,7 @@ __global__ void q_to_bf16_kernel(bf16 *W, QMat m, const float *g) {
         int c = (int)(t % per_row);
         bf16 *out = W + r * m.cols;
         if (m.dt == DTYPE_Q8_0) {
-            uint4 w = ((const uint4 *)(m.qs + r * m.cols))[c];
+            uint4 w = ((const uint4 *)(m.qs + r * m.cols))[unit_chunk((size_t)c >> 1, c & 1, (size_t)m.cols / 32)];
             float d = __half2float(__ushort_as_half(((const unsigned short *)m.meta)[r * (m.cols / 32) + c / 2]));
             uint32_t wv[4] = {w.x, w.y, w.z, w.w};
             float v[16];
@@ -336,7 +458,7 @@ __global__ void q_to_bf16_kernel(bf16 *W, QMat m, const float *g) {
             }
             store16(out + 16 * c, v);
         } else {
-            uint4 w = ((const uint4 *)(m.qs + r * (m.cols / 2)))[c];
+            uint4 w = ((const uint4 *)(m.qs + r * (m.cols / 2)))[unit_chunk((size_t)c >> 1, c & 1, (size_t)m.cols / 64)];
             uint4 mm = ((const uint4 *)(m.meta + r * (m.cols / 256) * 16))[c >> 3];
             int k8 = c & 7, j = k8 >> 1, h = k8 & 1, base = 256 * (c >> 3) + 64 * j + 16 * h;
             float d = half_lo(mm.x), dmin = half_hi(mm.x), scl, mnl, sch, mnh;

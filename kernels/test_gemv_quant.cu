@@ -2,13 +2,16 @@
 // inputs, then timed at Llama-3.1-8B's shapes beside the device's read bandwidth.
 //
 // Blocks come from model/quant.c's quantizers (GGML's reference algorithms) applied to random
-// rows, so their scales are what real weights give. The reference dequantizes with
-// weights_rows_to_f32 (GGML's values, exactly) and sums in double. Bounds, from the arithmetic
-// (u = 2^-24, fp32's unit roundoff): the GPU sums n products in fp32 with its own order and,
-// for Q4_K, as d sc sum(q x) - dmin m sum(x) per 16 weights instead of sum((d sc q - dmin m) x):
-// |got - want| <= (n + 32) u * S, S = sum over the row of |d sc q x| + |dmin m x| (Q8_0: |d q x|),
-// the worst case of every rounding adding up (Higham, Accuracy and Stability, 3.1). Epilogues add
-// what they compute: 1/rms from fp32 sums (+ (n_sumsq + 8) u relative), SwiGLU's silu (slope
+// rows, so their scales are what real weights give. The decode GEMVs multiply activations
+// quantized per 32 (model/quant.h's ActQ8): the kernel quantizes x (times g) itself with the
+// CPU's act_q8_quantize arithmetic, so the reference quantizes the same fp32 values with that
+// function and sums w (weights_rows_to_f32: GGML's values, exactly) times dx q in double. The
+// blocks' integer sums are exact on both sides, so what remains are the fp32 roundings (u = 2^-24):
+// per 32 weights at most 6 (d dx or d sc dx, times the sum, the min term's product, the
+// difference, the accumulation) and a lane's and the warp's additions (units / 32 + 5):
+// |got - want| <= (n / 32 + 16) u * S, S = sum over the row of mag |dx q|, mag = |d sc q| +
+// |dmin m| (Q8_0: |d q|), every rounding adding up (Higham, Accuracy and Stability, 3.1). Epilogues
+// add what they compute: 1/rms from fp32 sums (+ (n_sumsq + 8) u relative), SwiGLU's silu (slope
 // below 1.1) and its bf16 output (2^-9 relative), the residual's bf16 copy (2^-9 relative).
 // Dequantization for the prefill GEMMs: exactly the bf16 of GGML's value (times the norm weight).
 #include <math.h>
@@ -97,7 +100,7 @@ static double silu(double a) { return a / (1.0 + exp(-a)); }
 
 // One GEMV variant against the reference: epi GEMV_STORE / ADD / SWIGLU; normed: x times g and
 // 1/rms from sumsq; stats: the residual add's bf16 copy and sums of squares.
-static void check_gemv(Mat &m, int epi, bool normed, bool stats) {
+static void check_gemv(Mat &m, int epi, bool normed, bool stats, int variant = -1) {
     int n = m.cols, d = m.rows;
     const double u = 1.0 / 16777216.0;
     std::vector<uint16_t> xb(n);
@@ -106,18 +109,25 @@ static void check_gemv(Mat &m, int epi, bool normed, bool stats) {
     for (int i = 0; i < d; i++) y0[i] = frand();
     double ss = 0;
     for (int i = 0; i < 13; i++) sums[i] = 3.0f + 2.0f * frand(), ss += sums[i];
-    // reference: per row the dot product in double and its bound's magnitude
+    // reference: x (times g, one fp32 rounding as in the kernel) quantized as the CPU quantizes,
+    // per row the dot product in double and its bound's magnitude
+    std::vector<float> xg(n), ad(n / 32);
+    std::vector<int8_t> aq(n);
+    std::vector<int32_t> asum(n / 32);
+    for (int c = 0; c < n; c++) xg[c] = normed ? x[c] * g[c] : x[c];
+    ActQ8 act = {n, aq.data(), ad.data(), asum.data()};
+    act_q8_quantize(xg.data(), &act);
     std::vector<double> dot(d), bound(d);
     double inv_rms = normed ? 1.0 / sqrt(ss / n + 1e-5) : 1.0, rms_rel = normed ? (13 + 8) * u : 0.0;
     for (int r = 0; r < d; r++) {
         double s = 0, S = 0;
         for (int c = 0; c < n; c++) {
-            double xc = normed ? (double)x[c] * g[c] : x[c];
+            double xc = (double)ad[c / 32] * aq[c];
             s += (double)m.w[(size_t)r * n + c] * xc;
             S += m.mag[(size_t)r * n + c] * fabs(xc);
         }
         dot[r] = s * inv_rms;
-        bound[r] = ((n + 32) * u * S + (normed ? n * u * S : 0)) * inv_rms + fabs(dot[r]) * rms_rel; // x g rounded once more
+        bound[r] = (n / 32 + 16) * u * S * inv_rms + fabs(dot[r]) * rms_rel;
     }
     float *dy, *dg, *dsum, *dstats;
     bf16 *dx, *dyb;
@@ -131,7 +141,8 @@ static void check_gemv(Mat &m, int epi, bool normed, bool stats) {
     CU_CHECK(cudaMemcpy(dx, xb.data(), n * 2, cudaMemcpyHostToDevice));
     CU_CHECK(cudaMemcpy(dg, g.data(), n * 4, cudaMemcpyHostToDevice));
     CU_CHECK(cudaMemcpy(dsum, sums.data(), 13 * 4, cudaMemcpyHostToDevice));
-    if (stats) CU_CHECK(gemv_q_add_stats(dy, &m.dev, dx, dyb, dstats, 0));
+    if (variant >= 0) CU_CHECK(gemv_q_variant(dy, &m.dev, dx, epi, stats ? dyb : NULL, stats ? dstats : NULL, variant, 0));
+    else if (stats) CU_CHECK(gemv_q_add_stats(dy, &m.dev, dx, dyb, dstats, 0));
     else if (normed) CU_CHECK(gemv_q_normed(dy, &m.dev, dx, epi, dg, dsum, 13, 1e-5f, 0));
     else CU_CHECK(gemv_q(dy, &m.dev, dx, epi, 0));
     CU_CHECK(cudaDeviceSynchronize());
@@ -174,8 +185,10 @@ static void check_gemv(Mat &m, int epi, bool normed, bool stats) {
         }
     const char *en = epi == GEMV_SWIGLU ? "swiglu" : epi == GEMV_ADD ? "add" : "store";
     char fmt[200];
-    snprintf(fmt, sizeof fmt, "%s %dx%d %s%s%s: worst error %%.3g of its bound (%%.0f)", dtype_name(m.dt), d, n, en, normed ? ", normed" : "",
-             stats ? ", with the residual's bf16 and sums of squares" : "");
+    char vn[32] = "";
+    if (variant >= 0) snprintf(vn, sizeof vn, ", variant %d", variant);
+    snprintf(fmt, sizeof fmt, "%s %dx%d %s%s%s%s: worst error %%.3g of its bound (%%.0f)", dtype_name(m.dt), d, n, en, normed ? ", normed" : "",
+             stats ? ", with the residual's bf16 and sums of squares" : "", vn);
     check(worst <= 1.0, fmt, worst, 1.0);
     cudaFree(dy), cudaFree(dx), cudaFree(dg), cudaFree(dsum), cudaFree(dyb), cudaFree(dstats);
 }
@@ -204,7 +217,8 @@ static void check_dequant(Mat &m, bool with_g) {
     cudaFree(dg), cudaFree(dw);
 }
 
-// Median microseconds of a GEMV (STORE, or SWIGLU for the gate/up shape) over 50 runs.
+// Median microseconds of a GEMV (STORE, or SWIGLU for the gate/up shape) over 50 runs, for each
+// variant beside the launch's own pick.
 static void time_gemv(uint32_t dt, int rows, int cols, int epi, const char *what, double bw) {
     QMat q = {dt, rows, cols, NULL, NULL};
     CU_CHECK(cudaMalloc(&q.qs, qmat_qs_bytes(dt, rows, cols)));
@@ -217,18 +231,22 @@ static void time_gemv(uint32_t dt, int rows, int cols, int epi, const char *what
     CU_CHECK(cudaMemset(x, 0, (size_t)cols * 2));
     cudaEvent_t a, b;
     cudaEventCreate(&a), cudaEventCreate(&b);
-    std::vector<float> t(50);
-    for (int i = 0; i < 60; i++) {
-        cudaEventRecord(a);
-        CU_CHECK(gemv_q(y, &q, x, epi, 0));
-        cudaEventRecord(b);
-        cudaEventSynchronize(b);
-        if (i >= 10) cudaEventElapsedTime(&t[i - 10], a, b);
+    double bytes = (double)(qmat_qs_bytes(dt, rows, cols) + qmat_meta_bytes(dt, rows, cols));
+    printf("| %s | %s | %d x %d | %.1f MB |", dtype_name(dt), what, rows, cols, bytes / 1e6);
+    for (int v = -1; v < 2; v++) {
+        std::vector<float> t(50);
+        for (int i = 0; i < 60; i++) {
+            cudaEventRecord(a);
+            CU_CHECK(gemv_q_variant(y, &q, x, epi, NULL, NULL, v, 0));
+            cudaEventRecord(b);
+            cudaEventSynchronize(b);
+            if (i >= 10) cudaEventElapsedTime(&t[i - 10], a, b);
+        }
+        std::sort(t.begin(), t.end());
+        double us = t[25] * 1e3;
+        printf(" %.1f (%.2f) |", us, bytes / us / 1e6 / (bw / 1e12));
     }
-    std::sort(t.begin(), t.end());
-    double us = t[25] * 1e3, bytes = (double)(qmat_qs_bytes(dt, rows, cols) + qmat_meta_bytes(dt, rows, cols));
-    printf("| %s | %s | %d x %d | %.1f MB | %.1f | %.2f | %.2f |\n", dtype_name(dt), what, rows, cols, bytes / 1e6, us, bytes / us / 1e6,
-           bytes / us / 1e6 / (bw / 1e12));
+    printf("\n");
     cudaEventDestroy(a), cudaEventDestroy(b);
     cudaFree(y), cudaFree(x), cudaFree(q.qs), cudaFree(q.meta);
 }
@@ -236,8 +254,8 @@ static void time_gemv(uint32_t dt, int rows, int cols, int epi, const char *what
 int main(void) {
     uint32_t dts[2] = {DTYPE_Q8_0, DTYPE_Q4_K};
     for (int k = 0; k < 2; k++) {
-        int shapes[3][2] = {{96, 512}, {50, 1024}, {34, 2304}}; // even and odd warps' rows, partial blocks of 16 rows
-        for (int s = 0; s < 3; s++) {
+        int shapes[5][2] = {{96, 512}, {50, 1024}, {34, 2304}, {18, 14336}, {9000, 256}}; // odd warps, partial blocks of 16 rows, partial groups of 32 units, several batches a warp, more row groups than the grid has blocks
+        for (int s = 0; s < 5; s++) {
             Mat m;
             make_mat(m, dts[k], shapes[s][0], shapes[s][1]);
             check_gemv(m, GEMV_STORE, false, false);
@@ -246,6 +264,11 @@ int main(void) {
             check_gemv(m, GEMV_STORE, true, false);
             check_gemv(m, GEMV_SWIGLU, true, false);
             check_gemv(m, GEMV_ADD, false, true);
+            for (int v = 0; v < 2; v++) { // every variant the launch may pick
+                check_gemv(m, GEMV_STORE, false, false, v);
+                check_gemv(m, GEMV_ADD, false, true, v);
+                check_gemv(m, GEMV_SWIGLU, false, false, v);
+            }
             check_dequant(m, false);
             check_dequant(m, true);
             free_mat(m);
@@ -262,7 +285,8 @@ int main(void) {
     if (!getenv("PKV_SKIP_BENCH")) {
         double bw = gpu_read_bandwidth();
         printf("\nmeasured read bandwidth %.2f TB/s; median of 50 runs after 10\n\n", bw / 1e12);
-        printf("| format | matrix | rows x cols | bytes | us | GB/s | of bandwidth |\n| --- | --- | --- | --- | --- | --- | --- |\n");
+        printf("us (of bandwidth); variants: 0 blocks of 8 warps, 1 of 16 (each warp two rows)\n\n");
+        printf("| format | matrix | rows x cols | bytes | picked | 0 | 1 |\n| --- | --- | --- | --- | --- | --- | --- |\n");
         for (int k = 0; k < 2; k++) {
             time_gemv(dts[k], 6144, 4096, GEMV_STORE, "QKV", bw);
             time_gemv(dts[k], 4096, 4096, GEMV_STORE, "O", bw);

@@ -1,5 +1,6 @@
 // The CPU backend: the reference every other backend is checked against. fp32 math, the pool's
-// threads across output rows, bf16 weights widened and Q8_0 / Q4_K blocks dequantized on the fly.
+// threads across output rows, bf16 weights widened and Q8_0 / Q4_K blocks dequantized on the fly
+// (several tokens), or multiplied as blocks by activations quantized per 32 (decode; quant.h).
 #include "backend.h"
 #include "bf16.h"
 #include "config.h"
@@ -7,6 +8,7 @@
 #include "quant.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #ifndef NO_BLAS
@@ -45,6 +47,7 @@ typedef struct {
     const void *w;
     uint32_t dtype;
     int T, n, d, rows;
+    const ActQ8 *act;             // decode with quantized weights: x quantized per 32
     float *buf[POOL_MAX_THREADS]; // per thread: weight rows widened to fp32 (allocated on first use)
 } Product;
 
@@ -58,7 +61,14 @@ static void rows_task(void *ctx, int task, int thread) {
     (void)thread;
     Product *p = ctx;
     int i1 = (task + 1) * p->rows < p->d ? (task + 1) * p->rows : p->d;
-    for (int i = task * p->rows; i < i1; i++) p->y[i] = dot_row(p->w, p->dtype, (size_t)i, p->x, p->n);
+    size_t rb = dtype_row_bytes(p->dtype, (uint64_t)p->n);
+    const uint8_t *w = p->w;
+    if (p->act && p->dtype == DTYPE_Q8_0)
+        for (int i = task * p->rows; i < i1; i++) p->y[i] = dot_q8_0_act(w + i * rb, p->act);
+    else if (p->act)
+        for (int i = task * p->rows; i < i1; i++) p->y[i] = dot_q4_k_act(w + i * rb, p->act);
+    else
+        for (int i = task * p->rows; i < i1; i++) p->y[i] = dot_row(p->w, p->dtype, (size_t)i, p->x, p->n);
 }
 
 #ifndef NO_BLAS
@@ -104,9 +114,21 @@ static void row_reuse_task(void *ctx, int task, int thread) {
 #endif
 
 static void matmul(float *y, const float *x, const void *w, uint32_t dtype, int T, int n, int d) {
-    Product p = {y, x, w, dtype, T, n, d, 16, {NULL}};
+    Product p = {y, x, w, dtype, T, n, d, 16, NULL, {NULL}};
     if (T == 1) { // decode: one pass over the weights, nothing to reuse; 16 rows a task
+        ActQ8 act = {n, NULL, NULL, NULL};
+        if (dtype_is_quant(dtype)) { // the activations quantized once, as the GPU's decode does
+            void *mem = malloc((size_t)n + (size_t)n / 32 * 8);
+            if (!mem) {
+                fprintf(stderr, "error: out of memory (%zu bytes for a product's quantized activations)\n", (size_t)n * 5 / 4);
+                exit(1);
+            }
+            act.d = mem, act.sum = (int32_t *)mem + n / 32, act.q = (int8_t *)mem + (size_t)n / 32 * 8;
+            act_q8_quantize(x, &act);
+            p.act = &act;
+        }
         pool_run((d + p.rows - 1) / p.rows, rows_task, &p);
+        if (p.act) free(act.d);
         return;
     }
 #ifndef NO_BLAS

@@ -271,6 +271,56 @@ float dot_q4_k(const uint8_t *w, const float *x, int n) {
     return s;
 }
 
+// ---- decode activations quantized per 32 (ActQ8) ----
+
+void act_q8_quantize(const float *x, ActQ8 *a) {
+    for (int b = 0; b < a->n / 32; b++, x += 32) {
+        float amax = 0.0f;
+        for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[j]));
+        float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+        int32_t sum = 0;
+        for (int j = 0; j < 32; j++) {
+            float v = roundf(x[j] * id);
+            if (!(fabsf(v) <= 127.0f)) v = v > 0 ? 127.0f : v < 0 ? -127.0f : 0.0f; // as quantize_row_q8_0
+            a->q[32 * b + j] = (int8_t)v;
+            sum += (int32_t)v;
+        }
+        a->d[b] = d, a->sum[b] = sum;
+    }
+}
+
+// The integer sums are exact (|sum| <= 32 * 127 * 127); then d dx once and one product per block.
+float dot_q8_0_act(const uint8_t *w, const ActQ8 *a) {
+    float s = 0.0f;
+    for (int b = 0; b < a->n / QK8_0; b++, w += Q8_0_BYTES) {
+        const int8_t *q = (const int8_t *)(w + 2), *xq = a->q + 32 * b;
+        int32_t isum = 0;
+        for (int j = 0; j < 32; j++) isum += (int32_t)q[j] * xq[j];
+        s += h2f(w) * a->d[b] * (float)isum;
+    }
+    return s;
+}
+
+float dot_q4_k_act(const uint8_t *w, const ActQ8 *a) {
+    float s = 0.0f;
+    for (int sb = 0; sb < a->n / QK_K; sb++, w += Q4_K_BYTES) {
+        float d = h2f(w), dmin = h2f(w + 2);
+        for (int p = 0; p < 4; p++) { // bytes 32p .. 32p + 31: sub-blocks 2p (low nibbles), 2p + 1 (high)
+            const uint8_t *q = w + 16 + 32 * p;
+            int blk = 8 * sb + 2 * p;
+            const int8_t *xl = a->q + 32 * blk, *xh = xl + 32;
+            int32_t il = 0, ih = 0;
+            for (int l = 0; l < 32; l++) il += (int32_t)(q[l] & 15) * xl[l], ih += (int32_t)(q[l] >> 4) * xh[l];
+            int sc0, m0, sc1, m1;
+            q4_k_scale_min(2 * p, w + 4, &sc0, &m0);
+            q4_k_scale_min(2 * p + 1, w + 4, &sc1, &m1);
+            s += a->d[blk] * (d * (float)sc0 * (float)il - dmin * (float)m0 * (float)a->sum[blk]);
+            s += a->d[blk + 1] * (d * (float)sc1 * (float)ih - dmin * (float)m1 * (float)a->sum[blk + 1]);
+        }
+    }
+    return s;
+}
+
 void weights_rows_to_f32(const void *src, uint32_t dtype, size_t row0, size_t n_rows, size_t cols, float *out) {
     const uint8_t *p = (const uint8_t *)src + row0 * dtype_row_bytes(dtype, cols);
     size_t n = n_rows * cols;

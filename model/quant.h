@@ -37,8 +37,26 @@ void q4_k_scale_min(int j, const uint8_t *scales, int *sc, int *m);
 // each value exactly GGML's dequantization of it. cols must be whole blocks of dtype.
 void weights_rows_to_f32(const void *src, uint32_t dtype, size_t row0, size_t n_rows, size_t cols, float *out);
 
-// sum_j w_j x_j over one row of n weights, x fp32 (activations are not quantized).
+// sum_j w_j x_j over one row of n weights, x fp32 (a product over several tokens when its panel
+// scratch could not be allocated).
 float dot_q8_0(const uint8_t *w, const float *x, int n);
 float dot_q4_k(const uint8_t *w, const float *x, int n);
+
+// The activations of a decode step's product with quantized weights, on the CPU and the GPU alike:
+// per 32 values quantized as GGML's Q8_0 quantizes (d = max|x| / 127, q = round(x * (1 / d)), the
+// same roundings) with d kept in fp32, and each block's sum of q (Q4_K's min term). A row's dot
+// product is then exact integer sums per 32 weights, scaled in fp32 (GGML's vec_dot on Q8_0 /
+// Q8_K activations; llama.cpp's CUDA decode on Q8_1). A prefill multiplies fp32 (bf16 on the GPU)
+// activations by the dequantized weights instead.
+typedef struct {
+    int n;        // values, a multiple of 32
+    int8_t *q;    // (n)
+    float *d;     // (n / 32)
+    int32_t *sum; // (n / 32): sum of the block's q
+} ActQ8;
+void act_q8_quantize(const float *x, ActQ8 *a);
+// sum_b d_b dx_b sum_j q_j qx_j (Q8_0); sum_s dx_s (d sc_s sum_j q_j qx_j - dmin m_s sum_j qx_j) (Q4_K).
+float dot_q8_0_act(const uint8_t *w, const ActQ8 *a);
+float dot_q4_k_act(const uint8_t *w, const ActQ8 *a);
 
 #endif

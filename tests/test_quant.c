@@ -13,7 +13,8 @@
 //    the classic gamma_n bound of a length-n dot product in any order (1% for its 1/(1 - nu)). Q4_K
 //    forms each weight d sc q - dmin m exactly as dequantized, then a product and at most n - 1
 //    additions; Q8_0 scales each block's sum of q x by d: at most n / 32 + 12 roundings a term;
-//    sgemm on dequantized panels: one product and n - 1 additions.
+//    sgemm on dequantized panels: one product and n - 1 additions. Decode multiplies activations
+//    quantized per 32 (quant.h's ActQ8): checked against double over those quantized values.
 #include "../model/backend.h"
 #include "../model/bf16.h"
 #include "../model/quant.h"
@@ -127,7 +128,53 @@ static void test_quantize_error(Rng *r) {
     check(zero, "q4_k: an all-zero row comes back all zero");
 }
 
-// y = x W^T against double over the dequantized weights, within (n + 2) u sum |w x|.
+// Per weight, the magnitude its term's roundings scale with: |w| (Q8_0), |d sc q| + |dmin m| (Q4_K,
+// whose decode product sums d sc q x and dmin m x apart).
+static void weight_mags(const uint8_t *q, uint32_t dt, int rows, int n, const float *w, double *mag) {
+    size_t rb = dtype_row_bytes(dt, (uint64_t)n);
+    for (int i = 0; i < rows; i++)
+        for (int j = 0; j < n; j++) {
+            size_t k = (size_t)i * n + j;
+            if (dt == DTYPE_Q8_0) {
+                mag[k] = fabs(w[k]);
+                continue;
+            }
+            const uint8_t *blk = q + i * rb + (size_t)(j / 256) * Q4_K_BYTES;
+            int sc, m, l = j % 256, qv = l % 64 < 32 ? blk[16 + 32 * (l / 64) + l % 32] & 15 : blk[16 + 32 * (l / 64) + l % 32] >> 4;
+            q4_k_scale_min(l / 32, blk + 4, &sc, &m);
+            mag[k] = fabs((double)f16_to_f32(*(const uint16_t *)blk) * sc * qv) + fabs((double)f16_to_f32(*(const uint16_t *)(blk + 2)) * m);
+        }
+}
+
+// The decode activations (ActQ8): per block the quants quantize_row_q8_0 gives the same values
+// (GGML's Q8_0 arithmetic, checked against gguf-py in test_quant.py), d = max|x| / 127 in fp32,
+// the sums; zero, tiny (1 / d overflows) and outlier blocks among them.
+static void test_act_quantize(Rng *r) {
+    enum { N = 32 * 40 };
+    float x[N];
+    int8_t q[N];
+    float d[N / 32];
+    int32_t sum[N / 32];
+    uint8_t blk[Q8_0_BYTES];
+    for (int j = 0; j < N; j++) x[j] = gauss(r) * (j % 97 == 0 ? 50.0f : 1.0f);
+    for (int j = 0; j < 32; j++) x[64 + j] = 0.0f, x[96 + j] = ldexpf(gauss(r), -126); // a zero block, a subnormal one
+    ActQ8 a = {N, q, d, sum};
+    act_q8_quantize(x, &a);
+    int bad = 0;
+    for (int b = 0; b < N / 32; b++) {
+        quantize_row_q8_0(x + 32 * b, blk, 32);
+        float amax = 0.0f;
+        int32_t s = 0;
+        for (int j = 0; j < 32; j++) amax = fmaxf(amax, fabsf(x[32 * b + j])), s += q[32 * b + j];
+        bad += memcmp(blk + 2, q + 32 * b, 32) != 0 || d[b] != amax / 127.0f || sum[b] != s;
+    }
+    check(bad == 0, "decode activations: quants as quantize_row_q8_0's, d = max|x| / 127 in fp32, the sums (%d of %d blocks differ)", bad, N / 32);
+}
+
+// y = x W^T against double over the dequantized weights, within (n + 2) u sum |w x| (T > 1). A
+// decode (T = 1) multiplies the activations as quantized (dx q): against double over those, within
+// (n / 32 + 4) u sum mag |dx q|: a block's integer sums are exact, then at most four roundings
+// (d dx or d sc, times the sum, the min term's, the difference times dx) and the n / 32 additions.
 static void test_matmul(Rng *r, uint32_t dt, int T, int n, int d) {
     size_t rb = dtype_row_bytes(dt, (uint64_t)n);
     float *src = malloc((size_t)d * n * sizeof(float)), *w = malloc((size_t)d * n * sizeof(float));
@@ -141,22 +188,46 @@ static void test_matmul(Rng *r, uint32_t dt, int T, int n, int d) {
     }
     weights_rows_to_f32(q, dt, 0, (size_t)d, (size_t)n, w);
     backend_cpu.matmul(y, x, q, dt, T, n, d);
+    double *xr = malloc((size_t)T * n * sizeof(double)), *wm = malloc((size_t)d * n * sizeof(double));
+    for (size_t i = 0; i < (size_t)T * n; i++) xr[i] = x[i];
+    for (size_t i = 0; i < (size_t)d * n; i++) wm[i] = fabs(w[i]);
+    double terms = n + 2;
+    if (T == 1) { // the activations as the decode product quantizes them
+        int8_t *aq = malloc((size_t)n);
+        float *ad = malloc((size_t)n / 32 * sizeof(float));
+        int32_t *as = malloc((size_t)n / 32 * sizeof(int32_t));
+        ActQ8 a = {n, aq, ad, as};
+        act_q8_quantize(x, &a);
+        for (int j = 0; j < n; j++) xr[j] = (double)ad[j / 32] * aq[j];
+        weight_mags(q, dt, d, n, w, wm);
+        terms = n / 32 + 4;
+        free(aq), free(ad), free(as);
+    }
     const double u = ldexp(1.0, -24);
     int bad = 0;
-    double worst = 0;
+    double worst = 0, qerr = 0;
     for (int t = 0; t < T; t++)
         for (int i = 0; i < d; i++) {
-            double ref = 0, mag = 0;
+            double ref = 0, mag = 0, exact = 0;
             for (int j = 0; j < n; j++) {
-                double p = (double)w[(size_t)i * n + j] * x[(size_t)t * n + j];
-                ref += p, mag += fabs(p);
+                double p = (double)w[(size_t)i * n + j] * xr[(size_t)t * n + j];
+                ref += p, mag += wm[(size_t)i * n + j] * fabs(xr[(size_t)t * n + j]);
+                exact += (double)w[(size_t)i * n + j] * x[(size_t)t * n + j];
             }
-            double e = fabs((double)y[(size_t)t * d + i] - ref), bound = 1.01 * (n + 2) * u * mag;
+            double e = fabs((double)y[(size_t)t * d + i] - ref), bound = 1.01 * terms * u * mag;
             bad += !(e <= bound);
             if (mag > 0 && e / (u * mag) > worst) worst = e / (u * mag);
+            if (mag > 0 && fabs(ref - exact) / mag > qerr) qerr = fabs(ref - exact) / mag;
         }
-    check(bad == 0, "%s matmul T=%d n=%d d=%d: every output within (n + 2) u sum|w x| of double (worst %.1f u sum|w x|, %d outside)",
-          dtype_name(dt), T, n, d, worst, bad);
+    if (T == 1)
+        check(bad == 0,
+              "%s decode product n=%d d=%d on activations quantized per 32: every output within (n / 32 + 4) u sum|mag dx q| of double "
+              "(worst %.1f u, %d outside; the quantization itself moves outputs by up to %.2g of sum|mag x|)",
+              dtype_name(dt), n, d, worst, bad, qerr);
+    else
+        check(bad == 0, "%s matmul T=%d n=%d d=%d: every output within (n + 2) u sum|w x| of double (worst %.1f u sum|w x|, %d outside)",
+              dtype_name(dt), T, n, d, worst, bad);
+    free(xr), free(wm);
     // the embedding lookup: rows exactly as dequantized
     int tokens[3] = {0, d - 1, d / 2};
     float *e = malloc(3 * (size_t)n * sizeof(float));
@@ -179,6 +250,7 @@ int main(void) {
     test_sizes();
     test_dequantize(&r);
     test_quantize_error(&r);
+    test_act_quantize(&r);
     for (int k = 0; k < 2; k++) {
         uint32_t dt = k ? DTYPE_Q4_K : DTYPE_Q8_0;
         test_matmul(&r, dt, 1, 1536, 300);  // decode: the block dot products
