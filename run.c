@@ -49,7 +49,7 @@ typedef struct {
     int threads;              // --threads N, or OMP_NUM_THREADS (0: tuned, at most the CPUs we may use)
     int bench;                // --bench
     const char *synthetic;    // --synthetic NAME
-    const char *quant;        // --quant q8_0|q4_k: a synthetic model's matrices
+    const char *quant;        // --quant q8_0|q4_k|q4_0: a synthetic model's matrices
     const char *bench_ctx;    // --bench-ctx 4096,32768
     int bench_steps;
     int bench_prefill;
@@ -119,7 +119,7 @@ static void usage(FILE *f) {
             "  --synthetic NAME random weights of a real shape instead of a model file:\n"
             "                   llama3.1-8b, qwen3-8b, qwen3-0.6b; also without --bench, on the GPU, to\n"
             "                   generate from a prompt of ids (--ids -f FILE -n N) or --score ids (--ids)\n"
-            "  --quant q8_0|q4_k a --synthetic model's matrices as Q8_0 or Q4_K blocks (head Q8_0)\n"
+            "  --quant q8_0|q4_k|q4_0 a --synthetic model's matrices as Q8_0, Q4_K or Q4_0 blocks (head Q8_0)\n"
             "  --bench-ctx LIST contexts to fill, e.g. 4096,32768,131072 (default 4096,32768,131072)\n"
             "  --bench-steps N  timed decode steps per context (default 64, at least 64)\n"
             "  --bench-prefill  fill by a real prefill of random tokens (timed) instead of random K/V\n"
@@ -1103,7 +1103,7 @@ static void select_device(Model *m, const char *device) {
 // --quant for a --synthetic model: its matrices made as blocks on the GPU.
 static void synthetic_quant(Model *m, const char *quant) {
     if (!quant) return;
-    m->synthetic_dt = strcmp(quant, "q8_0") == 0 ? DTYPE_Q8_0 : DTYPE_Q4_K;
+    m->synthetic_dt = strcmp(quant, "q8_0") == 0 ? DTYPE_Q8_0 : strcmp(quant, "q4_0") == 0 ? DTYPE_Q4_0 : DTYPE_Q4_K;
     m->n_quantized = 7 * (int)m->c.n_layers + 1;
 }
 
@@ -1237,7 +1237,7 @@ int main(int argc, char **argv) {
             NEEDS_VALUE(); o.synthetic = v;
         } else if (strcmp(a, "--quant") == 0) {
             NEEDS_VALUE(); o.quant = v;
-            if (strcmp(v, "q8_0") != 0 && strcmp(v, "q4_k") != 0) die("--quant must be q8_0 or q4_k, not '%s'", v);
+            if (strcmp(v, "q8_0") != 0 && strcmp(v, "q4_k") != 0 && strcmp(v, "q4_0") != 0) die("--quant must be q8_0, q4_k or q4_0, not '%s'", v);
         } else if (strcmp(a, "--bench-ctx") == 0) {
             NEEDS_VALUE(); o.bench_ctx = v;
         } else if (strcmp(a, "--bench-steps") == 0) {

@@ -102,17 +102,22 @@ static size_t activation_bytes(const Config *c, int ctx, int chunk, int logit_ro
 // mixed group -- a GGUF's Q4_K wq beside a wv that ./export widened to bf16 -- is widened too).
 static uint32_t group_dt(uint32_t a, uint32_t b, uint32_t c) { return a == b && b == c && dtype_is_quant(a) ? a : (uint32_t)DTYPE_BF16; }
 
-// Layer l's groups: QKV, O, gate/up, down.
+// Layer l's groups: QKV, O, gate/up, down (a quantized group whose rows the GPU's kernels do not
+// take as blocks -- Q4_0 rows not whole 64-weight units -- is widened to bf16).
 static void layer_dts(const Model *m, uint32_t l, uint32_t dt[4]) {
+    const Config *c = &m->c;
+    size_t cols[4] = {c->dim, (size_t)c->n_heads * c->head_dim, c->dim, c->hidden_dim};
     if (!m->token_embd) { // synthetic: every matrix in the dtype asked for
         dt[0] = dt[1] = dt[2] = dt[3] = m->synthetic_dt;
-        return;
+    } else {
+        const LayerWeights *w = &m->layers[l];
+        dt[0] = group_dt(w->wq_dt, w->wk_dt, w->wv_dt);
+        dt[1] = group_dt(w->wo_dt, w->wo_dt, w->wo_dt);
+        dt[2] = group_dt(w->w_gate_dt, w->w_up_dt, w->w_up_dt);
+        dt[3] = group_dt(w->w_down_dt, w->w_down_dt, w->w_down_dt);
     }
-    const LayerWeights *w = &m->layers[l];
-    dt[0] = group_dt(w->wq_dt, w->wk_dt, w->wv_dt);
-    dt[1] = group_dt(w->wo_dt, w->wo_dt, w->wo_dt);
-    dt[2] = group_dt(w->w_gate_dt, w->w_up_dt, w->w_up_dt);
-    dt[3] = group_dt(w->w_down_dt, w->w_down_dt, w->w_down_dt);
+    for (int k = 0; k < 4; k++)
+        if (dtype_is_quant(dt[k]) && !qmat_supported(dt[k], cols[k])) dt[k] = DTYPE_BF16;
 }
 
 // The LM head's: kept quantized for the decode step when it is (a synthetic quantized model's is
@@ -120,7 +125,7 @@ static void layer_dts(const Model *m, uint32_t l, uint32_t dt[4]) {
 static uint32_t head_dt(const Model *m) {
     if (!m->token_embd) return dtype_is_quant(m->synthetic_dt) ? (uint32_t)DTYPE_Q8_0 : (uint32_t)DTYPE_BF16;
     uint32_t d = m->c.tied_embeddings ? m->token_embd_dt : m->output_dt;
-    return dtype_is_quant(d) ? d : (uint32_t)DTYPE_BF16;
+    return dtype_is_quant(d) && qmat_supported(d, m->c.dim) ? d : (uint32_t)DTYPE_BF16;
 }
 
 static size_t mat_bytes(uint32_t dt, size_t rows, size_t cols) {

@@ -34,7 +34,10 @@ struct QNorm {
 
 extern "C" size_t qmat_qs_bytes(uint32_t dt, size_t rows, size_t cols) { return dt == DTYPE_Q8_0 ? rows * cols : rows * cols / 2; }
 extern "C" size_t qmat_meta_bytes(uint32_t dt, size_t rows, size_t cols) {
-    return dt == DTYPE_Q8_0 ? rows * (cols / 32) * 2 : rows * (cols / 256) * 16;
+    return dt == DTYPE_Q4_K ? rows * (cols / 256) * 16 : rows * (cols / 32) * 2;
+}
+extern "C" int qmat_supported(uint32_t dt, size_t cols) {
+    return (dt == DTYPE_Q8_0 && cols % 32 == 0) || (dt == DTYPE_Q4_K && cols % 256 == 0) || (dt == DTYPE_Q4_0 && cols % 64 == 0);
 }
 
 // The device order of a row's 16-byte chunks: units in groups of 32, a group's first halves, then
@@ -45,11 +48,13 @@ __host__ __device__ __forceinline__ size_t unit_chunk(size_t unit, int half, siz
     return 2 * g0 + (size_t)half * gs + (unit - g0);
 }
 static __host__ __device__ size_t row_units(uint32_t dt, size_t cols) { return dt == DTYPE_Q8_0 ? cols / 32 : cols / 64; }
+static __host__ __device__ size_t block_elems(uint32_t dt) { return dt == DTYPE_Q8_0 ? QK8_0 : dt == DTYPE_Q4_0 ? QK4_0 : QK_K; }
+static __host__ __device__ size_t block_bytes(uint32_t dt) { return dt == DTYPE_Q8_0 ? Q8_0_BYTES : dt == DTYPE_Q4_0 ? Q4_0_BYTES : Q4_K_BYTES; }
 
 extern "C" void qmat_repack_rows(uint32_t dt, const uint8_t *src, size_t n, size_t cols, size_t row0, size_t step, int8_t *qs,
                                  uint8_t *meta) {
-    size_t per_block = dt == DTYPE_Q8_0 ? QK8_0 : QK_K, blocks = cols / per_block, units = row_units(dt, cols);
-    size_t bb = dt == DTYPE_Q8_0 ? Q8_0_BYTES : Q4_K_BYTES, head = dt == DTYPE_Q8_0 ? 2 : 16, body = bb - head;
+    size_t blocks = cols / block_elems(dt), units = row_units(dt, cols);
+    size_t bb = block_bytes(dt), head = dt == DTYPE_Q4_K ? 16 : 2, body = bb - head;
     for (size_t i = 0; i < n; i++) {
         size_t r = row0 + i * step;
         uint8_t *row = (uint8_t *)qs + r * units * 32;
@@ -57,8 +62,8 @@ extern "C" void qmat_repack_rows(uint32_t dt, const uint8_t *src, size_t n, size
             const uint8_t *blk = src + (i * blocks + b) * bb;
             memcpy(meta + (r * blocks + b) * head, blk, head);
             for (size_t k = 0; k < body / 16; k++) { // the block's 16-byte chunks to their places
-                size_t unit = (b * body + 16 * k) / 32;
-                memcpy(row + 16 * unit_chunk(unit, (int)(k & 1), units), blk + head + 16 * k, 16);
+                size_t o = b * body + 16 * k; // in the row's quants
+                memcpy(row + 16 * unit_chunk(o / 32, (int)((o / 16) & 1), units), blk + head + 16 * k, 16);
             }
         }
     }
@@ -99,6 +104,7 @@ template <int FMT> __device__ __forceinline__ int xq_at(int i) {
     int t = i >> 6, k = (i >> 4) & 3; // Q4_K unit t = 64 values: chunk k at slot k ^ bits 1-2 of t
     return 64 * t + 16 * (k ^ ((t >> 1) & 3)) + (i & 15);
 }
+// (Q4_0 takes Q4_K's layout: its unit is 64 values too.)
 template <int FMT> __device__ __forceinline__ int4 xq_chunk(const int8_t *xq, int unit, int k) {
     if (FMT == 0) return *(const int4 *)(xq + 32 * unit + 16 * (k ^ ((unit >> 2) & 1)));
     return *(const int4 *)(xq + 64 * unit + 16 * (k ^ ((unit >> 1) & 3)));
@@ -158,7 +164,7 @@ __device__ __forceinline__ void stage_x(int8_t *xq, float *xd, float *xs, const 
                 *(uint2 *)(xq + xq_at<FMT>(8 * gi)) = make_uint2(pk[0], pk[1]);
                 if ((gi & 3) == 0) {
                     xd[gi >> 2] = d;
-                    if (FMT == 1) xs[gi >> 2] = d * (float)sum;
+                    if (FMT != 0) xs[gi >> 2] = d * (float)sum;
                 }
             }
         }
@@ -189,9 +195,12 @@ __device__ __forceinline__ void load_batch(QBatch &q, const QMat &m, int r0, int
         if (FMT == 0) {
             q.da[u] = ok ? __ldg((const unsigned short *)m.meta + (size_t)r0 * units + t) : 0;
             q.db[u] = ok ? __ldg((const unsigned short *)m.meta + (size_t)r1 * units + t) : 0;
-        } else {
+        } else if (FMT == 1) {
             q.ma[u] = ok ? __ldg((const uint4 *)m.meta + (size_t)r0 * (m.cols / 256) + (t >> 2)) : make_uint4(0, 0, 0, 0);
             q.mb[u] = ok ? __ldg((const uint4 *)m.meta + (size_t)r1 * (m.cols / 256) + (t >> 2)) : make_uint4(0, 0, 0, 0);
+        } else { // Q4_0: the unit's two blocks' d in one word
+            q.ma[u].x = ok ? __ldg((const uint32_t *)m.meta + (size_t)r0 * units + t) : 0;
+            q.mb[u].x = ok ? __ldg((const uint32_t *)m.meta + (size_t)r1 * units + t) : 0;
         }
     }
 }
@@ -222,6 +231,13 @@ __device__ __forceinline__ float q4_unit(uint4 w0, uint4 w1, uint4 m, int p, int
     return d * (dx.x * scl * i2f(il) + dx.y * sch * i2f(ih)) - dmin * (mnl * sx.x + mnh * sx.y);
 }
 
+// Q4_0 unit (blocks 2t, 2t + 1; block byte j: weight j low, 16 + j high): d dx (sum(q qx) - 8 sum(qx)) each.
+__device__ __forceinline__ float q40_unit(uint4 w0, uint4 w1, uint32_t d2, int4 X0, int4 X1, int4 X2, int4 X3, float2 dx, float2 sx) {
+    int i0 = dot16(nib(w0, 4), X1, dot16(nib(w0, 0), X0, 0));
+    int i1 = dot16(nib(w1, 4), X3, dot16(nib(w1, 0), X2, 0));
+    return half_lo(d2) * (dx.x * i2f(i0) - 8.0f * sx.x) + half_hi(d2) * (dx.y * i2f(i1) - 8.0f * sx.y);
+}
+
 // s0, s1 += the batch c (units from u0) times the staged x, for rows r0, r1.
 template <int FMT>
 __device__ __forceinline__ void mul_batch(const QBatch &c, const int8_t *xq, const float *xd, const float *xs, int units, int u0, int lane,
@@ -238,13 +254,18 @@ __device__ __forceinline__ void mul_batch(const QBatch &c, const int8_t *xq, con
         } else {
             int4 X0 = xq_chunk<1>(xq, t, 0), X1 = xq_chunk<1>(xq, t, 1), X2 = xq_chunk<1>(xq, t, 2), X3 = xq_chunk<1>(xq, t, 3);
             float2 dx = *(const float2 *)(xd + 2 * t), sx = *(const float2 *)(xs + 2 * t);
-            s0 += q4_unit(c.a[2 * u], c.a[2 * u + 1], c.ma[u], t & 3, X0, X1, X2, X3, dx, sx);
-            s1 += q4_unit(c.b[2 * u], c.b[2 * u + 1], c.mb[u], t & 3, X0, X1, X2, X3, dx, sx);
+            if (FMT == 1) {
+                s0 += q4_unit(c.a[2 * u], c.a[2 * u + 1], c.ma[u], t & 3, X0, X1, X2, X3, dx, sx);
+                s1 += q4_unit(c.b[2 * u], c.b[2 * u + 1], c.mb[u], t & 3, X0, X1, X2, X3, dx, sx);
+            } else {
+                s0 += q40_unit(c.a[2 * u], c.a[2 * u + 1], c.ma[u].x, X0, X1, X2, X3, dx, sx);
+                s1 += q40_unit(c.b[2 * u], c.b[2 * u + 1], c.mb[u].x, X0, X1, X2, X3, dx, sx);
+            }
         }
     }
 }
 
-// FMT 0: Q8_0, 1: Q4_K; QW warps a block, each two rows (a SwiGLU's gate/up pair).
+// FMT 0: Q8_0, 1: Q4_K, 2: Q4_0; QW warps a block, each two rows (a SwiGLU's gate/up pair).
 template <int FMT, int EPI, bool NORM_IN, bool STATS, int QW>
 __global__ void __launch_bounds__(QW * 32, (FMT == 0 && !NORM_IN ? 4 : 3) * 8 / QW) gemv_q_kernel(void *y, QMat m, const bf16 *x, const float *g, QNorm nl) {
     extern __shared__ int4 smem[];
@@ -344,7 +365,7 @@ __global__ void __launch_bounds__(QW * 32, (FMT == 0 && !NORM_IN ? 4 : 3) * 8 / 
 // variant table in tests/bench/GPU.md); any choice computes the same sums in the same order per row.
 static int pick_variant(uint32_t dt, int rows, int cols, int epi) {
     (void)rows, (void)epi;
-    return dt == DTYPE_Q4_K || cols >= 8192 ? 1 : 0; // Q4_K, long rows (the FFN's down): fewer blocks staging x
+    return dt != DTYPE_Q8_0 || cols >= 8192 ? 1 : 0; // 4-bit, long rows (the FFN's down): fewer blocks staging x
 }
 
 template <int FMT, int EPI, bool NORM_IN, bool STATS, int QW>
@@ -374,9 +395,9 @@ static cudaError_t launch_v(void *y, const QMat *m, const bf16 *x, const float *
 
 template <int FMT, int EPI, bool NORM_IN, bool STATS>
 static cudaError_t launch_q(void *y, const QMat *m, const bf16 *x, const float *g, QNorm nl, int variant, cudaStream_t st) {
-    if (m->cols % (FMT == 0 ? 32 : 256) || m->rows < 1) return cudaErrorInvalidValue;
+    if (!qmat_supported(m->dt, (size_t)m->cols) || m->rows < 1) return cudaErrorInvalidValue;
     if (((uintptr_t)x & 15) || ((uintptr_t)g & 15)) return cudaErrorMisalignedAddress; // x read 8 values at a time
-    size_t smem = (size_t)m->cols + (size_t)m->cols / 32 * 4 * (FMT == 1 ? 2 : 1);
+    size_t smem = (size_t)m->cols + (size_t)m->cols / 32 * 4 * (FMT != 0 ? 2 : 1);
     if (variant < 0) variant = pick_variant(m->dt, m->rows, m->cols, EPI);
     if (variant == 1) return launch_v<FMT, EPI, NORM_IN, STATS, 16>(y, m, x, g, nl, smem, st);
     return launch_v<FMT, EPI, NORM_IN, STATS, 8>(y, m, x, g, nl, smem, st);
@@ -386,6 +407,7 @@ template <int EPI, bool NORM_IN, bool STATS>
 static cudaError_t launch_fmt(void *y, const QMat *m, const bf16 *x, const float *g, QNorm nl, cudaStream_t st, int variant = -1) {
     if (m->dt == DTYPE_Q8_0) return launch_q<0, EPI, NORM_IN, STATS>(y, m, x, g, nl, variant, st);
     if (m->dt == DTYPE_Q4_K) return launch_q<1, EPI, NORM_IN, STATS>(y, m, x, g, nl, variant, st);
+    if (m->dt == DTYPE_Q4_0) return launch_q<2, EPI, NORM_IN, STATS>(y, m, x, g, nl, variant, st);
     return cudaErrorInvalidValue;
 }
 
@@ -457,6 +479,19 @@ __global__ void q_to_bf16_kernel(bf16 *W, QMat m, const float *g) {
                 if (g) v[k] = __fmul_rn(v[k], g[16 * c + k]);
             }
             store16(out + 16 * c, v);
+        } else if (m.dt == DTYPE_Q4_0) { // chunk c: block c (GGML's (q - 8) d, exact)
+            uint4 w = ((const uint4 *)(m.qs + r * (m.cols / 2)))[unit_chunk((size_t)c >> 1, c & 1, (size_t)m.cols / 64)];
+            float d = __half2float(__ushort_as_half(((const unsigned short *)m.meta)[r * (m.cols / 32) + c]));
+            uint32_t wv[4] = {w.x, w.y, w.z, w.w};
+            float lo[16], hi[16];
+#pragma unroll
+            for (int k = 0; k < 16; k++) {
+                int byte = (int)((wv[k / 4] >> (8 * (k % 4))) & 255u);
+                lo[k] = __fmul_rn((float)((byte & 15) - 8), d), hi[k] = __fmul_rn((float)((byte >> 4) - 8), d);
+                if (g) lo[k] = __fmul_rn(lo[k], g[32 * c + k]), hi[k] = __fmul_rn(hi[k], g[32 * c + 16 + k]);
+            }
+            store16(out + 32 * c, lo);
+            store16(out + 32 * c + 16, hi);
         } else {
             uint4 w = ((const uint4 *)(m.qs + r * (m.cols / 2)))[unit_chunk((size_t)c >> 1, c & 1, (size_t)m.cols / 64)];
             uint4 mm = ((const uint4 *)(m.meta + r * (m.cols / 256) * 16))[c >> 3];
@@ -481,7 +516,7 @@ __global__ void q_to_bf16_kernel(bf16 *W, QMat m, const float *g) {
 }
 
 extern "C" cudaError_t qmat_to_bf16(bf16 *W, const QMat *m, const float *g, cudaStream_t st) {
-    if (m->dt != DTYPE_Q8_0 && m->dt != DTYPE_Q4_K) return cudaErrorInvalidValue;
+    if (!qmat_supported(m->dt, (size_t)m->cols)) return cudaErrorInvalidValue;
     q_to_bf16_kernel<<<4096, 256, 0, st>>>(W, *m, g);
     return cudaGetLastError();
 }
@@ -501,13 +536,15 @@ __device__ __forceinline__ uint32_t qhash(unsigned long long x) {
 // sub-block scale and min 32, d = a / 240 and dmin = 7.5 d, so w = 32 d (q - 7.5) in [-a, a].
 __global__ void q_fill_kernel(QMat m, unsigned long long seed, float a) {
     size_t qs = m.dt == DTYPE_Q8_0 ? (size_t)m.rows * m.cols : (size_t)m.rows * m.cols / 2;
-    size_t heads = m.dt == DTYPE_Q8_0 ? (size_t)m.rows * (m.cols / 32) : (size_t)m.rows * (m.cols / 256);
+    size_t heads = m.dt == DTYPE_Q4_K ? (size_t)m.rows * (m.cols / 256) : (size_t)m.rows * (m.cols / 32);
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < qs + heads; i += (size_t)gridDim.x * blockDim.x) {
         if (i < qs) {
             uint32_t r = qhash(seed * 0x9e3779b97f4a7c15ULL + i);
             m.qs[i] = m.dt == DTYPE_Q8_0 ? (int8_t)((int)(r % 255u) - 127) : (int8_t)(r & 255u);
         } else if (m.dt == DTYPE_Q8_0) {
             ((__half *)m.meta)[i - qs] = __float2half(a / 127.0f);
+        } else if (m.dt == DTYPE_Q4_0) { // quants uniform in [0, 15]: w = d (q - 8) in [-a, a]
+            ((__half *)m.meta)[i - qs] = __float2half(a / 8.0f);
         } else {
             uint8_t *h = m.meta + (i - qs) * 16;
             float d = a / 240.0f;

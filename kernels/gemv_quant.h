@@ -1,10 +1,14 @@
-// Quantized weights on the GPU: model/quant.h's Q8_0 and Q4_K matrices, kept as their blocks.
+// Quantized weights on the GPU: model/quant.h's Q8_0, Q4_K and Q4_0 matrices, kept as their blocks.
 //
 // On the device a block is split into its head and its quants (the same bytes, so the same
 // bandwidth floor), so that every row's quants are 16-byte aligned whatever the row length:
 //   Q8_0  qs:   int8 (rows, cols);          meta: fp16 d (rows, cols / 32)
 //   Q4_K  qs:   uint8 (rows, cols / 2), each super-block's 128 bytes in GGML's order;
 //         meta: (rows, cols / 256) x 16 bytes: fp16 d, fp16 dmin, the 12 scale bytes
+//   Q4_0  qs:   uint8 (rows, cols / 2), each block's 16 bytes; meta: fp16 d (rows, cols / 32)
+// A row's quants are 32-byte units (a Q8_0 block, Q4_K's sub-block pair, two Q4_0 blocks) whose
+// 16-byte halves are interleaved in groups of 32 units (gemv_quant.cu says why); the decode
+// GEMVs read a unit a lane.
 // A matrix's rows may be any permutation of the source rows (the fused QKV rows, the
 // interleaved gate/up rows): blocks never cross rows.
 #ifndef GEMV_QUANT_H
@@ -20,12 +24,15 @@ extern "C" {
 #endif
 
 typedef struct {
-    uint32_t dt;   // DTYPE_Q8_0 or DTYPE_Q4_K (model/config.h); 0: none
+    uint32_t dt;   // DTYPE_Q8_0, DTYPE_Q4_K or DTYPE_Q4_0 (model/config.h); 0: none
     int rows, cols;
     int8_t *qs;    // device
     uint8_t *meta; // device
 } QMat;
 
+// Whether the GPU keeps a matrix of rows cols wide in dt as blocks (Q8_0: cols a multiple of 32,
+// Q4_K: 256, Q4_0: 64, the width of its unit); otherwise it is widened to bf16.
+int qmat_supported(uint32_t dt, size_t cols);
 size_t qmat_qs_bytes(uint32_t dt, size_t rows, size_t cols);
 size_t qmat_meta_bytes(uint32_t dt, size_t rows, size_t cols);
 // Host side of the upload: rows [0, n) of the GGML-block matrix src (cols wide) into host

@@ -10,7 +10,7 @@
 // per 32 weights at most 6 (d dx or d sc dx, times the sum, the min term's product, the
 // difference, the accumulation) and a lane's and the warp's additions (units / 32 + 5):
 // |got - want| <= (n / 32 + 16) u * S, S = sum over the row of mag |dx q|, mag = |d sc q| +
-// |dmin m| (Q8_0: |d q|), every rounding adding up (Higham, Accuracy and Stability, 3.1). Epilogues
+// |dmin m| (Q8_0, Q4_0: |w|), every rounding adding up (Higham, Accuracy and Stability, 3.1). Epilogues
 // add what they compute: 1/rms from fp32 sums (+ (n_sumsq + 8) u relative), SwiGLU's silu (slope
 // below 1.1) and its bf16 output (2^-9 relative), the residual's bf16 copy (2^-9 relative).
 // Dequantization for the prefill GEMMs: exactly the bf16 of GGML's value (times the norm weight).
@@ -51,7 +51,7 @@ typedef struct {
     int rows, cols;
     std::vector<uint8_t> blocks; // GGML blocks, row after row
     std::vector<float> w;        // weights_rows_to_f32 of them
-    std::vector<double> mag;     // per weight |d sc q| + |dmin m| (Q8_0: |w|)
+    std::vector<double> mag;     // per weight |d sc q| + |dmin m| (Q8_0, Q4_0: |w|)
     QMat dev;
 } Mat;
 
@@ -64,7 +64,14 @@ static void make_mat(Mat &m, uint32_t dt, int rows, int cols) {
         float scale = 0.02f * (1.0f + (float)(r % 7)); // rows of different magnitudes
         for (int c = 0; c < cols; c++) row[c] = scale * frand();
         if (dt == DTYPE_Q8_0) quantize_row_q8_0(row.data(), m.blocks.data() + rb * r, cols);
-        else quantize_row_q4_k(row.data(), m.blocks.data() + rb * r, cols);
+        else if (dt == DTYPE_Q4_K) quantize_row_q4_k(row.data(), m.blocks.data() + rb * r, cols);
+        else // Q4_0 (GGUF files only, no quantizer here): random nibbles, d of the row's scale
+            for (int b = 0; b < cols / 32; b++) {
+                uint8_t *blk = m.blocks.data() + rb * r + (size_t)b * Q4_0_BYTES;
+                uint16_t h = f32_to_f16(scale / 8.0f * (0.5f + 0.5f * fabsf(frand())));
+                memcpy(blk, &h, 2);
+                for (int j = 0; j < 16; j++) blk[2 + j] = (uint8_t)(frand() * 128.0f + 128.0f);
+            }
     }
     m.w.resize((size_t)rows * cols);
     weights_rows_to_f32(m.blocks.data(), dt, 0, rows, cols, m.w.data());
@@ -72,7 +79,7 @@ static void make_mat(Mat &m, uint32_t dt, int rows, int cols) {
     for (int r = 0; r < rows; r++)
         for (int c = 0; c < cols; c++) {
             size_t i = (size_t)r * cols + c;
-            if (dt == DTYPE_Q8_0) {
+            if (dt != DTYPE_Q4_K) {
                 m.mag[i] = fabs(m.w[i]);
             } else {
                 const uint8_t *blk = m.blocks.data() + rb * r + (size_t)(c / 256) * Q4_K_BYTES;
@@ -252,8 +259,8 @@ static void time_gemv(uint32_t dt, int rows, int cols, int epi, const char *what
 }
 
 int main(void) {
-    uint32_t dts[2] = {DTYPE_Q8_0, DTYPE_Q4_K};
-    for (int k = 0; k < 2; k++) {
+    uint32_t dts[3] = {DTYPE_Q8_0, DTYPE_Q4_K, DTYPE_Q4_0};
+    for (int k = 0; k < 3; k++) {
         int shapes[5][2] = {{96, 512}, {50, 1024}, {34, 2304}, {18, 14336}, {9000, 256}}; // odd warps, partial blocks of 16 rows, partial groups of 32 units, several batches a warp, more row groups than the grid has blocks
         for (int s = 0; s < 5; s++) {
             Mat m;
@@ -287,7 +294,7 @@ int main(void) {
         printf("\nmeasured read bandwidth %.2f TB/s; median of 50 runs after 10\n\n", bw / 1e12);
         printf("us (of bandwidth); variants: 0 blocks of 8 warps, 1 of 16 (each warp two rows)\n\n");
         printf("| format | matrix | rows x cols | bytes | picked | 0 | 1 |\n| --- | --- | --- | --- | --- | --- | --- |\n");
-        for (int k = 0; k < 2; k++) {
+        for (int k = 0; k < 3; k++) {
             time_gemv(dts[k], 6144, 4096, GEMV_STORE, "QKV", bw);
             time_gemv(dts[k], 4096, 4096, GEMV_STORE, "O", bw);
             time_gemv(dts[k], 28672, 4096, GEMV_SWIGLU, "gate/up", bw);

@@ -114,15 +114,15 @@ int model_synthetic(Model *m, const char *name) {
 }
 
 const char *model_weights_desc(const Model *m, char *buf, size_t n) {
-    int count[4] = {0}, kinds = 0;
+    int count[DTYPE_COUNT] = {0}, kinds = 0;
     const ModelFile *f = &m->file;
     if (!f->header) return snprintf(buf, n, "%s", dtype_name(m->c.weight_dtype)), buf;
     for (uint32_t i = 0; i < f->header->n_tensors; i++)
-        if (f->tensors[i].ndim == 2 && f->tensors[i].dtype < 4) kinds += count[f->tensors[i].dtype]++ == 0;
-    static const uint32_t order[] = {DTYPE_Q4_K, DTYPE_Q8_0, DTYPE_BF16, DTYPE_F32}; // what the file is, first
+        if (f->tensors[i].ndim == 2 && f->tensors[i].dtype < DTYPE_COUNT) kinds += count[f->tensors[i].dtype]++ == 0;
+    static const uint32_t order[] = {DTYPE_Q4_K, DTYPE_Q4_0, DTYPE_Q8_0, DTYPE_BF16, DTYPE_F32}; // what the file is, first
     size_t at = 0;
     buf[0] = 0;
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < DTYPE_COUNT; i++) {
         uint32_t dt = order[i];
         if (!count[dt] || at >= n) continue;
         if (kinds == 1) at += (size_t)snprintf(buf + at, n - at, "%s", dtype_name(dt));

@@ -14,7 +14,7 @@
 #pragma STDC FP_CONTRACT OFF
 #endif
 
-int dtype_is_quant(uint32_t dtype) { return dtype == DTYPE_Q8_0 || dtype == DTYPE_Q4_K; }
+int dtype_is_quant(uint32_t dtype) { return dtype == DTYPE_Q8_0 || dtype == DTYPE_Q4_K || dtype == DTYPE_Q4_0; }
 
 const char *dtype_name(uint32_t dtype) {
     switch (dtype) {
@@ -22,6 +22,7 @@ const char *dtype_name(uint32_t dtype) {
     case DTYPE_BF16: return "bf16";
     case DTYPE_Q8_0: return "q8_0";
     case DTYPE_Q4_K: return "q4_k";
+    case DTYPE_Q4_0: return "q4_0";
     default: return "?";
     }
 }
@@ -31,6 +32,7 @@ uint32_t dtype_block_elems(uint32_t dtype) {
     case DTYPE_F32: case DTYPE_BF16: return 1;
     case DTYPE_Q8_0: return QK8_0;
     case DTYPE_Q4_K: return QK_K;
+    case DTYPE_Q4_0: return QK4_0;
     default: return 0;
     }
 }
@@ -42,6 +44,7 @@ uint64_t dtype_row_bytes(uint32_t dtype, uint64_t cols) {
     case DTYPE_F32: return cols * 4;
     case DTYPE_BF16: return cols * 2;
     case DTYPE_Q8_0: return cols / QK8_0 * Q8_0_BYTES;
+    case DTYPE_Q4_0: return cols / QK4_0 * Q4_0_BYTES;
     default: return cols / QK_K * Q4_K_BYTES;
     }
 }
@@ -271,6 +274,19 @@ float dot_q4_k(const uint8_t *w, const float *x, int n) {
     return s;
 }
 
+// ---- Q4_0 ----
+
+// sum_b d_b sum_j (q_j - 8) x_j in fp32, (q - 8) exact: the same roundings as dot_q8_0.
+float dot_q4_0(const uint8_t *w, const float *x, int n) {
+    float s = 0.0f;
+    for (int b = 0; b < n / QK4_0; b++, w += Q4_0_BYTES, x += QK4_0) {
+        float t = 0.0f;
+        for (int j = 0; j < 16; j++) t += (float)((w[2 + j] & 15) - 8) * x[j] + (float)((w[2 + j] >> 4) - 8) * x[j + 16];
+        s += h2f(w) * t;
+    }
+    return s;
+}
+
 // ---- decode activations quantized per 32 (ActQ8) ----
 
 void act_q8_quantize(const float *x, ActQ8 *a) {
@@ -321,6 +337,17 @@ float dot_q4_k_act(const uint8_t *w, const ActQ8 *a) {
     return s;
 }
 
+float dot_q4_0_act(const uint8_t *w, const ActQ8 *a) {
+    float s = 0.0f;
+    for (int b = 0; b < a->n / QK4_0; b++, w += Q4_0_BYTES) {
+        const int8_t *xq = a->q + 32 * b;
+        int32_t isum = 0;
+        for (int j = 0; j < 16; j++) isum += (int32_t)(w[2 + j] & 15) * xq[j] + (int32_t)(w[2 + j] >> 4) * xq[j + 16];
+        s += h2f(w) * a->d[b] * (float)(isum - 8 * a->sum[b]);
+    }
+    return s;
+}
+
 void weights_rows_to_f32(const void *src, uint32_t dtype, size_t row0, size_t n_rows, size_t cols, float *out) {
     const uint8_t *p = (const uint8_t *)src + row0 * dtype_row_bytes(dtype, cols);
     size_t n = n_rows * cols;
@@ -339,6 +366,12 @@ void weights_rows_to_f32(const void *src, uint32_t dtype, size_t row0, size_t n_
         break;
     case DTYPE_Q4_K:
         for (size_t b = 0; b < n / QK_K; b++, p += Q4_K_BYTES, out += QK_K) dequantize_block_q4_k(p, out);
+        break;
+    case DTYPE_Q4_0: // GGML's dequantize_row_q4_0: (q - 8) d, one exact product
+        for (size_t b = 0; b < n / QK4_0; b++, p += Q4_0_BYTES, out += QK4_0) {
+            float d = h2f(p);
+            for (int j = 0; j < 16; j++) out[j] = (float)((p[2 + j] & 15) - 8) * d, out[j + 16] = (float)((p[2 + j] >> 4) - 8) * d;
+        }
         break;
     }
 }

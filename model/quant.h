@@ -2,6 +2,8 @@
 //   Q8_0  32 weights in 34 bytes: fp16 d, 32 x int8 q; w = d q
 //   Q4_K  256 weights in 144 bytes: fp16 d, fp16 dmin, 12 bytes of eight 6-bit scales and eight
 //         6-bit mins, 128 bytes of 4-bit q; sub-block s (32 weights) has w = d sc_s q - dmin m_s
+//   Q4_0  32 weights in 18 bytes: fp16 d, 16 bytes of 4-bit q (weight j in byte j's low nibble,
+//         weight 16 + j in its high one); w = d (q - 8). Read from GGUF files only (no quantizer).
 // A row of a matrix is whole blocks (its length a multiple of 32 or 256), so rows never share a
 // block. Also the sizes of every dtype (f32, bf16 too), quantization (./export), dequantization
 // and the dot products the CPU path multiplies with.
@@ -16,9 +18,11 @@
 #define Q8_0_BYTES 34
 #define QK_K 256
 #define Q4_K_BYTES 144
+#define QK4_0 32
+#define Q4_0_BYTES 18
 
 int dtype_is_quant(uint32_t dtype);
-const char *dtype_name(uint32_t dtype); // "f32", "bf16", "q8_0", "q4_k", or "?"
+const char *dtype_name(uint32_t dtype); // "f32", "bf16", "q8_0", "q4_k", "q4_0", or "?"
 uint32_t dtype_block_elems(uint32_t dtype); // 1 for f32 / bf16; 0 for an unknown dtype
 // Bytes of one row of cols weights; 0 for an unknown dtype or a row that is not whole blocks.
 uint64_t dtype_row_bytes(uint32_t dtype, uint64_t cols);
@@ -33,7 +37,7 @@ void quantize_row_q4_k(const float *x, uint8_t *out, size_t n);
 void q4_k_scale_min(int j, const uint8_t *scales, int *sc, int *m);
 
 // The GPU upload's entry point (and the CPU's dequantizer): rows row0 .. row0 + n_rows of a
-// (rows, cols) matrix stored in dtype (f32, bf16, q8_0, q4_k) as fp32 in out (n_rows * cols),
+// (rows, cols) matrix stored in dtype (f32, bf16, q8_0, q4_k, q4_0) as fp32 in out (n_rows * cols),
 // each value exactly GGML's dequantization of it. cols must be whole blocks of dtype.
 void weights_rows_to_f32(const void *src, uint32_t dtype, size_t row0, size_t n_rows, size_t cols, float *out);
 
@@ -41,6 +45,7 @@ void weights_rows_to_f32(const void *src, uint32_t dtype, size_t row0, size_t n_
 // scratch could not be allocated).
 float dot_q8_0(const uint8_t *w, const float *x, int n);
 float dot_q4_k(const uint8_t *w, const float *x, int n);
+float dot_q4_0(const uint8_t *w, const float *x, int n);
 
 // The activations of a decode step's product with quantized weights, on the CPU and the GPU alike:
 // per 32 values quantized as GGML's Q8_0 quantizes (d = max|x| / 127, q = round(x * (1 / d)), the
@@ -58,5 +63,7 @@ void act_q8_quantize(const float *x, ActQ8 *a);
 // sum_b d_b dx_b sum_j q_j qx_j (Q8_0); sum_s dx_s (d sc_s sum_j q_j qx_j - dmin m_s sum_j qx_j) (Q4_K).
 float dot_q8_0_act(const uint8_t *w, const ActQ8 *a);
 float dot_q4_k_act(const uint8_t *w, const ActQ8 *a);
+// sum_b d_b dx_b (sum_j q_j qx_j - 8 sum_j qx_j) (Q4_0).
+float dot_q4_0_act(const uint8_t *w, const ActQ8 *a);
 
 #endif

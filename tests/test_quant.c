@@ -34,7 +34,7 @@ static uint16_t random_f16(Rng *r) {
 }
 
 static void random_blocks(Rng *r, uint32_t dtype, uint8_t *p, size_t n_blocks) {
-    size_t bb = dtype == DTYPE_Q8_0 ? Q8_0_BYTES : Q4_K_BYTES;
+    size_t bb = dtype == DTYPE_Q8_0 ? Q8_0_BYTES : dtype == DTYPE_Q4_0 ? Q4_0_BYTES : Q4_K_BYTES;
     for (size_t i = 0; i < n_blocks * bb; i++) p[i] = (uint8_t)next_u64(r);
     for (size_t b = 0; b < n_blocks; b++) {
         uint16_t d = random_f16(r), m = random_f16(r);
@@ -44,13 +44,13 @@ static void random_blocks(Rng *r, uint32_t dtype, uint8_t *p, size_t n_blocks) {
 }
 
 static void test_dequantize(Rng *r) {
-    for (int k = 0; k < 2; k++) {
-        uint32_t dt = k ? DTYPE_Q4_K : DTYPE_Q8_0;
-        size_t rows = 7, cols = k ? 512 : 96, rb = dtype_row_bytes(dt, cols), n = rows * cols;
+    for (int k = 0; k < 3; k++) {
+        uint32_t dt = k == 2 ? DTYPE_Q4_0 : k ? DTYPE_Q4_K : DTYPE_Q8_0;
+        size_t rows = 7, cols = k == 1 ? 512 : 96, rb = dtype_row_bytes(dt, cols), n = rows * cols;
         uint8_t *blk = malloc(rows * rb);
         float *ours = malloc(n * sizeof(float)), *ref = malloc(n * sizeof(float));
-        random_blocks(r, dt, blk, rows * rb / (k ? Q4_K_BYTES : Q8_0_BYTES));
-        GgufTensor t = {.name = "t", .type = k ? GGML_Q4_K : GGML_Q8_0, .ndim = 2, .ne = {cols, rows, 1, 1},
+        random_blocks(r, dt, blk, rows * cols / dtype_block_elems(dt));
+        GgufTensor t = {.name = "t", .type = k == 2 ? GGML_Q4_0 : k ? GGML_Q4_K : GGML_Q8_0, .ndim = 2, .ne = {cols, rows, 1, 1},
                         .n_elems = n, .data = blk, .nbytes = rows * rb};
         char err[GGUF_ERR_LEN];
         int ok = gguf_dequantize(&t, ref, err) == 0;
@@ -135,7 +135,7 @@ static void weight_mags(const uint8_t *q, uint32_t dt, int rows, int n, const fl
     for (int i = 0; i < rows; i++)
         for (int j = 0; j < n; j++) {
             size_t k = (size_t)i * n + j;
-            if (dt == DTYPE_Q8_0) {
+            if (dt != DTYPE_Q4_K) {
                 mag[k] = fabs(w[k]);
                 continue;
             }
@@ -184,7 +184,14 @@ static void test_matmul(Rng *r, uint32_t dt, int T, int n, int d) {
     for (size_t i = 0; i < (size_t)T * n; i++) x[i] = gauss(r) * (i % 11 == 0 ? 8.0f : 1.0f);
     for (int i = 0; i < d; i++) {
         if (dt == DTYPE_Q8_0) quantize_row_q8_0(src + (size_t)i * n, q + i * rb, (size_t)n);
-        else quantize_row_q4_k(src + (size_t)i * n, q + i * rb, (size_t)n);
+        else if (dt == DTYPE_Q4_K) quantize_row_q4_k(src + (size_t)i * n, q + i * rb, (size_t)n);
+        else { // Q4_0 (no quantizer: GGUF files only): random nibbles, scales of real weights' size
+            random_blocks(r, dt, q + i * rb, (size_t)n / QK4_0);
+            for (int b = 0; b < n / QK4_0; b++) {
+                uint16_t h = f32_to_f16(0.01f * (1.0f + (float)uniform(r)));
+                memcpy(q + i * rb + (size_t)b * Q4_0_BYTES, &h, 2);
+            }
+        }
     }
     weights_rows_to_f32(q, dt, 0, (size_t)d, (size_t)n, w);
     backend_cpu.matmul(y, x, q, dt, T, n, d);
@@ -240,9 +247,10 @@ static void test_matmul(Rng *r, uint32_t dt, int T, int n, int d) {
 
 static void test_sizes(void) {
     check(dtype_row_bytes(DTYPE_Q8_0, 576) == 18 * 34 && dtype_row_bytes(DTYPE_Q4_K, 1536) == 6 * 144 &&
+              dtype_row_bytes(DTYPE_Q4_0, 576) == 18 * 18 && dtype_row_bytes(DTYPE_Q4_0, 48) == 0 &&
               dtype_row_bytes(DTYPE_Q4_K, 576) == 0 && dtype_row_bytes(DTYPE_Q8_0, 33) == 0 &&
               dtype_row_bytes(DTYPE_BF16, 3) == 6 && dtype_row_bytes(DTYPE_F32, 3) == 12 && dtype_row_bytes(7, 256) == 0,
-          "row sizes: q8_0 34 B / 32, q4_k 144 B / 256, partial blocks and unknown dtypes 0");
+          "row sizes: q8_0 34 B / 32, q4_k 144 B / 256, q4_0 18 B / 32, partial blocks and unknown dtypes 0");
 }
 
 int main(void) {
@@ -251,8 +259,8 @@ int main(void) {
     test_dequantize(&r);
     test_quantize_error(&r);
     test_act_quantize(&r);
-    for (int k = 0; k < 2; k++) {
-        uint32_t dt = k ? DTYPE_Q4_K : DTYPE_Q8_0;
+    for (int k = 0; k < 3; k++) {
+        uint32_t dt = k == 2 ? DTYPE_Q4_0 : k ? DTYPE_Q4_K : DTYPE_Q8_0;
         test_matmul(&r, dt, 1, 1536, 300);  // decode: the block dot products
         test_matmul(&r, dt, 5, 512, 200);   // prefill: dequantized panels (sgemm, or row by row)
         test_matmul(&r, dt, 1, 4096, 64);   // a long row

@@ -13,8 +13,9 @@ llama.cpp ships), which quantizes Q8_0 as GGML's reference C does and dequantize
    IEEE rounding, sums in GGML's order, no fused multiply-add), and gguf-py's dequantization of
    our blocks must lie within half a quantization step of the source wherever the level is not
    clamped (and 0.1 of the rows' rms overall).
-3. --dtype keep: a llama GGUF of random Q8_0 and Q4_K blocks keeps them byte for byte (Q and K
-   rows un-permuted as whole rows of blocks); other types are dequantized to bf16 as before.
+3. --dtype keep: a llama GGUF of random Q8_0, Q4_K and Q4_0 blocks (Q4_0 by gguf-py's quantizer)
+   keeps them byte for byte (Q and K rows un-permuted as whole rows of blocks); other types are
+   dequantized to bf16 as before.
 4. The CPU path on those blocks: ./run --score of the kept model equals the --dtype f32 export of
    the same GGUF (the same weight values, multiplied block by block instead of from fp32 rows)
    within 2e-4 per position: both are fp32 evaluations of one function in different summation
@@ -47,9 +48,10 @@ except ImportError as e:
 
 passed = failed = 0
 Q = gguf.GGMLQuantizationType
-DTYPE_F32, DTYPE_BF16, DTYPE_Q8_0, DTYPE_Q4_K = 0, 1, 2, 3
+DTYPE_F32, DTYPE_BF16, DTYPE_Q8_0, DTYPE_Q4_K, DTYPE_Q4_0 = 0, 1, 2, 3, 4
 ROW_BYTES = {DTYPE_F32: lambda c: 4 * c, DTYPE_BF16: lambda c: 2 * c, DTYPE_Q8_0: lambda c: c // 32 * 34,
-             DTYPE_Q4_K: lambda c: c // 256 * 144}
+             DTYPE_Q4_K: lambda c: c // 256 * 144, DTYPE_Q4_0: lambda c: c // 32 * 18}
+KEPT = {Q.Q8_0: DTYPE_Q8_0, Q.Q4_K: DTYPE_Q4_K, Q.Q4_0: DTYPE_Q4_0}
 f32 = np.float32
 
 
@@ -214,7 +216,7 @@ def random_blocks(rng, qt, rows, cols):
 
 
 def write_block_gguf(path, rng, legacy):
-    """A llama GGUF whose matrices are Q8_0 or Q4_K blocks (legacy: one Q4_0, which keep dequantizes)."""
+    """A llama GGUF whose matrices are Q8_0 or Q4_K blocks (legacy: attn_k and attn_output Q4_0, by gguf-py)."""
     dim, heads, kv, hd, hidden, layers = shape = 256, 4, 2, 64, 512, 1
     w, tokens, _ = gguf_writer(path, "llama", os.path.join(DATA, "tiny-llama31"), "llama-bpe", shape, 5e5)
     raw = {}
@@ -230,7 +232,7 @@ def write_block_gguf(path, rng, legacy):
     mat("token_embd", len(tokens), dim, Q.Q8_0)
     vec("blk.0.attn_norm", dim)
     mat("blk.0.attn_q", heads * hd, dim, Q.Q4_K)
-    mat("blk.0.attn_k", kv * hd, dim, Q.Q8_0)
+    mat("blk.0.attn_k", kv * hd, dim, Q.Q4_0 if legacy else Q.Q8_0)
     mat("blk.0.attn_v", kv * hd, dim, Q.Q4_K)
     mat("blk.0.attn_output", dim, heads * hd, Q.Q4_0 if legacy else Q.Q8_0)
     vec("blk.0.ffn_norm", dim)
@@ -327,22 +329,19 @@ def main():
             bad = []
             for n, (qt, blocks) in raw.items():
                 dt, want = ours[n][0], blocks
-                if qt == Q.Q4_0:
-                    ok = dt == DTYPE_BF16
-                else:
-                    if n.endswith("attn_q") or n.endswith("attn_k"):
-                        want = unpermute(blocks, hd)
-                    ok = dt == (DTYPE_Q8_0 if qt == Q.Q8_0 else DTYPE_Q4_K) and ours[n][3] == want.tobytes()
+                if n.endswith("attn_q") or n.endswith("attn_k"):
+                    want = unpermute(blocks, hd)
+                ok = dt == KEPT[qt] and ours[n][3] == want.tobytes()
                 if not ok:
                     bad.append(n)
-            check(not bad and version == 2, "keep: Q8_0 and Q4_K blocks byte for byte (Q/K rows un-permuted), Q4_0 "
-                  "dequantized to bf16%s" % (": differ in " + ", ".join(bad) if bad else ""))
+            check(not bad and version == 2, "keep: Q8_0, Q4_K and Q4_0 blocks byte for byte (Q/K rows un-permuted)%s" %
+                  (": differ in " + ", ".join(bad) if bad else ""))
             p = export(gb, os.path.join(tmp, "bad.bin"), "--dtype", "keep", "--quant", "q8_0")
             check(p.returncode == 1 and "give one" in p.stderr, "--dtype keep with --quant is refused")
 
         # 4. the CPU path on the kept blocks equals the f32 export of the same values
         gb = os.path.join(tmp, "b2.gguf")
-        write_block_gguf(gb, rng, False)
+        write_block_gguf(gb, rng, True)
         keep, f32bin = os.path.join(tmp, "keep2.bin"), os.path.join(tmp, "f32.bin")
         p, p2 = export(gb, keep, "--dtype", "keep"), export(gb, f32bin, "--dtype", "f32")
         ids = os.path.join(tmp, "ids.txt")
@@ -355,12 +354,28 @@ def main():
         check(ok and worst <= 2e-4, "--score (chunks: dequantized panels through sgemm) on kept Q8_0 / Q4_K blocks equals "
               "the f32 export within 2e-4 per position (299 positions, worst %.2e)%s"
               % (worst, "" if ok else ": " + (err_q + err_f).strip()[-200:]))
-        # decode steps: the block dot products; greedy ids equal unless two logits lie within
-        # the rounding spread (about 1e-5 here), which 48 steps of random logits do not meet
+        # decode steps: the block dot products on activations quantized per 32 (quant.h's ActQ8),
+        # against fp32 activations in the f32 export: greedy ids equal, or where they part, the kept
+        # model's choice a near-tie under the f32 model (its NLL within 0.1 nats of the f32 choice's;
+        # the activations' rounding moves a product by up to ~0.2% of its magnitude, test_quant.c,
+        # which moves these logits by hundredths of a nat)
         gen = [subprocess.run([RUN, m, "--ids", "-p", "1 2 3 4", "-n", "48", "--temp", "0", "--ignore-eos"],
                               capture_output=True, text=True, timeout=300) for m in (keep, f32bin)]
-        check(all(g.returncode == 0 for g in gen) and gen[0].stdout == gen[1].stdout and len(gen[0].stdout.split()) >= 48,
-              "greedy decode (block dot products) on the kept blocks gives the f32 export's 48 ids")
+        gk, gf = gen[0].stdout.split(), gen[1].stdout.split()
+        ok = all(g.returncode == 0 for g in gen) and len(gk) == len(gf) == 48
+        part, margin = next((i for i in range(len(gk)) if gk[i] != gf[i]), None) if ok else None, 0.0
+        if ok and part is not None:
+            nll = []
+            for tok in (gk[part], gf[part]):
+                with open(ids, "w") as f:
+                    f.write(" ".join(["1", "2", "3", "4"] + gf[:part] + [tok]))
+                rc, v, _ = score(f32bin, ids)
+                ok &= rc == 0 and len(v) > 0
+                nll.append(v[-1] if v else float("nan"))
+            margin = nll[0] - nll[1]
+            ok &= margin < 0.1
+        check(ok, "greedy decode (block dot products, activations quantized per 32) on the kept blocks: the f32 export's 48 ids%s"
+              % ("" if part is None else ", up to a near-tie at step %d (%.4f nats under the f32 model, bound 0.1)" % (part, margin)))
         check("q4_k x" in err_q and "q8_0 x" in err_q, "the load line names the dtypes (%s)" %
               next((l for l in err_q.splitlines() if "weights" in l), "?"))
 

@@ -3,13 +3,13 @@
 GPU comparison with llama.cpp (tests/bench/gpu_vs_llamacpp.sh): llama.cpp reads it as it is and
 ./export reads the same file, so both runners multiply the same numbers.
 
-  gguf_random.py TOKENIZER.gguf OUT.gguf bf16|q8_0|q4_k [--layers N]
+  gguf_random.py TOKENIZER.gguf OUT.gguf bf16|q8_0|q4_k|q4_0 [--layers N]
   gguf_random.py MODEL.gguf OUT.gguf tokenizer     # OUT: MODEL's tokenizer metadata alone (small)
 
 TOKENIZER.gguf: a GGUF whose tokenizer.* metadata is copied (the pack step makes one from
-SmolLM2's, 49152 tokens). Matrices: bf16 values of a N(0, 0.02)-like spread; q8_0 / q4_k: random
+SmolLM2's, 49152 tokens). Matrices: bf16 values of a N(0, 0.02)-like spread; q8_0 / q4_k / q4_0: random
 blocks with small fixed scales (every matrix in that type, the embedding and the output Q8_0 for
-q4_k: the same choice as ./run --synthetic --quant). Norm weights are fp32 ones. The content does
+q4_k and q4_0: the same choice as ./run --synthetic --quant). Norm weights are fp32 ones. The content does
 not matter for speed; the values are sane so that nothing overflows. Needs gguf-py (the llama.cpp
 source's gguf-py on sys.path) and numpy."""
 import sys
@@ -48,6 +48,10 @@ def quant_matrix(rows, cols, qt):
         nb, size = cols // 32, 34
         blk = pool_bytes(rows * nb * size).reshape(rows * nb, size)
         blk[:, 0:2] = np.frombuffer(np.float16(0.02 / 127).tobytes(), dtype=np.uint8)
+    elif qt == Q.Q4_0:  # blocks of 32: fp16 d, 16 bytes of nibbles
+        nb, size = cols // 32, 18
+        blk = pool_bytes(rows * nb * size).reshape(rows * nb, size)
+        blk[:, 0:2] = np.frombuffer(np.float16(0.02 / 8).tobytes(), dtype=np.uint8)
     else:  # Q4_K, super-blocks of 256: fp16 d, fp16 dmin, 12 bytes of 6-bit scales/mins, 128 bytes of nibbles
         nb, size = cols // 256, 144
         blk = pool_bytes(rows * nb * size).reshape(rows * nb, size)
@@ -80,7 +84,7 @@ def copy_tokenizer(tok, w):
 
 
 def main():
-    if len(sys.argv) < 4 or sys.argv[3] not in ("bf16", "q8_0", "q4_k", "tokenizer"):
+    if len(sys.argv) < 4 or sys.argv[3] not in ("bf16", "q8_0", "q4_k", "q4_0", "tokenizer"):
         sys.exit(__doc__)
     tok_path, out, kind = sys.argv[1], sys.argv[2], sys.argv[3]
     layers = int(sys.argv[sys.argv.index("--layers") + 1]) if "--layers" in sys.argv else LAYERS
@@ -102,10 +106,10 @@ def main():
     w.add_layer_norm_rms_eps(1e-5)
     w.add_rope_dimension_count(DIM // HEADS)
     w.add_vocab_size(vocab)
-    w.add_file_type({"bf16": 32, "q8_0": 7, "q4_k": 15}[kind])
+    w.add_file_type({"bf16": 32, "q8_0": 7, "q4_k": 15, "q4_0": 2}[kind])
 
-    mat_q = {"bf16": None, "q8_0": Q.Q8_0, "q4_k": Q.Q4_K}[kind]
-    edge_q = {"bf16": None, "q8_0": Q.Q8_0, "q4_k": Q.Q8_0}[kind]
+    mat_q = {"bf16": None, "q8_0": Q.Q8_0, "q4_k": Q.Q4_K, "q4_0": Q.Q4_0}[kind]
+    edge_q = {"bf16": None, "q8_0": Q.Q8_0, "q4_k": Q.Q8_0, "q4_0": Q.Q8_0}[kind]
 
     def matrix(name, rows, cols, qt):
         if qt is None:

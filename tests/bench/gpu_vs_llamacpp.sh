@@ -159,7 +159,7 @@ quantcheck() {
     "$lb/llama-quantize" --allow-requantize "$S" $q/F16.gguf F16 >$q/q.log 2>&1 || { tail -5 $q/q.log; exit 1; }
     echo "| file | matrices kept as blocks | mean NLL GPU | mean NLL CPU | ppl GPU | ppl CPU | ppl llama.cpp | GPU vs llama.cpp |"
     echo "| --- | --- | --- | --- | --- | --- | --- | --- |"
-    for t in Q8_0 Q4_K_M; do
+    for t in Q8_0 Q4_K_M Q4_0; do
         local f=$q/$t.gguf b=$q/$t.bin
         "$lb/llama-quantize" $q/F16.gguf "$f" $t >>$q/q.log 2>&1 || { tail -5 $q/q.log; exit 1; }
         .dev/export "$f" "$b" --dtype keep >$q/export.log 2>&1 || { tail -2 $q/export.log; exit 1; }
