@@ -4,7 +4,7 @@
 
 #include <math.h>
 #include <string.h>
-#if defined(__F16C__)
+#if defined(__F16C__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -305,47 +305,96 @@ void act_q8_quantize(const float *x, ActQ8 *a) {
     }
 }
 
-// The integer sums are exact (|sum| <= 32 * 127 * 127); then d dx once and one product per block.
+// Each block's products are exact integer sums (|sum| <= 32 * 127 * 128), in 8 lanes of 4 (AVX2:
+// vpmaddubsw + vpmaddwd; else plain loops gcc vectorizes), a lane's sum scaled by d dx (Q4_K: d sc
+// dx) into 8 fp32 lanes summed at the end: no horizontal sum per block. The lanes' sums differ
+// between the two forms, so do the fp32 roundings: both within the bound test_quant.c checks.
 float dot_q8_0_act(const uint8_t *w, const ActQ8 *a) {
-    float s = 0.0f;
+    float acc[8] = {0};
+#pragma GCC unroll 1
     for (int b = 0; b < a->n / QK8_0; b++, w += Q8_0_BYTES) {
         const int8_t *q = (const int8_t *)(w + 2), *xq = a->q + 32 * b;
-        int32_t isum = 0;
-        for (int j = 0; j < 32; j++) isum += (int32_t)q[j] * xq[j];
-        s += h2f(w) * a->d[b] * (float)isum;
+        float sc = h2f(w) * a->d[b];
+#if defined(__AVX2__) && defined(__FMA__)
+        // |q| (unsigned, 128 for -128) times x with q's sign (|x| <= 127): vpmaddubsw cannot overflow
+        __m256i qb = _mm256_loadu_si256((const __m256i *)q), xb = _mm256_loadu_si256((const __m256i *)xq);
+        __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(qb, qb), _mm256_sign_epi8(xb, qb)), _mm256_set1_epi16(1));
+        _mm256_storeu_ps(acc, _mm256_fmadd_ps(_mm256_set1_ps(sc), _mm256_cvtepi32_ps(p), _mm256_loadu_ps(acc)));
+#else
+        int32_t p[8];
+        for (int j = 0; j < 8; j++) p[j] = q[j] * xq[j] + q[j + 8] * xq[j + 8] + q[j + 16] * xq[j + 16] + q[j + 24] * xq[j + 24];
+        for (int j = 0; j < 8; j++) acc[j] += sc * (float)p[j];
+#endif
     }
+    float s = 0.0f;
+    for (int j = 0; j < 8; j++) s += acc[j];
     return s;
 }
 
 float dot_q4_k_act(const uint8_t *w, const ActQ8 *a) {
-    float s = 0.0f;
+    float acc[8] = {0}, mins = 0.0f;
+#pragma GCC unroll 1
     for (int sb = 0; sb < a->n / QK_K; sb++, w += Q4_K_BYTES) {
         float d = h2f(w), dmin = h2f(w + 2);
+#pragma GCC unroll 1
         for (int p = 0; p < 4; p++) { // bytes 32p .. 32p + 31: sub-blocks 2p (low nibbles), 2p + 1 (high)
             const uint8_t *q = w + 16 + 32 * p;
             int blk = 8 * sb + 2 * p;
             const int8_t *xl = a->q + 32 * blk, *xh = xl + 32;
-            int32_t il = 0, ih = 0;
-            for (int l = 0; l < 32; l++) il += (int32_t)(q[l] & 15) * xl[l], ih += (int32_t)(q[l] >> 4) * xh[l];
             int sc0, m0, sc1, m1;
             q4_k_scale_min(2 * p, w + 4, &sc0, &m0);
             q4_k_scale_min(2 * p + 1, w + 4, &sc1, &m1);
-            s += a->d[blk] * (d * (float)sc0 * (float)il - dmin * (float)m0 * (float)a->sum[blk]);
-            s += a->d[blk + 1] * (d * (float)sc1 * (float)ih - dmin * (float)m1 * (float)a->sum[blk + 1]);
+            float s0 = d * (float)sc0 * a->d[blk], s1 = d * (float)sc1 * a->d[blk + 1];
+#if defined(__AVX2__) && defined(__FMA__)
+            // the nibbles are unsigned: vpmaddubsw takes them against the signed activations as they are
+            __m256i qb = _mm256_loadu_si256((const __m256i *)q), m4 = _mm256_set1_epi8(15), one = _mm256_set1_epi16(1);
+            __m256i il = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_and_si256(qb, m4), _mm256_loadu_si256((const __m256i *)xl)), one);
+            __m256i ih = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(qb, 4), m4), _mm256_loadu_si256((const __m256i *)xh)), one);
+            __m256 va = _mm256_loadu_ps(acc);
+            va = _mm256_fmadd_ps(_mm256_set1_ps(s0), _mm256_cvtepi32_ps(il), va);
+            va = _mm256_fmadd_ps(_mm256_set1_ps(s1), _mm256_cvtepi32_ps(ih), va);
+            _mm256_storeu_ps(acc, va);
+#else
+            int8_t lo[32], hi[32];
+            for (int l = 0; l < 32; l++) lo[l] = (int8_t)(q[l] & 15), hi[l] = (int8_t)(q[l] >> 4);
+            int32_t pl[8], ph[8];
+            for (int j = 0; j < 8; j++) {
+                pl[j] = lo[j] * xl[j] + lo[j + 8] * xl[j + 8] + lo[j + 16] * xl[j + 16] + lo[j + 24] * xl[j + 24];
+                ph[j] = hi[j] * xh[j] + hi[j + 8] * xh[j + 8] + hi[j + 16] * xh[j + 16] + hi[j + 24] * xh[j + 24];
+            }
+            for (int j = 0; j < 8; j++) acc[j] += s0 * (float)pl[j] + s1 * (float)ph[j];
+#endif
+            mins += dmin * ((float)m0 * a->d[blk] * (float)a->sum[blk] + (float)m1 * a->d[blk + 1] * (float)a->sum[blk + 1]);
         }
     }
-    return s;
+    float s = 0.0f;
+    for (int j = 0; j < 8; j++) s += acc[j];
+    return s - mins;
 }
 
 float dot_q4_0_act(const uint8_t *w, const ActQ8 *a) {
-    float s = 0.0f;
+    float acc[8] = {0}, offs = 0.0f;
+#pragma GCC unroll 1
     for (int b = 0; b < a->n / QK4_0; b++, w += Q4_0_BYTES) {
         const int8_t *xq = a->q + 32 * b;
-        int32_t isum = 0;
-        for (int j = 0; j < 16; j++) isum += (int32_t)(w[2 + j] & 15) * xq[j] + (int32_t)(w[2 + j] >> 4) * xq[j + 16];
-        s += h2f(w) * a->d[b] * (float)(isum - 8 * a->sum[b]);
+        float sc = h2f(w) * a->d[b];
+#if defined(__AVX2__) && defined(__FMA__)
+        __m128i qh = _mm_loadu_si128((const __m128i *)(w + 2)), m4 = _mm_set1_epi8(15);
+        __m256i qb = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(qh, 4), m4), _mm_and_si128(qh, m4)); // weights 0..15, 16..31
+        __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(qb, _mm256_loadu_si256((const __m256i *)xq)), _mm256_set1_epi16(1));
+        _mm256_storeu_ps(acc, _mm256_fmadd_ps(_mm256_set1_ps(sc), _mm256_cvtepi32_ps(p), _mm256_loadu_ps(acc)));
+#else
+        int8_t q[32];
+        for (int j = 0; j < 16; j++) q[j] = (int8_t)(w[2 + j] & 15), q[j + 16] = (int8_t)(w[2 + j] >> 4);
+        int32_t p[8];
+        for (int j = 0; j < 8; j++) p[j] = q[j] * xq[j] + q[j + 8] * xq[j + 8] + q[j + 16] * xq[j + 16] + q[j + 24] * xq[j + 24];
+        for (int j = 0; j < 8; j++) acc[j] += sc * (float)p[j];
+#endif
+        offs += sc * (float)(8 * a->sum[b]); // the quants' offset of 8: sum_j (q_j - 8) qx_j
     }
-    return s;
+    float s = 0.0f;
+    for (int j = 0; j < 8; j++) s += acc[j];
+    return s - offs;
 }
 
 void weights_rows_to_f32(const void *src, uint32_t dtype, size_t row0, size_t n_rows, size_t cols, float *out) {
