@@ -37,6 +37,7 @@ static float dot_row(const void *w, uint32_t dtype, size_t i, const float *x, in
     case DTYPE_Q8_0: return dot_q8_0((const uint8_t *)w + i * dtype_row_bytes(dtype, (uint64_t)n), x, n);
     case DTYPE_Q4_K: return dot_q4_k((const uint8_t *)w + i * dtype_row_bytes(dtype, (uint64_t)n), x, n);
     case DTYPE_Q4_0: return dot_q4_0((const uint8_t *)w + i * dtype_row_bytes(dtype, (uint64_t)n), x, n);
+    case DTYPE_Q6_K: return dot_q6_k((const uint8_t *)w + i * dtype_row_bytes(dtype, (uint64_t)n), x, n);
     default: return dot_f32((const float *)w + i * n, x, n);
     }
 }
@@ -68,8 +69,10 @@ static void rows_task(void *ctx, int task, int thread) {
         for (int i = task * p->rows; i < i1; i++) p->y[i] = dot_q8_0_act(w + i * rb, p->act);
     else if (p->act && p->dtype == DTYPE_Q4_K)
         for (int i = task * p->rows; i < i1; i++) p->y[i] = dot_q4_k_act(w + i * rb, p->act);
-    else if (p->act)
+    else if (p->act && p->dtype == DTYPE_Q4_0)
         for (int i = task * p->rows; i < i1; i++) p->y[i] = dot_q4_0_act(w + i * rb, p->act);
+    else if (p->act)
+        for (int i = task * p->rows; i < i1; i++) p->y[i] = dot_q6_k_act(w + i * rb, p->act);
     else
         for (int i = task * p->rows; i < i1; i++) p->y[i] = dot_row(p->w, p->dtype, (size_t)i, p->x, p->n);
 }

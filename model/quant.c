@@ -14,7 +14,7 @@
 #pragma STDC FP_CONTRACT OFF
 #endif
 
-int dtype_is_quant(uint32_t dtype) { return dtype == DTYPE_Q8_0 || dtype == DTYPE_Q4_K || dtype == DTYPE_Q4_0; }
+int dtype_is_quant(uint32_t dtype) { return dtype == DTYPE_Q8_0 || dtype == DTYPE_Q4_K || dtype == DTYPE_Q4_0 || dtype == DTYPE_Q6_K; }
 
 const char *dtype_name(uint32_t dtype) {
     switch (dtype) {
@@ -23,6 +23,7 @@ const char *dtype_name(uint32_t dtype) {
     case DTYPE_Q8_0: return "q8_0";
     case DTYPE_Q4_K: return "q4_k";
     case DTYPE_Q4_0: return "q4_0";
+    case DTYPE_Q6_K: return "q6_k";
     default: return "?";
     }
 }
@@ -33,6 +34,7 @@ uint32_t dtype_block_elems(uint32_t dtype) {
     case DTYPE_Q8_0: return QK8_0;
     case DTYPE_Q4_K: return QK_K;
     case DTYPE_Q4_0: return QK4_0;
+    case DTYPE_Q6_K: return QK_K;
     default: return 0;
     }
 }
@@ -45,6 +47,7 @@ uint64_t dtype_row_bytes(uint32_t dtype, uint64_t cols) {
     case DTYPE_BF16: return cols * 2;
     case DTYPE_Q8_0: return cols / QK8_0 * Q8_0_BYTES;
     case DTYPE_Q4_0: return cols / QK4_0 * Q4_0_BYTES;
+    case DTYPE_Q6_K: return cols / QK_K * Q6_K_BYTES;
     default: return cols / QK_K * Q4_K_BYTES;
     }
 }
@@ -287,6 +290,42 @@ float dot_q4_0(const uint8_t *w, const float *x, int n) {
     return s;
 }
 
+// ---- Q6_K ----
+
+// GGML's dequantize_row_q6_K: run s (16 weights) has scale sc[s]; weight 128h + 32k + l takes
+// nibble k / 2 of ql[64h + 32 (k % 2) + l] and bits 2k of qh[32h + l]. d sc (q - 32) is exact in
+// fp32 (11 + 7 + 5 significant bits), so any association gives GGML's value.
+static void q6_k_quants(const uint8_t *b, int8_t *q) { // the 256 (q - 32)
+    const uint8_t *ql = b, *qh = b + 128;
+    for (int h = 0; h < 2; h++)
+        for (int k = 0; k < 4; k++)
+            for (int l = 0; l < 32; l++) {
+                int v = ((ql[64 * h + 32 * (k & 1) + l] >> (4 * (k >> 1))) & 15) | ((qh[32 * h + l] >> (2 * k)) & 3) << 4;
+                q[128 * h + 32 * k + l] = (int8_t)(v - 32);
+            }
+}
+
+static void dequantize_block_q6_k(const uint8_t *b, float *y) {
+    int8_t q[QK_K];
+    q6_k_quants(b, q);
+    float d = h2f(b + 208);
+    for (int s = 0; s < 16; s++) {
+        float dl = d * (float)(int8_t)b[192 + s];
+        for (int l = 0; l < 16; l++) y[16 * s + l] = dl * (float)q[16 * s + l];
+    }
+}
+
+float dot_q6_k(const uint8_t *w, const float *x, int n) {
+    float s = 0.0f, y[QK_K];
+    for (int b = 0; b < n / QK_K; b++, w += Q6_K_BYTES, x += QK_K) {
+        dequantize_block_q6_k(w, y);
+        float t = 0.0f;
+        for (int j = 0; j < QK_K; j++) t += y[j] * x[j];
+        s += t;
+    }
+    return s;
+}
+
 // ---- decode activations quantized per 32 (ActQ8) ----
 
 void act_q8_quantize(const float *x, ActQ8 *a) {
@@ -397,6 +436,22 @@ float dot_q4_0_act(const uint8_t *w, const ActQ8 *a) {
     return s - offs;
 }
 
+float dot_q6_k_act(const uint8_t *w, const ActQ8 *a) {
+    float s = 0.0f;
+    for (int sb = 0; sb < a->n / QK_K; sb++, w += Q6_K_BYTES) {
+        int8_t q[QK_K];
+        q6_k_quants(w, q);
+        const int8_t *xq = a->q + QK_K * sb;
+        float d = h2f(w + 208);
+        for (int r = 0; r < 16; r++) { // runs of 16: two a block of activations
+            int32_t isum = 0;
+            for (int l = 0; l < 16; l++) isum += q[16 * r + l] * xq[16 * r + l];
+            s += d * (float)(int8_t)w[192 + r] * a->d[8 * sb + r / 2] * (float)isum;
+        }
+    }
+    return s;
+}
+
 void weights_rows_to_f32(const void *src, uint32_t dtype, size_t row0, size_t n_rows, size_t cols, float *out) {
     const uint8_t *p = (const uint8_t *)src + row0 * dtype_row_bytes(dtype, cols);
     size_t n = n_rows * cols;
@@ -415,6 +470,9 @@ void weights_rows_to_f32(const void *src, uint32_t dtype, size_t row0, size_t n_
         break;
     case DTYPE_Q4_K:
         for (size_t b = 0; b < n / QK_K; b++, p += Q4_K_BYTES, out += QK_K) dequantize_block_q4_k(p, out);
+        break;
+    case DTYPE_Q6_K:
+        for (size_t b = 0; b < n / QK_K; b++, p += Q6_K_BYTES, out += QK_K) dequantize_block_q6_k(p, out);
         break;
     case DTYPE_Q4_0: // GGML's dequantize_row_q4_0: (q - 8) d, one exact product
         for (size_t b = 0; b < n / QK4_0; b++, p += Q4_0_BYTES, out += QK4_0) {

@@ -4,6 +4,8 @@
 //         6-bit mins, 128 bytes of 4-bit q; sub-block s (32 weights) has w = d sc_s q - dmin m_s
 //   Q4_0  32 weights in 18 bytes: fp16 d, 16 bytes of 4-bit q (weight j in byte j's low nibble,
 //         weight 16 + j in its high one); w = d (q - 8). Read from GGUF files only (no quantizer).
+//   Q6_K  256 weights in 210 bytes: ql[128] (low 4 bits), qh[64] (high 2), int8 scales[16] (one
+//         per 16 weights), fp16 d last; w = d sc (q - 32). From GGUF files only; the GPU widens it.
 // A row of a matrix is whole blocks (its length a multiple of 32 or 256), so rows never share a
 // block. Also the sizes of every dtype (f32, bf16 too), quantization (./export), dequantization
 // and the dot products the CPU path multiplies with.
@@ -20,9 +22,10 @@
 #define Q4_K_BYTES 144
 #define QK4_0 32
 #define Q4_0_BYTES 18
+#define Q6_K_BYTES 210
 
 int dtype_is_quant(uint32_t dtype);
-const char *dtype_name(uint32_t dtype); // "f32", "bf16", "q8_0", "q4_k", "q4_0", or "?"
+const char *dtype_name(uint32_t dtype); // "f32", "bf16", "q8_0", "q4_k", "q4_0", "q6_k", or "?"
 uint32_t dtype_block_elems(uint32_t dtype); // 1 for f32 / bf16; 0 for an unknown dtype
 // Bytes of one row of cols weights; 0 for an unknown dtype or a row that is not whole blocks.
 uint64_t dtype_row_bytes(uint32_t dtype, uint64_t cols);
@@ -37,7 +40,7 @@ void quantize_row_q4_k(const float *x, uint8_t *out, size_t n);
 void q4_k_scale_min(int j, const uint8_t *scales, int *sc, int *m);
 
 // The GPU upload's entry point (and the CPU's dequantizer): rows row0 .. row0 + n_rows of a
-// (rows, cols) matrix stored in dtype (f32, bf16, q8_0, q4_k, q4_0) as fp32 in out (n_rows * cols),
+// (rows, cols) matrix stored in dtype (f32, bf16, q8_0, q4_k, q4_0, q6_k) as fp32 in out (n_rows * cols),
 // each value exactly GGML's dequantization of it. cols must be whole blocks of dtype.
 void weights_rows_to_f32(const void *src, uint32_t dtype, size_t row0, size_t n_rows, size_t cols, float *out);
 
@@ -46,6 +49,7 @@ void weights_rows_to_f32(const void *src, uint32_t dtype, size_t row0, size_t n_
 float dot_q8_0(const uint8_t *w, const float *x, int n);
 float dot_q4_k(const uint8_t *w, const float *x, int n);
 float dot_q4_0(const uint8_t *w, const float *x, int n);
+float dot_q6_k(const uint8_t *w, const float *x, int n);
 
 // The activations of a decode step's product with quantized weights, on the CPU and the GPU alike:
 // per 32 values quantized as GGML's Q8_0 quantizes (d = max|x| / 127, q = round(x * (1 / d)), the
@@ -65,5 +69,7 @@ float dot_q8_0_act(const uint8_t *w, const ActQ8 *a);
 float dot_q4_k_act(const uint8_t *w, const ActQ8 *a);
 // sum_b d_b dx_b (sum_j q_j qx_j - 8 sum_j qx_j) (Q4_0).
 float dot_q4_0_act(const uint8_t *w, const ActQ8 *a);
+// sum_r dx_(r / 2) d sc_r sum_j (q_j - 32) qx_j over the 16-weight runs r (Q6_K).
+float dot_q6_k_act(const uint8_t *w, const ActQ8 *a);
 
 #endif

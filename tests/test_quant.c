@@ -34,23 +34,25 @@ static uint16_t random_f16(Rng *r) {
 }
 
 static void random_blocks(Rng *r, uint32_t dtype, uint8_t *p, size_t n_blocks) {
-    size_t bb = dtype == DTYPE_Q8_0 ? Q8_0_BYTES : dtype == DTYPE_Q4_0 ? Q4_0_BYTES : Q4_K_BYTES;
+    size_t bb = dtype_row_bytes(dtype, dtype_block_elems(dtype)), at = dtype == DTYPE_Q6_K ? 208 : 0; // where d is
     for (size_t i = 0; i < n_blocks * bb; i++) p[i] = (uint8_t)next_u64(r);
     for (size_t b = 0; b < n_blocks; b++) {
         uint16_t d = random_f16(r), m = random_f16(r);
-        memcpy(p + b * bb, &d, 2);
+        memcpy(p + b * bb + at, &d, 2);
         if (dtype == DTYPE_Q4_K) memcpy(p + b * bb + 2, &m, 2);
     }
 }
 
 static void test_dequantize(Rng *r) {
-    for (int k = 0; k < 3; k++) {
-        uint32_t dt = k == 2 ? DTYPE_Q4_0 : k ? DTYPE_Q4_K : DTYPE_Q8_0;
-        size_t rows = 7, cols = k == 1 ? 512 : 96, rb = dtype_row_bytes(dt, cols), n = rows * cols;
+    static const uint32_t dts[4] = {DTYPE_Q8_0, DTYPE_Q4_K, DTYPE_Q4_0, DTYPE_Q6_K};
+    static const uint32_t types[4] = {GGML_Q8_0, GGML_Q4_K, GGML_Q4_0, GGML_Q6_K};
+    for (int k = 0; k < 4; k++) {
+        uint32_t dt = dts[k];
+        size_t rows = 7, cols = dtype_block_elems(dt) == 256 ? 512 : 96, rb = dtype_row_bytes(dt, cols), n = rows * cols;
         uint8_t *blk = malloc(rows * rb);
         float *ours = malloc(n * sizeof(float)), *ref = malloc(n * sizeof(float));
         random_blocks(r, dt, blk, rows * cols / dtype_block_elems(dt));
-        GgufTensor t = {.name = "t", .type = k == 2 ? GGML_Q4_0 : k ? GGML_Q4_K : GGML_Q8_0, .ndim = 2, .ne = {cols, rows, 1, 1},
+        GgufTensor t = {.name = "t", .type = types[k], .ndim = 2, .ne = {cols, rows, 1, 1},
                         .n_elems = n, .data = blk, .nbytes = rows * rb};
         char err[GGUF_ERR_LEN];
         int ok = gguf_dequantize(&t, ref, err) == 0;
@@ -174,7 +176,8 @@ static void test_act_quantize(Rng *r) {
 // y = x W^T against double over the dequantized weights, within (n + 2) u sum |w x| (T > 1). A
 // decode (T = 1) multiplies the activations as quantized (dx q): against double over those, within
 // (n / 32 + 4) u sum mag |dx q|: a block's integer sums are exact, then at most four roundings
-// (d dx or d sc, times the sum, the min term's, the difference times dx) and the n / 32 additions.
+// (d dx or d sc, times the sum, the min term's, the difference times dx) and the n / 32 additions
+// (Q6_K, a scale per 16 weights: n / 16 + 4).
 static void test_matmul(Rng *r, uint32_t dt, int T, int n, int d) {
     size_t rb = dtype_row_bytes(dt, (uint64_t)n);
     float *src = malloc((size_t)d * n * sizeof(float)), *w = malloc((size_t)d * n * sizeof(float));
@@ -185,11 +188,12 @@ static void test_matmul(Rng *r, uint32_t dt, int T, int n, int d) {
     for (int i = 0; i < d; i++) {
         if (dt == DTYPE_Q8_0) quantize_row_q8_0(src + (size_t)i * n, q + i * rb, (size_t)n);
         else if (dt == DTYPE_Q4_K) quantize_row_q4_k(src + (size_t)i * n, q + i * rb, (size_t)n);
-        else { // Q4_0 (no quantizer: GGUF files only): random nibbles, scales of real weights' size
-            random_blocks(r, dt, q + i * rb, (size_t)n / QK4_0);
-            for (int b = 0; b < n / QK4_0; b++) {
-                uint16_t h = f32_to_f16(0.01f * (1.0f + (float)uniform(r)));
-                memcpy(q + i * rb + (size_t)b * Q4_0_BYTES, &h, 2);
+        else { // Q4_0, Q6_K (no quantizer: GGUF files only): random quants, scales of real weights' size
+            size_t be = dtype_block_elems(dt), bb = dtype_row_bytes(dt, be);
+            random_blocks(r, dt, q + i * rb, (size_t)n / be);
+            for (size_t b = 0; b < (size_t)n / be; b++) {
+                uint16_t h = f32_to_f16((dt == DTYPE_Q6_K ? 0.0005f : 0.01f) * (1.0f + (float)uniform(r)));
+                memcpy(q + i * rb + b * bb + (dt == DTYPE_Q6_K ? 208 : 0), &h, 2);
             }
         }
     }
@@ -207,7 +211,7 @@ static void test_matmul(Rng *r, uint32_t dt, int T, int n, int d) {
         act_q8_quantize(x, &a);
         for (int j = 0; j < n; j++) xr[j] = (double)ad[j / 32] * aq[j];
         weight_mags(q, dt, d, n, w, wm);
-        terms = n / 32 + 4;
+        terms = (dt == DTYPE_Q6_K ? n / 16 : n / 32) + 4; // Q6_K: a scale (a rounded term) per 16 weights
         free(aq), free(ad), free(as);
     }
     const double u = ldexp(1.0, -24);
@@ -228,7 +232,7 @@ static void test_matmul(Rng *r, uint32_t dt, int T, int n, int d) {
         }
     if (T == 1)
         check(bad == 0,
-              "%s decode product n=%d d=%d on activations quantized per 32: every output within (n / 32 + 4) u sum|mag dx q| of double "
+              "%s decode product n=%d d=%d on activations quantized per 32: every output within (n / 32 + 4) u sum|mag dx q| of double (Q6_K: n / 16 + 4) "
               "(worst %.1f u, %d outside; the quantization itself moves outputs by up to %.2g of sum|mag x|)",
               dtype_name(dt), n, d, worst, bad, qerr);
     else
@@ -248,9 +252,10 @@ static void test_matmul(Rng *r, uint32_t dt, int T, int n, int d) {
 static void test_sizes(void) {
     check(dtype_row_bytes(DTYPE_Q8_0, 576) == 18 * 34 && dtype_row_bytes(DTYPE_Q4_K, 1536) == 6 * 144 &&
               dtype_row_bytes(DTYPE_Q4_0, 576) == 18 * 18 && dtype_row_bytes(DTYPE_Q4_0, 48) == 0 &&
+              dtype_row_bytes(DTYPE_Q6_K, 512) == 2 * 210 && dtype_row_bytes(DTYPE_Q6_K, 576) == 0 &&
               dtype_row_bytes(DTYPE_Q4_K, 576) == 0 && dtype_row_bytes(DTYPE_Q8_0, 33) == 0 &&
               dtype_row_bytes(DTYPE_BF16, 3) == 6 && dtype_row_bytes(DTYPE_F32, 3) == 12 && dtype_row_bytes(7, 256) == 0,
-          "row sizes: q8_0 34 B / 32, q4_k 144 B / 256, q4_0 18 B / 32, partial blocks and unknown dtypes 0");
+          "row sizes: q8_0 34 B / 32, q4_k 144 B / 256, q4_0 18 B / 32, q6_k 210 B / 256, partial blocks and unknown dtypes 0");
 }
 
 int main(void) {
@@ -259,8 +264,8 @@ int main(void) {
     test_dequantize(&r);
     test_quantize_error(&r);
     test_act_quantize(&r);
-    for (int k = 0; k < 3; k++) {
-        uint32_t dt = k == 2 ? DTYPE_Q4_0 : k ? DTYPE_Q4_K : DTYPE_Q8_0;
+    for (int k = 0; k < 4; k++) {
+        uint32_t dt = k == 3 ? DTYPE_Q6_K : k == 2 ? DTYPE_Q4_0 : k ? DTYPE_Q4_K : DTYPE_Q8_0;
         test_matmul(&r, dt, 1, 1536, 300);  // decode: the block dot products
         test_matmul(&r, dt, 5, 512, 200);   // prefill: dequantized panels (sgemm, or row by row)
         test_matmul(&r, dt, 1, 4096, 64);   // a long row

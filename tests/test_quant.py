@@ -13,8 +13,8 @@ llama.cpp ships), which quantizes Q8_0 as GGML's reference C does and dequantize
    IEEE rounding, sums in GGML's order, no fused multiply-add), and gguf-py's dequantization of
    our blocks must lie within half a quantization step of the source wherever the level is not
    clamped (and 0.1 of the rows' rms overall).
-3. --dtype keep: a llama GGUF of random Q8_0, Q4_K and Q4_0 blocks (Q4_0 by gguf-py's quantizer)
-   keeps them byte for byte (Q and K rows un-permuted as whole rows of blocks); other types are
+3. --dtype keep: a llama GGUF of random Q8_0, Q4_K, Q4_0 and Q6_K blocks (Q4_0 by gguf-py's
+   quantizer, Q6_K random bytes with a small scale) keeps them byte for byte (Q and K rows un-permuted as whole rows of blocks); other types are
    dequantized to bf16 as before.
 4. The CPU path on those blocks: ./run --score of the kept model equals the --dtype f32 export of
    the same GGUF (the same weight values, multiplied block by block instead of from fp32 rows)
@@ -48,10 +48,10 @@ except ImportError as e:
 
 passed = failed = 0
 Q = gguf.GGMLQuantizationType
-DTYPE_F32, DTYPE_BF16, DTYPE_Q8_0, DTYPE_Q4_K, DTYPE_Q4_0 = 0, 1, 2, 3, 4
+DTYPE_F32, DTYPE_BF16, DTYPE_Q8_0, DTYPE_Q4_K, DTYPE_Q4_0, DTYPE_Q6_K = 0, 1, 2, 3, 4, 5
 ROW_BYTES = {DTYPE_F32: lambda c: 4 * c, DTYPE_BF16: lambda c: 2 * c, DTYPE_Q8_0: lambda c: c // 32 * 34,
-             DTYPE_Q4_K: lambda c: c // 256 * 144, DTYPE_Q4_0: lambda c: c // 32 * 18}
-KEPT = {Q.Q8_0: DTYPE_Q8_0, Q.Q4_K: DTYPE_Q4_K, Q.Q4_0: DTYPE_Q4_0}
+             DTYPE_Q4_K: lambda c: c // 256 * 144, DTYPE_Q4_0: lambda c: c // 32 * 18, DTYPE_Q6_K: lambda c: c // 256 * 210}
+KEPT = {Q.Q8_0: DTYPE_Q8_0, Q.Q4_K: DTYPE_Q4_K, Q.Q4_0: DTYPE_Q4_0, Q.Q6_K: DTYPE_Q6_K}
 f32 = np.float32
 
 
@@ -216,14 +216,20 @@ def random_blocks(rng, qt, rows, cols):
 
 
 def write_block_gguf(path, rng, legacy):
-    """A llama GGUF whose matrices are Q8_0 or Q4_K blocks (legacy: attn_k and attn_output Q4_0, by gguf-py)."""
+    """A llama GGUF whose matrices are Q8_0 or Q4_K blocks (legacy: attn_k and attn_output Q4_0, by gguf-py,
+    ffn_down Q6_K: random quants and scales, a small d, as gguf-py has no Q6_K quantizer)."""
     dim, heads, kv, hd, hidden, layers = shape = 256, 4, 2, 64, 512, 1
     w, tokens, _ = gguf_writer(path, "llama", os.path.join(DATA, "tiny-llama31"), "llama-bpe", shape, 5e5)
     raw = {}
 
     def mat(name, rows, cols, qt):
-        raw[name] = (qt, random_blocks(rng, qt, rows, cols) if qt != Q.Q4_0 else
-                     quants.quantize((rng.standard_normal((rows, cols)) * 0.05).astype(f32), qt))
+        if qt == Q.Q6_K:
+            blk = rng.integers(0, 256, (rows * cols // 256, 210), dtype=np.uint8)
+            blk[:, 208:210] = np.frombuffer(np.float16(0.0005).tobytes(), dtype=np.uint8)
+            raw[name] = (qt, blk.reshape(rows, cols // 256 * 210))
+        else:
+            raw[name] = (qt, random_blocks(rng, qt, rows, cols) if qt != Q.Q4_0 else
+                         quants.quantize((rng.standard_normal((rows, cols)) * 0.05).astype(f32), qt))
         w.add_tensor(name + ".weight", raw[name][1], raw_dtype=qt)
 
     def vec(name, n):
@@ -238,7 +244,7 @@ def write_block_gguf(path, rng, legacy):
     vec("blk.0.ffn_norm", dim)
     mat("blk.0.ffn_gate", hidden, dim, Q.Q4_K)
     mat("blk.0.ffn_up", hidden, dim, Q.Q8_0)
-    mat("blk.0.ffn_down", dim, hidden, Q.Q4_K)
+    mat("blk.0.ffn_down", dim, hidden, Q.Q6_K if legacy else Q.Q4_K)
     vec("output_norm", dim)
     mat("output", len(tokens), dim, Q.Q8_0)
     w.write_header_to_file()
@@ -323,7 +329,7 @@ def main():
         raw, vocab_b, hd = write_block_gguf(gb, rng, True)
         keep = os.path.join(tmp, "keep.bin")
         p = export(gb, keep, "--dtype", "keep")
-        check(p.returncode == 0, "export --dtype keep of Q8_0 / Q4_K / Q4_0 matrices (%s)" % p.last)
+        check(p.returncode == 0, "export --dtype keep of Q8_0 / Q4_K / Q4_0 / Q6_K matrices (%s)" % p.last)
         if p.returncode == 0:
             ours, version = read_modelbin(keep)
             bad = []
@@ -334,7 +340,7 @@ def main():
                 ok = dt == KEPT[qt] and ours[n][3] == want.tobytes()
                 if not ok:
                     bad.append(n)
-            check(not bad and version == 2, "keep: Q8_0, Q4_K and Q4_0 blocks byte for byte (Q/K rows un-permuted)%s" %
+            check(not bad and version == 2, "keep: Q8_0, Q4_K, Q4_0 and Q6_K blocks byte for byte (Q/K rows un-permuted)%s" %
                   (": differ in " + ", ".join(bad) if bad else ""))
             p = export(gb, os.path.join(tmp, "bad.bin"), "--dtype", "keep", "--quant", "q8_0")
             check(p.returncode == 1 and "give one" in p.stderr, "--dtype keep with --quant is refused")
