@@ -1,16 +1,18 @@
-// Quantized weights on the GPU (gemv_quant.h): the decode GEMVs that read Q8_0 / Q4_K rows,
-// the dequantization a prefill GEMM multiplies, the upload's repacking and random blocks.
+// Quantized weights on the GPU (gemv_quant.h): the decode GEMVs that read Q8_0 / Q4_K / Q4_0
+// rows, the dequantization a prefill GEMM multiplies, the upload's repacking and random blocks.
 //
 // Decode multiplies the blocks by activations quantized per 32 (model/quant.h's ActQ8, the CPU
 // reference's arithmetic bit for bit), so a block's products are integer dot products (dp4a)
-// and each weight costs about a quarter of an instruction. A GEMV block is 8 warps, each warp two
-// rows (a gate/up pair for SwiGLU), so every activation byte read from shared memory serves two
-// rows. Each block quantizes x (times the norm's weights) into shared memory itself: 8 values a
-// thread, the 4 threads of a 32-block exchanging their max and sums by shuffles.
+// and each weight costs about a quarter of an instruction. A GEMV block is 8 or 16 warps, each
+// warp two rows (a gate/up pair for SwiGLU), so every activation byte read from shared memory
+// serves two rows. Each block quantizes x (times the norm's weights) into shared memory once: 8
+// values a thread, the 4 threads of a 32-block exchanging their max and sums by shuffles; then it
+// takes row groups in turn (the grid is at most what fits on the GPU at once). That staging is
+// what still separates these kernels from their bytes' floor (tests/bench/GPU.md, session 9).
 //
-// A lane's unit of work is 32 bytes of a row: a Q8_0 block, or Q4_K's sub-block pair 2p, 2p + 1
-// of a super-block (bytes 32p .. 32p + 31: low nibbles pair with x[64p + l], high with
-// x[64p + 32 + l]), so one unit needs one scale (Q8_0) or one scale pair (Q4_K).
+// A lane's unit of work is 32 bytes of a row: a Q8_0 block, Q4_K's sub-block pair 2p, 2p + 1 of a
+// super-block (bytes 32p .. 32p + 31: low nibbles pair with x[64p + l], high with x[64p + 32 + l]),
+// or two Q4_0 blocks, so one unit needs one scale, one scale pair, or two scales.
 #include <cuda_fp16.h>
 #include <string.h>
 
@@ -363,8 +365,7 @@ __global__ void __launch_bounds__(QW * 32, (FMT == 0 && !NORM_IN ? 4 : 3) * 8 / 
 
 // Which block size (0: 8 warps, 1: 16) a shape runs with: tuned on the H100 (test_gemv_quant's
 // variant table in tests/bench/GPU.md); any choice computes the same sums in the same order per row.
-static int pick_variant(uint32_t dt, int rows, int cols, int epi) {
-    (void)rows, (void)epi;
+static int pick_variant(uint32_t dt, int cols) {
     return dt != DTYPE_Q8_0 || cols >= 8192 ? 1 : 0; // 4-bit, long rows (the FFN's down): fewer blocks staging x
 }
 
@@ -398,7 +399,7 @@ static cudaError_t launch_q(void *y, const QMat *m, const bf16 *x, const float *
     if (!qmat_supported(m->dt, (size_t)m->cols) || m->rows < 1) return cudaErrorInvalidValue;
     if (((uintptr_t)x & 15) || ((uintptr_t)g & 15)) return cudaErrorMisalignedAddress; // x read 8 values at a time
     size_t smem = (size_t)m->cols + (size_t)m->cols / 32 * 4 * (FMT != 0 ? 2 : 1);
-    if (variant < 0) variant = pick_variant(m->dt, m->rows, m->cols, EPI);
+    if (variant < 0) variant = pick_variant(m->dt, m->cols);
     if (variant == 1) return launch_v<FMT, EPI, NORM_IN, STATS, 16>(y, m, x, g, nl, smem, st);
     return launch_v<FMT, EPI, NORM_IN, STATS, 8>(y, m, x, g, nl, smem, st);
 }

@@ -1,7 +1,7 @@
 // Quantized weights (model/quant.h) on the CPU path.
 //
-// 1. weights_rows_to_f32 on random Q8_0 / Q4_K blocks (random bytes, finite fp16 scales of either
-//    sign, subnormals and zeros among them) equals weights/gguf.c's dequantization bit for bit:
+// 1. weights_rows_to_f32 on random Q8_0 / Q4_K / Q4_0 / Q6_K blocks (random bytes, finite fp16 scales of
+//    either sign, subnormals and zeros among them) equals weights/gguf.c's dequantization bit for bit:
 //    that one is checked against gguf-py's in tests/test_kquants.py, and both form each value
 //    with one rounding at most (the products are exact in fp32), so they must agree exactly.
 // 2. Quantization error: Q8_0 within 0.5 d + 127 |d - fp16(d)| (the quant is round(x / d) with
