@@ -267,6 +267,16 @@ __device__ __forceinline__ void mul_batch(const QBatch &c, const int8_t *xq, con
     }
 }
 
+// Rows r0, r1 of warp `warp` in row group grp (2 QW rows); false (and row 0 twice, loads still
+// valid) past the matrix. An odd last row is computed twice.
+template <int QW> __device__ __forceinline__ bool group_rows(int grp, int warp, int rows, int &r0, int &r1) {
+    r0 = (grp * QW + warp) * 2;
+    bool active = r0 < rows;
+    r1 = r0 + 1 < rows ? r0 + 1 : r0;
+    if (!active) r0 = r1 = 0;
+    return active;
+}
+
 // FMT 0: Q8_0, 1: Q4_K, 2: Q4_0; QW warps a block, each two rows (a SwiGLU's gate/up pair).
 template <int FMT, int EPI, bool NORM_IN, bool STATS, int QW>
 __global__ void __launch_bounds__(QW * 32, (FMT == 0 && !NORM_IN ? 4 : 3) * 8 / QW) gemv_q_kernel(void *y, QMat m, const bf16 *x, const float *g, QNorm nl) {
@@ -278,10 +288,8 @@ __global__ void __launch_bounds__(QW * 32, (FMT == 0 && !NORM_IN ? 4 : 3) * 8 / 
     // The grid is at most what fits on the GPU at once: a block stages x once and then takes
     // groups of 2 QW rows blockIdx.x, + gridDim.x, ... (a wide matrix's many groups share one staging).
     const int groups = (m.rows + 2 * QW - 1) / (2 * QW);
-    int grp = blockIdx.x, r0 = (grp * QW + warp) * 2;
-    bool active = r0 < m.rows;
-    int r1 = r0 + 1 < m.rows ? r0 + 1 : r0;
-    if (!active) r0 = r1 = 0;
+    int grp = blockIdx.x, r0, r1;
+    bool active = group_rows<QW>(grp, warp, m.rows, r0, r1);
     // The first batch of weights is requested before anything else: weights are read-only, so
     // their loads overlap the previous kernel's tail (PDL) and the staging of x.
     QBatch q;
@@ -325,10 +333,8 @@ __global__ void __launch_bounds__(QW * 32, (FMT == 0 && !NORM_IN ? 4 : 3) * 8 / 
             }
         }
         // the next group's first batch is requested before this group's sums are written
-        int ngrp = grp + gridDim.x, n0 = (ngrp * QW + warp) * 2;
-        bool nact = ngrp < groups && n0 < m.rows;
-        int n1 = n0 + 1 < m.rows ? n0 + 1 : n0;
-        if (!nact) n0 = n1 = 0;
+        int ngrp = grp + gridDim.x, n0, n1;
+        bool nact = group_rows<QW>(ngrp, warp, m.rows, n0, n1);
         if (ngrp < groups) load_batch<FMT>(q, m, n0, n1, 0, lane);
         s0 = warp_sum(s0) * inv_rms;
         s1 = warp_sum(s1) * inv_rms;
@@ -461,8 +467,8 @@ __device__ __forceinline__ void store16(bf16 *p, const float *v) {
     ((uint4 *)p)[1] = make_uint4(u[4], u[5], u[6], u[7]);
 }
 
-// One thread per 16 quants (Q8_0) or 32 (Q4_K): one 16-byte chunk c of the GGML row, found at
-// its device place (unit c / 2, half c % 2).
+// One thread per 16 quants (Q8_0) or 32 (Q4_K, Q4_0): one 16-byte chunk c of the GGML row, found
+// at its device place (unit c / 2, half c % 2).
 __global__ void q_to_bf16_kernel(bf16 *W, QMat m, const float *g) {
     size_t per_row = m.dt == DTYPE_Q8_0 ? m.cols / 16 : m.cols / 32, n = per_row * m.rows;
     for (size_t t = blockIdx.x * (size_t)blockDim.x + threadIdx.x; t < n; t += (size_t)gridDim.x * blockDim.x) {

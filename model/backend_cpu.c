@@ -64,17 +64,8 @@ static void rows_task(void *ctx, int task, int thread) {
     Product *p = ctx;
     int i1 = (task + 1) * p->rows < p->d ? (task + 1) * p->rows : p->d;
     size_t rb = dtype_row_bytes(p->dtype, (uint64_t)p->n);
-    const uint8_t *w = p->w;
-    if (p->act && p->dtype == DTYPE_Q8_0)
-        for (int i = task * p->rows; i < i1; i++) p->y[i] = dot_q8_0_act(w + i * rb, p->act);
-    else if (p->act && p->dtype == DTYPE_Q4_K)
-        for (int i = task * p->rows; i < i1; i++) p->y[i] = dot_q4_k_act(w + i * rb, p->act);
-    else if (p->act && p->dtype == DTYPE_Q4_0)
-        for (int i = task * p->rows; i < i1; i++) p->y[i] = dot_q4_0_act(w + i * rb, p->act);
-    else if (p->act)
-        for (int i = task * p->rows; i < i1; i++) p->y[i] = dot_q6_k_act(w + i * rb, p->act);
-    else
-        for (int i = task * p->rows; i < i1; i++) p->y[i] = dot_row(p->w, p->dtype, (size_t)i, p->x, p->n);
+    for (int i = task * p->rows; i < i1; i++)
+        p->y[i] = p->act ? dot_act((const uint8_t *)p->w + i * rb, p->dtype, p->act) : dot_row(p->w, p->dtype, (size_t)i, p->x, p->n);
 }
 
 #ifndef NO_BLAS

@@ -452,6 +452,15 @@ float dot_q6_k_act(const uint8_t *w, const ActQ8 *a) {
     return s;
 }
 
+float dot_act(const uint8_t *w, uint32_t dtype, const ActQ8 *a) {
+    switch (dtype) {
+    case DTYPE_Q8_0: return dot_q8_0_act(w, a);
+    case DTYPE_Q4_K: return dot_q4_k_act(w, a);
+    case DTYPE_Q4_0: return dot_q4_0_act(w, a);
+    default: return dot_q6_k_act(w, a);
+    }
+}
+
 void weights_rows_to_f32(const void *src, uint32_t dtype, size_t row0, size_t n_rows, size_t cols, float *out) {
     const uint8_t *p = (const uint8_t *)src + row0 * dtype_row_bytes(dtype, cols);
     size_t n = n_rows * cols;

@@ -71,5 +71,7 @@ float dot_q4_k_act(const uint8_t *w, const ActQ8 *a);
 float dot_q4_0_act(const uint8_t *w, const ActQ8 *a);
 // sum_r dx_(r / 2) d sc_r sum_j (q_j - 32) qx_j over the 16-weight runs r (Q6_K).
 float dot_q6_k_act(const uint8_t *w, const ActQ8 *a);
+// The one of the above for a quantized dtype (w: one row of it).
+float dot_act(const uint8_t *w, uint32_t dtype, const ActQ8 *a);
 
 #endif
