@@ -26,6 +26,7 @@
 // variants below; a separate producer warpgroup with setmaxnreg (ptxas 13.0 then caps every thread at
 // 168 registers, the consumers spill and the wgmmas serialize).
 #include "flash_prefill.h"
+#include "variants.h"
 
 #include <math.h>
 #include <stdint.h>

@@ -26,19 +26,6 @@ cudaError_t flash_prefill(__nv_bfloat16 *out, const __nv_bfloat16 *q, const __nv
                           const __nv_bfloat16 *v_cache, int pos0, int T, int n_heads, int n_kv_heads,
                           int head_dim, int ctx, cudaStream_t stream);
 
-// The same with the implementation chosen (for tests and benchmarks):
-//   FLASH_PREFILL_AUTO  : wgmma when this build has sm_90a code and the device is sm_90, else mma
-//   FLASH_PREFILL_WGMMA : Hopper wgmma kernel (needs -gencode arch=compute_90a,code=sm_90a);
-//                         cudaErrorInvalidDeviceFunction if this build has no sm_90a code
-//   FLASH_PREFILL_MMA   : portable mma.sync m16n8k16 kernel (sm_80 and newer)
-//   FLASH_PREFILL_WGMMA_M1, _M2 : scheduling variants of the wgmma kernel (benchmarks; see the .cu)
-enum { FLASH_PREFILL_AUTO = 0, FLASH_PREFILL_WGMMA = 1, FLASH_PREFILL_MMA = 2, FLASH_PREFILL_WGMMA_M1 = 3,
-       FLASH_PREFILL_WGMMA_M2 = 4 };
-cudaError_t flash_prefill_impl(int impl, __nv_bfloat16 *out, const __nv_bfloat16 *q,
-                               const __nv_bfloat16 *k_cache, const __nv_bfloat16 *v_cache, int pos0,
-                               int T, int n_heads, int n_kv_heads, int head_dim, int ctx,
-                               cudaStream_t stream);
-
 #ifdef __cplusplus
 }
 #endif

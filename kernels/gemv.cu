@@ -6,6 +6,7 @@
 #include "cuda_common.h"
 #include "kernels.h"
 #include "pdl.h"
+#include "variants.h"
 
 #define GEMV_WARPS 8
 

@@ -23,6 +23,7 @@
 extern "C" {
 #include "../model/config.h"
 #include "../model/quant.h"
+#include "variants.h"
 }
 
 

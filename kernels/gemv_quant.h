@@ -59,11 +59,6 @@ cudaError_t gemv_q_add_stats(float *y, const QMat *m, const bf16 *x, bf16 *y_bf1
 cudaError_t gemv_q_normed(void *y, const QMat *m, const bf16 *x, int epilogue, const float *g, const float *sumsq, int n_sumsq,
                           float eps, cudaStream_t st);
 
-// The tests' and benchmark's side-by-side variants of gemv_q (with y_bf16 and sumsq, ADD is
-// gemv_q_add_stats), blocks of 0: 8 warps, 1: 16 (two rows a warp either way); -1 the launch's
-// pick. Either computes the same sums in the same order.
-cudaError_t gemv_q_variant(void *y, const QMat *m, const bf16 *x, int epilogue, bf16 *y_bf16, float *sumsq, int variant, cudaStream_t st);
-
 #ifdef __cplusplus
 }
 #endif

@@ -1,5 +1,5 @@
-// The CUDA backend's state (forward_cuda.cu), shared by the units that run parts of its pass
-// (prefill_layered.cu). Private to kernels/: the rest of the program sees an opaque pointer.
+// The CUDA backend's state (made in gpu_create.cu), shared by the units that run its passes
+// (forward_cuda.cu and those it names). Private to kernels/: the rest of the program sees an opaque pointer.
 #ifndef GPU_STATE_H
 #define GPU_STATE_H
 
@@ -113,6 +113,29 @@ struct GpuState {
 };
 
 void gpu_set_err(char *err, const char *fmt, ...);
+
+// ---- the layer sequence (layer.cu) ----
+
+// How a layer's projections run: LAYER_DECODE, one row in the decode graph (GEMVs, each RMSNorm
+// split between the residual GEMV before it and the GEMV after it, x must be g->x);
+// LAYER_GEMM, T rows (cuBLAS GEMMs; quantized groups dequantized into g->wdeq first).
+typedef enum { LAYER_DECODE, LAYER_GEMM } LayerMode;
+// Layer l's halves around its attention, over T rows of the residual stream x (T, dim):
+//   layer_qkv:     g->proj (T, q_dim + 2 kv_dim) = QKV projection of RMSNorm(x)
+//   layer_out_mlp: x += Wo g->att; x += W_down SwiGLU(W_gate/up RMSNorm(x))
+cudaError_t layer_qkv(GpuState *g, uint32_t l, float *x, int T, LayerMode mode);
+cudaError_t layer_out_mlp(GpuState *g, uint32_t l, float *x, int T, LayerMode mode);
+// The attention between them: layer l's g->proj to g->att (arg: the step's own arguments).
+typedef cudaError_t (*AttnStep)(GpuState *g, uint32_t l, void *arg);
+// Every layer in turn: layer_qkv, attn, layer_out_mlp.
+cudaError_t gpu_layers(GpuState *g, float *x, int T, LayerMode mode, AttnStep attn, void *arg);
+// g->logits (n, vocab) = LM head of the final RMSNorm of x (n, dim) (one row: the decode GEMV).
+cudaError_t gpu_logits(GpuState *g, const float *x, int n);
+// A prefill's attention step in two: the QKV post-processing of g->proj (per-head norms, RoPE)
+// into g->q and layer l's K/V rows into kc / vc (n_kv, ctx, hd) at positions *d_pos ..; then
+// causal attention of the T queries at pos .. over positions [0, pos + T) into g->att.
+cudaError_t prefill_qkv_store(GpuState *g, uint32_t l, bf16 *kc, bf16 *vc, const int *d_pos, int T, int ctx);
+cudaError_t prefill_attention(GpuState *g, const bf16 *kc, const bf16 *vc, int pos, int T, int ctx);
 // y (T, d) fp32 (= or +=) x (T, n) bf16 · W^T; W (d, n) bf16.
 cudaError_t gpu_gemm(GpuState *g, float *y, const bf16 *x, const bf16 *W, int T, int n, int d, int accumulate);
 // The same with a layer's matrix that may be quantized (q->dt set): dequantized into g->wdeq first,
@@ -121,6 +144,31 @@ cudaError_t gpu_gemm_w(GpuState *g, float *y, const bf16 *x, const bf16 *W, cons
                        int accumulate);
 // The decode step's logits: g->logits = LM head · g->xb (the quantized head's blocks when there are).
 cudaError_t gpu_head_gemv(GpuState *g);
+
+// ---- the passes (forward_cuda.cu, pkv_protocol.cu) ----
+
+// The decode step (token in *h_tokens, position in *h_pos; under ParisKV the zone in
+// pkv.h_meta) as its CUDA graph, captured on first use: logits in h_step. Not synchronized.
+cudaError_t gpu_decode_step(GpuState *g, int pkv);
+// A prefill chunk of T tokens at pos through the device cache; logits (of every token, or of
+// the last) into h_logits. Not synchronized.
+cudaError_t gpu_enqueue_chunk(GpuState *g, const int *tokens, int T, int pos, int all_logits);
+// gpu_forward under ParisKV: the dense phase as chunks, later positions as decode steps or
+// ParisKV chunks. NULL (err filled) on failure.
+float *pkv_forward(GpuState *g, const int *tokens, int T, int pos, int all_logits, char *err);
+// One ParisKV decode step at pos: the index update it needs, then its graph. Not synchronized.
+cudaError_t pkv_step(GpuState *g, int token, int pos, char *err);
+
+// ---- weights and state (gpu_weights.cu, gpu_create.cu) ----
+
+// Activations of a state for chunk tokens and a context (decode scratch), logit_rows rows of logits.
+size_t gpu_activation_bytes(const Config *c, int ctx, int chunk, int logit_rows);
+// Uploads (or, for a synthetic model, makes) every weight into g (g->layers allocated).
+cudaError_t gpu_upload_weights(GpuState *g, const Model *m);
+void gpu_free_weights(GpuState *g);
+// gpu_create with the device cache's size under a host store chosen by the caller (dcap_want
+// > 0, the benchmark: no prompt to hold) or from the memory left (0).
+void *gpu_create_sized(const Model *m, int ctx, int chunk, int all_logits, const AttnConfig *attn, int dcap_want, char *err);
 // The positions the device cache needs at least under ParisKV with the zone in the host store.
 int pkv_min_positions(const AttnConfig *a, int chunk);
 // Makes the ParisKV index cover the zone [sink, zone_end) before a step at pos that sees it.

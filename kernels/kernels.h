@@ -22,9 +22,6 @@ enum GemvEpilogue {
 // Decode matrix-vector product: W (d, n) bf16 row-major, x (n) bf16, y (d) fp32 (or (d/2) bf16
 // for GEMV_SWIGLU). n must be a multiple of 8.
 cudaError_t gemv_bf16(void *y, const bf16 *W, const bf16 *x, int n, int d, int epilogue, cudaStream_t st);
-// The variants gemv_bf16 chooses from (see gemv.cu), exposed for the side-by-side benchmark.
-cudaError_t gemv_bf16_staged(void *y, const bf16 *W, const bf16 *x, int n, int d, int epilogue, cudaStream_t st);
-cudaError_t gemv_bf16_rowwarp(void *y, const bf16 *W, const bf16 *x, int n, int d, int epilogue, cudaStream_t st);
 
 // Decode, the RMSNorm between a residual and the next GEMV split across the two (gemv.cu):
 // gemv_bf16_add_stats: y (d) fp32 += W·x, y_bf16 = bf16(y), sumsq[b] = sum of y² over the rows

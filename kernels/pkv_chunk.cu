@@ -16,13 +16,28 @@ int pkv_chunk_len(const GpuState *g, int pos, int T) {
     return n;
 }
 
+// The attention step of a chunk's layer: each of its T tokens in order, as a decode step.
+static cudaError_t attn_tokens(GpuState *g, uint32_t l, void *arg) {
+    Pkv *p = &g->pkv;
+    const Config *c = &g->c;
+    int T = *(const int *)arg, hd = c->head_dim, nh = c->n_heads, q_dim = nh * hd, qkv_dim = q_dim + 2 * c->n_kv_heads * hd;
+    const GpuLayer *w = &g->layers[l];
+    for (int t = 0; t < T; t++) {
+        const int *d_pos = p->d_pos_chunk + t;
+        CU_TRY(pkv_qkv_decode(p->q, g->proj + (size_t)t * qkv_dim, w->q_norm, w->k_norm, p->rope_chunk + (size_t)t * hd, p->kv, (int)l,
+                              d_pos, nh, c->norm_eps, g->st));
+        CU_TRY(pkv_gpu_select(&p->sc, &p->ix, (int)l, p->q, nh, p->d_meta + 1, p->cfg.topk, p->cfg.beta, p->cfg.rho, g->st));
+        CU_TRY(pkv_attend(g->att + (size_t)t * q_dim, p->q, p->sc.sel, p->sc.nsel, p->sc.kmax, p->kv, (int)l, d_pos, p->d_meta, nh,
+                          p->partial, p->counters, g->st));
+    }
+    return cudaSuccess;
+}
+
 cudaError_t pkv_chunk(GpuState *g, const int *tokens, int T, int pos, int all_logits, float *logits_out, char *err) {
     Pkv *p = &g->pkv;
     const Config *c = &g->c;
-    int hd = c->head_dim, dim = c->dim, hidden = c->hidden_dim, nh = c->n_heads, nkv = c->n_kv_heads;
-    int q_dim = nh * hd, kv_dim = nkv * hd, qkv_dim = q_dim + 2 * kv_dim;
+    int hd = c->head_dim;
     cudaStream_t st = g->st;
-    float eps = c->norm_eps;
     int zone_end = attn_zone_end(&p->cfg, pos);
     CU_TRY(pkv_index_to(g, zone_end, pos, err));
     if (p->kv.host && host_store_grow(&p->hs, pos + T - p->cfg.sink, err) != 0) return cudaErrorMemoryAllocation;
@@ -35,29 +50,10 @@ cudaError_t pkv_chunk(GpuState *g, const int *tokens, int T, int pos, int all_lo
     CU_TRY(cudaMemcpyAsync(p->d_pos_chunk, p->h_pos_chunk, (size_t)T * 4, cudaMemcpyHostToDevice, st));
     CU_TRY(cudaMemcpyAsync(p->d_meta, p->h_meta, 2 * sizeof(int), cudaMemcpyHostToDevice, st));
     for (int t = 0; t < T; t++) CU_TRY(rope_table(p->rope_chunk + (size_t)t * hd, g->inv_freq, p->d_pos_chunk + t, hd / 2, st));
-    CU_TRY(embed_rows(g->x, g->embd, g->d_tokens, T, dim, st));
-    for (uint32_t l = 0; l < c->n_layers; l++) {
-        GpuLayer *w = &g->layers[l];
-        CU_TRY(rmsnorm_bf16(g->xb, g->x, NULL, T, dim, eps, st)); // weights folded into wqkv
-        CU_TRY(gpu_gemm_w(g, g->proj, g->xb, w->wqkv, &w->qqkv, w->attn_norm, T, dim, qkv_dim, 0));
-        for (int t = 0; t < T; t++) {
-            const int *d_pos = p->d_pos_chunk + t;
-            CU_TRY(pkv_qkv_decode(p->q, g->proj + (size_t)t * qkv_dim, w->q_norm, w->k_norm, p->rope_chunk + (size_t)t * hd, p->kv, (int)l,
-                                  d_pos, nh, eps, st));
-            CU_TRY(pkv_gpu_select(&p->sc, &p->ix, (int)l, p->q, nh, p->d_meta + 1, p->cfg.topk, p->cfg.beta, p->cfg.rho, st));
-            CU_TRY(pkv_attend(g->att + (size_t)t * q_dim, p->q, p->sc.sel, p->sc.nsel, p->sc.kmax, p->kv, (int)l, d_pos, p->d_meta, nh,
-                              p->partial, p->counters, st));
-        }
-        CU_TRY(gpu_gemm_w(g, g->x, g->att, w->wo, &w->qo, NULL, T, q_dim, dim, 1));
-        CU_TRY(rmsnorm_bf16(g->xb, g->x, NULL, T, dim, eps, st)); // weights folded into wgu
-        CU_TRY(gpu_gemm_w(g, g->proj, g->xb, w->wgu, &w->qgu, w->ffn_norm, T, dim, 2 * hidden, 0));
-        CU_TRY(swiglu_pairs(g->hb, g->proj, T, hidden, st));
-        CU_TRY(gpu_gemm_w(g, g->x, g->hb, w->wdown, &w->qdown, NULL, T, hidden, dim, 1));
-    }
+    CU_TRY(embed_rows(g->x, g->embd, g->d_tokens, T, c->dim, st));
+    CU_TRY(gpu_layers(g, g->x, T, LAYER_GEMM, attn_tokens, &T));
     int first = all_logits ? 0 : T - 1, n = T - first;
-    CU_TRY(rmsnorm_bf16(g->xb, g->x + (size_t)first * dim, g->out_norm, n, dim, eps, st));
-    if (n == 1) CU_TRY(gpu_head_gemv(g));
-    else CU_TRY(gpu_gemm(g, g->logits, g->xb, g->head, n, dim, c->vocab_size, 0));
+    CU_TRY(gpu_logits(g, g->x + (size_t)first * c->dim, n));
     CU_TRY(cudaMemcpyAsync(logits_out, g->logits, (size_t)n * c->vocab_size * 4, cudaMemcpyDeviceToHost, st));
     CU_TRY(cudaStreamSynchronize(st));
     if (pos + T > p->ring_hi) p->ring_hi = pos + T;

@@ -3,10 +3,11 @@
 // chunk through every layer -- so that the GPU holds the prompt's residual stream (n x dim
 // fp32) and one layer's K/V (n positions) instead of every layer's: a 1M-token Llama-3.1-8B
 // prompt needs 16 + 4 GiB instead of 128. Attention over the prompt is dense, as in a chunked
-// prefill. Each chunk runs the kernels of enqueue_forward in the same order and on the same
-// chunk boundaries, so the results are a chunked prefill's, bit for bit. After each layer its
-// zone rows go to the host store and its sink and newest rows to the device cache's ring; at
-// the end the index is built from the store, as at the first decode step after any prefill.
+// prefill. Each chunk runs layer.cu's two halves around the same attention as a chunked prefill,
+// on the same chunk boundaries, so the results are a chunked prefill's, bit for bit. After each
+// layer its zone rows go to the host store and its sink and newest rows to the device cache's
+// ring; at the end the index is built from the store, as at the first decode step after any
+// prefill.
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
@@ -42,10 +43,9 @@ static void progress(int l, int L, int n, double t0, int *last_tenth) {
 cudaError_t gpu_prefill_layered(GpuState *g, const int *tokens, int n, char *err) {
     Pkv *p = &g->pkv;
     const Config *c = &g->c;
-    int hd = c->head_dim, dim = c->dim, hidden = c->hidden_dim, nh = c->n_heads, nkv = c->n_kv_heads;
-    int q_dim = nh * hd, kv_dim = nkv * hd, S = p->cfg.sink, T0 = g->chunk, n_chunks = (n + T0 - 1) / T0;
+    int hd = c->head_dim, dim = c->dim, nkv = c->n_kv_heads;
+    int S = p->cfg.sink, T0 = g->chunk, n_chunks = (n + T0 - 1) / T0;
     cudaStream_t st = g->st;
-    float eps = c->norm_eps;
 
     // Memory: the residual stream and one layer's K/V beside a device cache cut down to what is
     // left (at least the ring the decode steps need), checked before anything is freed.
@@ -90,20 +90,13 @@ cudaError_t gpu_prefill_layered(GpuState *g, const int *tokens, int n, char *err
     double t0 = now_s();
     int show = n > 8 * T0, last_tenth = 0;
     for (uint32_t l = 0; l < c->n_layers && e == cudaSuccess; l++) {
-        GpuLayer *w = &g->layers[l];
         for (int ci = 0; ci < n_chunks && e == cudaSuccess; ci++) {
             int p0 = ci * T0, T = n - p0 < T0 ? n - p0 : T0;
             float *xc = x + (size_t)p0 * dim;
-            e = rmsnorm_bf16(g->xb, xc, NULL, T, dim, eps, st); // weights folded into wqkv
-            if (e == cudaSuccess) e = gpu_gemm_w(g, g->proj, g->xb, w->wqkv, &w->qqkv, w->attn_norm, T, dim, q_dim + 2 * kv_dim, 0);
-            if (e == cudaSuccess)
-                e = qkv_rope_store(g->q, ks, vs, g->proj, w->q_norm, w->k_norm, g->inv_freq, d_start + ci, T, nh, nkv, hd, n, eps, st);
-            if (e == cudaSuccess) e = flash_prefill(g->att, g->q, ks, vs, p0, T, nh, nkv, hd, n, st);
-            if (e == cudaSuccess) e = gpu_gemm_w(g, xc, g->att, w->wo, &w->qo, NULL, T, q_dim, dim, 1);
-            if (e == cudaSuccess) e = rmsnorm_bf16(g->xb, xc, NULL, T, dim, eps, st); // weights folded into wgu
-            if (e == cudaSuccess) e = gpu_gemm_w(g, g->proj, g->xb, w->wgu, &w->qgu, w->ffn_norm, T, dim, 2 * hidden, 0);
-            if (e == cudaSuccess) e = swiglu_pairs(g->hb, g->proj, T, hidden, st);
-            if (e == cudaSuccess) e = gpu_gemm_w(g, xc, g->hb, w->wdown, &w->qdown, NULL, T, hidden, dim, 1);
+            e = layer_qkv(g, l, xc, T, LAYER_GEMM);
+            if (e == cudaSuccess) e = prefill_qkv_store(g, l, ks, vs, d_start + ci, T, n);
+            if (e == cudaSuccess) e = prefill_attention(g, ks, vs, p0, T, n);
+            if (e == cudaSuccess) e = layer_out_mlp(g, l, xc, T, LAYER_GEMM);
         }
         // This layer's rows: the zone's to the host store, the sink's and the ring's newest to
         // the device cache.
@@ -116,8 +109,7 @@ cudaError_t gpu_prefill_layered(GpuState *g, const int *tokens, int n, char *err
             progress((int)l + 1, (int)c->n_layers, n, t0, &last_tenth);
         }
     }
-    if (e == cudaSuccess) e = rmsnorm_bf16(g->xb, x + (size_t)(n - 1) * dim, g->out_norm, 1, dim, eps, st);
-    if (e == cudaSuccess) e = gpu_head_gemv(g);
+    if (e == cudaSuccess) e = gpu_logits(g, x + (size_t)(n - 1) * dim, 1);
     if (e == cudaSuccess) e = cudaMemcpyAsync(g->h_logits, g->logits, (size_t)c->vocab_size * 4, cudaMemcpyDeviceToHost, st);
     if (e == cudaSuccess) e = cudaStreamSynchronize(st);
     cudaFree(x), cudaFree(ks), cudaFree(vs), cudaFree(d_tok), cudaFree(d_start);

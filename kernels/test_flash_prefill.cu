@@ -22,6 +22,7 @@
 // output is within 2e-3 + 2e-3 (+ fp32 terms) of the double reference: 1e-2 leaves room for
 // 4 sigma over millions of outputs, and a wrong row, key range or mask moves outputs by O(1).
 #include "flash_prefill.h"
+#include "variants.h"
 
 #include <math.h>
 #include <pthread.h>

@@ -30,6 +30,7 @@ extern "C" {
 #include "../model/bf16.h"
 #include "../model/config.h"
 #include "../model/quant.h"
+#include "variants.h"
 }
 
 static int passed, failed;

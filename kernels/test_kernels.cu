@@ -17,6 +17,7 @@ extern "C" {
 #include "../model/backend.h"
 #include "../model/bf16.h"
 #include "../model/config.h"
+#include "variants.h"
 }
 
 static int passed, failed;

@@ -1,0 +1,202 @@
+// The benchmark's side of the CUDA backend (kernels/bench_cuda.cu prints the tables): random
+// K/V and ParisKV zones as after a prompt, decode steps timed with CUDA events, the device's
+// read bandwidth (the floor's denominator), the bytes a ParisKV step reads, and the per-stage
+// breakdown.
+#include <stdlib.h>
+
+#include "gpu_state.h"
+#include "kernels.h"
+
+extern "C" {
+#include "../attention/pariskv.h"
+}
+
+// Times each layer's prefill attention (events around the kernel) from now on; returns the
+// milliseconds summed so far (-1: could not make the events).
+extern "C" double gpu_prefill_attention_ms(void *dev, int start) {
+    GpuState *g = (GpuState *)dev;
+    if (start && !g->attn_ev) {
+        cudaEvent_t *ev = (cudaEvent_t *)calloc(2 * (size_t)g->c.n_layers, sizeof(cudaEvent_t));
+        uint32_t made = 0;
+        while (ev && made < 2 * g->c.n_layers && cudaEventCreate(&ev[made]) == cudaSuccess) made++;
+        if (!ev || made < 2 * g->c.n_layers) { // all or none: the forward pass records every one
+            for (uint32_t i = 0; i < made; i++) cudaEventDestroy(ev[i]);
+            free(ev);
+            return -1;
+        }
+        g->attn_ev = ev, g->attn_ms = 0;
+    }
+    return g->attn_ev ? g->attn_ms : -1;
+}
+
+extern "C" cudaError_t gpu_fill_kv_random(void *dev, int n_tokens) {
+    GpuState *g = (GpuState *)dev;
+    const Config *c = &g->c;
+    size_t per_head = (size_t)n_tokens * c->head_dim, stride = (size_t)g->dcap * c->head_dim;
+    for (uint32_t l = 0; l < c->n_layers; l++)
+        for (uint32_t h = 0; h < c->n_kv_heads; h++) {
+            size_t off = ((size_t)l * c->n_kv_heads + h) * stride;
+            CU_TRY(fill_random_bf16(g->kcache + off, per_head, 7000 + l * 64 + h, 1.0f, 0.0f, g->st));
+            CU_TRY(fill_random_bf16(g->vcache + off, per_head, 9000 + l * 64 + h, 1.0f, 0.0f, g->st));
+        }
+    return cudaStreamSynchronize(g->st);
+}
+
+// Times n decode steps at position pos (graph replays, CUDA events); per-step ms into ms_out.
+extern "C" cudaError_t gpu_time_decode(void *dev, int pos, int warmup, int n, float *ms_out) {
+    GpuState *g = (GpuState *)dev;
+    cudaEvent_t a, b;
+    CU_TRY(cudaEventCreate(&a));
+    CU_TRY(cudaEventCreate(&b));
+    *g->h_tokens = 1;
+    *g->h_pos = pos;
+    for (int i = 0; i < warmup + n; i++) {
+        CU_TRY(cudaEventRecord(a, g->st));
+        CU_TRY(gpu_decode_step(g, 0));
+        CU_TRY(cudaEventRecord(b, g->st));
+        CU_TRY(cudaEventSynchronize(b));
+        if (i >= warmup) CU_TRY(cudaEventElapsedTime(&ms_out[i - warmup], a, b));
+    }
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    return cudaSuccess;
+}
+
+// Measured device read bandwidth in bytes/s (streaming read of a 2 GiB buffer, median of 10).
+extern "C" double gpu_read_bandwidth(void) {
+    size_t n = (size_t)2 << 30;
+    void *buf;
+    float *sink;
+    if (cudaMalloc(&buf, n) != cudaSuccess) return 0;
+    if (cudaMalloc(&sink, 4) != cudaSuccess) {
+        cudaFree(buf);
+        return 0;
+    }
+    fill_random_bf16((bf16 *)buf, n / 2, 1, 1.0f, 0.0f, 0);
+    cudaEvent_t a, b;
+    cudaEventCreate(&a);
+    cudaEventCreate(&b);
+    float t[13];
+    for (int i = 0; i < 13; i++) {
+        cudaEventRecord(a, 0);
+        read_bandwidth_kernel(buf, n, sink, 0);
+        cudaEventRecord(b, 0);
+        cudaEventSynchronize(b);
+        cudaEventElapsedTime(&t[i], a, b);
+    }
+    // median of the last 10
+    for (int i = 3; i < 13; i++)
+        for (int j = i + 1; j < 13; j++)
+            if (t[j] < t[i]) {
+                float x = t[i];
+                t[i] = t[j], t[j] = x;
+            }
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    cudaFree(buf);
+    cudaFree(sink);
+    return (double)n / (t[8] * 1e-3);
+}
+
+extern "C" size_t gpu_state_weight_bytes(void *dev) { return ((GpuState *)dev)->weight_bytes; }
+
+// ---- ParisKV ----
+
+extern "C" void *gpu_create_bench(const Model *m, int ctx, int chunk, const AttnConfig *attn, char *err) {
+    return gpu_create_sized(m, ctx, chunk, 0, attn, attn && (attn->store == KV_STORE_HOST || attn->zone_fp8) ? pkv_min_positions(attn, chunk) : 0,
+                         err);
+}
+
+// As after a prompt of n tokens: random K/V in every zone slot of the context and every device
+// cache slot, then the index of the zone [sink, zone_end(n)) built. *fill_s, *index_s: seconds.
+extern "C" cudaError_t gpu_pkv_fill(void *dev, int n, double *fill_s, double *index_s, char *err) {
+    GpuState *g = (GpuState *)dev;
+    Pkv *p = &g->pkv;
+    if (!p->on) return cudaErrorInvalidValue;
+    int slots = g->ctx - p->cfg.sink;
+    cudaEvent_t a, b, c;
+    CU_TRY(cudaEventCreate(&a));
+    CU_TRY(cudaEventCreate(&b));
+    CU_TRY(cudaEventCreate(&c));
+    CU_TRY(cudaEventRecord(a, g->st));
+    if (p->kv.host && host_store_grow(&p->hs, slots, err) != 0) return cudaErrorMemoryAllocation;
+    CU_TRY(pkv_fill_random(p->kv, slots, 4242, g->st));
+    CU_TRY(cudaEventRecord(b, g->st));
+    p->cfg.prefill_len = n;
+    p->seen_end = n, p->ring_hi = n, p->synced = g->ctx, p->indexed = 0;
+    CU_TRY(pkv_index_to(g, attn_zone_end(&p->cfg, n), n, err));
+    CU_TRY(cudaEventRecord(c, g->st));
+    CU_TRY(cudaEventSynchronize(c));
+    float ab, bc;
+    cudaEventElapsedTime(&ab, a, b), cudaEventElapsedTime(&bc, b, c);
+    *fill_s = ab * 1e-3, *index_s = bc * 1e-3;
+    cudaEventDestroy(a), cudaEventDestroy(b), cudaEventDestroy(c);
+    return cudaSuccess;
+}
+
+// Times steps at positions pos0, pos0 + 1, ... (each with the index update it needs, outside
+// its graph but inside its timing): ms_out[i], and updated[i] = 1 where step i updated the index.
+extern "C" cudaError_t gpu_pkv_time(void *dev, int pos0, int n, float *ms_out, int *updated, char *err) {
+    GpuState *g = (GpuState *)dev;
+    Pkv *p = &g->pkv;
+    cudaEvent_t a, b;
+    CU_TRY(cudaEventCreate(&a));
+    CU_TRY(cudaEventCreate(&b));
+    p->seen_end = pos0;
+    for (int i = 0; i < n; i++) {
+        int before = p->indexed;
+        CU_TRY(cudaEventRecord(a, g->st));
+        CU_TRY(pkv_step(g, 1, pos0 + i, err));
+        CU_TRY(cudaEventRecord(b, g->st));
+        CU_TRY(cudaEventSynchronize(b));
+        CU_TRY(cudaEventElapsedTime(&ms_out[i], a, b));
+        updated[i] = p->indexed != before;
+        p->seen_end = pos0 + i + 1;
+    }
+    cudaEventDestroy(a);
+    cudaEventDestroy(b);
+    return cudaSuccess;
+}
+
+// Bytes one ParisKV step reads at pos: from device memory (index, window and sink rows, the
+// selection's own arrays) and through PCIe (the top-k rows from a host store).
+extern "C" void gpu_pkv_step_bytes(void *dev, int pos, double *device_bytes, double *host_bytes) {
+    GpuState *g = (GpuState *)dev;
+    Pkv *p = &g->pkv;
+    const AttnConfig *cf = &p->cfg;
+    double n = attn_zone_end(cf, pos) - cf->sink, B = g->c.head_dim / 8.0, row = 4.0 * g->c.head_dim;
+    float beta = cf->beta, rho = cf->rho;
+    if (beta <= 0 || rho <= 0) pkv_schedule((int)n, &beta, &rho);
+    double C = n * beta < cf->topk ? cf->topk : n * beta, k = cf->topk < n ? cf->topk : n;
+    double window = pos - attn_zone_end(cf, pos) + 1 + cf->sink;
+    double per_head = n * B + n + C * (6.0 * B + 8) + (window + (p->kv.host ? 0 : k)) * row;
+    *device_bytes = per_head * g->c.n_layers * g->c.n_kv_heads;
+    *host_bytes = p->kv.host ? k * (double)p->hs.row_bytes * g->c.n_layers * g->c.n_kv_heads : 0;
+}
+
+extern "C" int gpu_pkv_device_positions(void *dev) { return ((GpuState *)dev)->dcap; }
+
+// Median of n steps at one position (no index update) with the stages in `skip` left out
+// (PKV_DECODE_SKIP's bits): the per-stage breakdown of the benchmark.
+extern "C" cudaError_t gpu_pkv_time_skip(void *dev, int pos, int skip, int n, float *median_ms, char *err) {
+    GpuState *g = (GpuState *)dev;
+    Pkv *p = &g->pkv;
+    int keep = g->skip;
+    if (p->graph_ready) cudaGraphExecDestroy(p->graph), p->graph_ready = 0;
+    g->skip = skip;
+    float *t = (float *)malloc(sizeof(float) * (size_t)n);
+    int *u = (int *)malloc(sizeof(int) * (size_t)n);
+    cudaError_t e = t && u ? cudaSuccess : cudaErrorMemoryAllocation;
+    for (int i = 0; i < n && e == cudaSuccess; i++) e = gpu_pkv_time(dev, pos, 1, &t[i], &u[i], err);
+    if (e == cudaSuccess) {
+        for (int i = 0; i < n; i++)
+            for (int j = i + 1; j < n; j++)
+                if (t[j] < t[i]) { float x = t[i]; t[i] = t[j], t[j] = x; }
+        *median_ms = t[n / 2];
+    }
+    free(t), free(u);
+    if (p->graph_ready) cudaGraphExecDestroy(p->graph), p->graph_ready = 0;
+    g->skip = keep;
+    return e;
+}
+

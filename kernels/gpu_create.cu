@@ -1,0 +1,306 @@
+// The CUDA backend's state made and freed: the pre-flight check of GPU memory (weights, KV
+// cache, ParisKV's index and store placement, activations; the numbers in the message when
+// they do not fit), then the allocations.
+#include <stdarg.h>
+#include <stdlib.h>
+
+#include "gpu_state.h"
+#include "kernels.h"
+
+extern "C" {
+#include "../attention/recall.h"
+}
+
+void gpu_set_err(char *err, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, ERR_LEN, fmt, ap);
+    va_end(ap);
+}
+
+static size_t align256(size_t x) { return (x + 255) & ~(size_t)255; }
+
+static void pkv_free(Pkv *p) {
+    if (p->graph_ready) cudaGraphExecDestroy(p->graph);
+    pkv_gpu_index_free(&p->ix);
+    pkv_gpu_scratch_free(&p->sc);
+    cudaFree(p->q), cudaFree(p->partial), cudaFree(p->counters), cudaFree(p->d_meta), cudaFree(p->d_pos_chunk), cudaFree(p->rope_chunk);
+    cudaFreeHost(p->h_meta), cudaFreeHost(p->h_pos_chunk);
+    cudaFree(p->dbg_q), cudaFree(p->dbg_sel), cudaFree(p->dbg_nsel);
+    free(p->h_dbg_q), free(p->h_dbg_sel), free(p->h_dbg_nsel);
+    host_store_close(&p->hs);
+}
+
+static void gpu_free(GpuState *g) {
+    if (!g) return;
+    if (g->graph_ready) cudaGraphExecDestroy(g->decode_graph);
+    for (uint32_t i = 0; g->attn_ev && i < 2 * g->c.n_layers; i++)
+        if (g->attn_ev[i]) cudaEventDestroy(g->attn_ev[i]);
+    free(g->attn_ev);
+    pkv_free(&g->pkv);
+    gpu_free_weights(g);
+    cudaFree(g->rope_cs);
+    cudaFree(g->kcache), cudaFree(g->vcache);
+    cudaFree(g->x), cudaFree(g->xb), cudaFree(g->proj), cudaFree(g->q), cudaFree(g->att), cudaFree(g->hb);
+    cudaFree(g->logits);
+    cudaFree(g->partial), cudaFree(g->counters), cudaFree(g->sumsq_a), cudaFree(g->sumsq_b), cudaFree(g->d_tokens), cudaFree(g->d_pos);
+    cudaFreeHost(g->h_tokens), cudaFreeHost(g->h_pos), cudaFreeHost(g->h_logits), cudaFreeHost(g->h_step);
+    if (g->blas) cublasDestroy(g->blas);
+    if (g->st) cudaStreamDestroy(g->st);
+    free(g);
+}
+
+// The shapes the kernels take: decode attention for head_dim 16..256 (powers of two) and up to
+// 8 query heads per KV head; 16-byte loads of every matrix row.
+static const char *unsupported_shape(const Config *c) {
+    uint32_t hd = c->head_dim;
+    if (hd != 16 && hd != 32 && hd != 64 && hd != 128 && hd != 256) return "head_dim must be 16, 32, 64, 128 or 256";
+    if (c->n_kv_heads == 0 || c->n_heads % c->n_kv_heads || c->n_heads / c->n_kv_heads > 8)
+        return "at most 8 query heads per KV head";
+    if (c->dim % 8 || c->hidden_dim % 8) return "dim and hidden_dim must be multiples of 8";
+    return NULL;
+}
+
+// Device memory of ParisKV besides the K/V cache: the index, the selection's scratch, the
+// attention's scratch.
+static size_t pkv_device_bytes(const Config *c, const AttnConfig *a, int ctx) {
+    int cap = ctx - a->sink, nkv = c->n_kv_heads;
+    return pkv_gpu_index_bytes(c->n_layers, nkv, c->head_dim, cap) + (size_t)nkv * cap * 12 +
+           (size_t)nkv * (a->topk + 64) * 8 + pkv_attend_scratch_floats(c->n_heads, nkv, c->head_dim) * 4 +
+           (size_t)c->n_heads * c->head_dim * 4 + (4u << 20);
+}
+
+// The positions the device cache needs at least under ParisKV with the zone in the host store:
+// the dense phase, the ring (sink + local window + update buffer + the new token), a prefill chunk.
+int pkv_min_positions(const AttnConfig *a, int chunk) {
+    int ring = a->sink + a->local + a->update + 1, t = attn_dense_threshold(a);
+    return (t > ring ? t : ring) + chunk;
+}
+
+// Whether this model and attention can run here; sets *pkv when ParisKV's selection will run
+// (a context past the dense threshold). 0, or -1 with err filled.
+static int check_runnable(const Config *c, int ctx, const AttnConfig *attn, int *pkv, char *err) {
+    int n_dev = 0;
+    if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
+        gpu_set_err(err, "no CUDA device found (use --device cpu)");
+        return -1;
+    }
+    const char *why = unsupported_shape(c);
+    if (why) {
+        gpu_set_err(err, "the CUDA path cannot run this model (head_dim %u, %u / %u heads, dim %u, hidden %u): %s; use --device cpu",
+                c->head_dim, c->n_heads, c->n_kv_heads, c->dim, c->hidden_dim, why);
+        return -1;
+    }
+    if (attn && attn->method != ATTN_FULL && attn->method != ATTN_PARISKV) {
+        gpu_set_err(err, "--attn %s runs on the CPU only (add --device cpu); the GPU runs full and pariskv", attn_method_name(attn->method));
+        return -1;
+    }
+    *pkv = attn && attn->method == ATTN_PARISKV && ctx >= attn_dense_threshold(attn);
+    if (*pkv && attn->topk > 4096) {
+        gpu_set_err(err, "--attn pariskv on the GPU takes --topk up to 4096, not %d", attn->topk);
+        return -1;
+    }
+    if (*pkv && c->head_dim != 64 && c->head_dim != 128) {
+        gpu_set_err(err, "--attn pariskv on the GPU needs head_dim 64 or 128 (this model: %u); use --device cpu", c->head_dim);
+        return -1;
+    }
+    return 0;
+}
+
+// What a state takes of GPU memory, decided before anything is allocated.
+typedef struct {
+    int pkv;      // ParisKV's selection runs
+    int host;     // its zone in the pinned host store
+    int dcap;     // positions of the device cache
+    size_t need_w, need_a, need_p, need_kv;
+} MemPlan;
+
+// The pre-flight check: weights, activations, ParisKV's index and the device cache against the
+// GPU's free memory; under ParisKV where the zone goes, and how many positions the device cache
+// holds (dcap_want > 0: the caller's choice). 0, or -1 with the numbers in err.
+static int plan_memory(const Model *m, int ctx, int chunk, int logit_rows, const AttnConfig *attn, int dcap_want, MemPlan *mp, char *err) {
+    const Config *c = &m->c;
+    size_t free_b = 0, total_b = 0;
+    if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
+        gpu_set_err(err, "cannot query GPU memory");
+        return -1;
+    }
+    size_t slack = 256u << 20; // cuBLAS workspace and slack
+    size_t need_w = gpu_model_weight_bytes(m), need_a = gpu_activation_bytes(c, ctx, chunk, logit_rows);
+    size_t need_p = mp->pkv ? pkv_device_bytes(c, attn, ctx) : 0, per_pos = gpu_kv_bytes(c, 1);
+    int dcap = ctx, host = 0;
+    if (mp->pkv) {
+        int fits_all = need_w + need_a + need_p + per_pos * (size_t)ctx + slack <= free_b;
+        host = attn->store == KV_STORE_HOST || (attn->store == KV_STORE_AUTO && !fits_all) || attn->zone_fp8; // fp8: the host store's format
+        if (host) {
+            int least = pkv_min_positions(attn, chunk);
+            size_t rest = free_b > need_w + need_a + need_p + slack + (1u << 30) ? free_b - need_w - need_a - need_p - slack - (1u << 30) : 0;
+            long fit = (long)(rest / per_pos);
+            const char *env = getenv("PKV_DEVICE_POSITIONS"); // tests: a small device cache, so the ring wraps
+            long want = dcap_want > 0 ? dcap_want : env ? atol(env) : fit;
+            if (want < least) want = least;
+            dcap = want < ctx ? (int)want : ctx;
+            if (dcap > fit && dcap_want <= 0 && !env) dcap = (int)fit; // never above what fits
+            if (dcap < least && dcap < ctx) {
+                gpu_set_err(err, "GPU memory: weights %.2f GiB + ParisKV index %.2f GiB + activations %.2f GiB leave room for %ld cached positions, "
+                        "but the host-store mode needs at least %d: lower --ctx",
+                        gib(need_w), gib(need_p), gib(need_a), fit, least);
+                return -1;
+            }
+        }
+    }
+    size_t need_kv = per_pos * (size_t)dcap;
+    size_t need = need_w + need_kv + need_a + need_p + slack;
+    if (need > free_b) {
+        if (mp->pkv)
+            gpu_set_err(err, "GPU memory: weights %.2f GiB + KV cache for %d positions %.2f GiB + ParisKV index %.2f GiB + activations %.2f GiB = %.2f GiB, "
+                         "but only %.2f GiB of %.2f GiB is free: lower --ctx%s",
+                    gib(need_w), dcap, gib(need_kv), gib(need_p), gib(need_a), gib(need), gib(free_b), gib(total_b),
+                    host ? "" : " or use --kv-store host");
+        else
+            gpu_set_err(err, "GPU memory: weights %.2f GiB + KV cache for %d positions %.2f GiB + activations %.2f GiB = %.2f GiB, "
+                         "but only %.2f GiB of %.2f GiB is free: lower --ctx%s",
+                    gib(need_w), ctx, gib(need_kv), gib(need_a), gib(need), gib(free_b), gib(total_b),
+                    attn && attn->method == ATTN_FULL ? "" : " (--attn pariskv keeps the long context in host memory)");
+        return -1;
+    }
+    mp->host = host, mp->dcap = dcap;
+    mp->need_w = need_w, mp->need_a = need_a, mp->need_p = need_p, mp->need_kv = need_kv;
+    return 0;
+}
+
+#define ALLOC(p, bytes) \
+    if (e == cudaSuccess) e = cudaMalloc((void **)&(p), align256(bytes))
+
+// The KV cache and the activations of chunk tokens (and their pinned host buffers).
+static cudaError_t alloc_activations(GpuState *g, size_t need_kv) {
+    const Config *c = &g->c;
+    size_t hd = c->head_dim, dim = c->dim, q = c->n_heads * hd, kv = c->n_kv_heads * hd, h = c->hidden_dim;
+    size_t wide = dim > q ? dim : q;
+    wide = wide > h ? wide : h;
+    size_t proj = q + 2 * kv > 2 * h ? q + 2 * kv : 2 * h;
+    size_t T = g->chunk;
+    cudaError_t e = cudaSuccess;
+    ALLOC(g->kcache, need_kv / 2);
+    ALLOC(g->vcache, need_kv / 2);
+    ALLOC(g->x, T * dim * 4);
+    ALLOC(g->xb, T * wide * 2);
+    ALLOC(g->proj, T * proj * 4);
+    ALLOC(g->q, T * q * 2);
+    ALLOC(g->att, T * q * 2);
+    ALLOC(g->hb, T * h * 2);
+    ALLOC(g->logits, (size_t)g->logit_rows * c->vocab_size * 4);
+    ALLOC(g->partial, attn_decode_scratch_floats(c->n_heads, c->n_kv_heads, hd, g->dcap) * 4);
+    ALLOC(g->counters, c->n_kv_heads * sizeof(unsigned));
+    if (e == cudaSuccess) e = cudaMemset(g->counters, 0, c->n_kv_heads * sizeof(unsigned));
+    ALLOC(g->d_tokens, T * 4);
+    ALLOC(g->d_pos, 4);
+    ALLOC(g->rope_cs, hd * 4);
+    ALLOC(g->sumsq_a, gemv_sumsq_count(dim) * 4);
+    ALLOC(g->sumsq_b, gemv_sumsq_count(dim) * 4);
+    if (e == cudaSuccess) e = cudaMallocHost((void **)&g->h_tokens, T * 4);
+    if (e == cudaSuccess) e = cudaMallocHost((void **)&g->h_pos, 4);
+    if (e == cudaSuccess) e = cudaMallocHost((void **)&g->h_logits, (size_t)g->logit_rows * c->vocab_size * 4);
+    if (e == cudaSuccess) e = cudaMallocHost((void **)&g->h_step, (size_t)c->vocab_size * 4);
+    return e;
+}
+
+// ParisKV's index, scratch and step buffers (the host store is opened before).
+static cudaError_t alloc_pkv(GpuState *g, const AttnConfig *attn, int host) {
+    const Config *c = &g->c;
+    size_t hd = c->head_dim, q = c->n_heads * hd, T = g->chunk;
+    Pkv *p = &g->pkv;
+    cudaError_t e = cudaSuccess;
+    p->on = 1;
+    p->cfg = *attn;
+    p->cfg.store = host ? KV_STORE_HOST : KV_STORE_GPU;
+    if (e == cudaSuccess) e = pkv_gpu_index_alloc(&p->ix, c->n_layers, c->n_kv_heads, hd, g->ctx - attn->sink, g->st);
+    if (e == cudaSuccess) e = pkv_gpu_scratch_alloc(&p->sc, &p->ix, attn->topk);
+    if (e == cudaSuccess) e = cudaMemset(p->sc.nsel, 0, c->n_kv_heads * sizeof(int)); // read by timing runs without the selection
+    ALLOC(p->q, q * 4);
+    ALLOC(p->partial, pkv_attend_scratch_floats(c->n_heads, c->n_kv_heads, hd) * 4);
+    ALLOC(p->counters, c->n_kv_heads * sizeof(unsigned));
+    if (e == cudaSuccess) e = cudaMemset(p->counters, 0, c->n_kv_heads * sizeof(unsigned));
+    ALLOC(p->d_meta, 2 * sizeof(int));
+    if (e == cudaSuccess) e = cudaMallocHost((void **)&p->h_meta, 2 * sizeof(int));
+    ALLOC(p->d_pos_chunk, T * sizeof(int));
+    ALLOC(p->rope_chunk, T * hd * sizeof(float));
+    if (e == cudaSuccess) e = cudaMallocHost((void **)&p->h_pos_chunk, T * sizeof(int));
+    if (recall_file()) { // the measurement only (attention/recall.h)
+        size_t L = c->n_layers;
+        p->recall = 1;
+        ALLOC(p->dbg_q, L * c->n_heads * hd * 4);
+        ALLOC(p->dbg_sel, L * c->n_kv_heads * (size_t)p->sc.kmax * 4);
+        ALLOC(p->dbg_nsel, L * c->n_kv_heads * 4);
+        p->h_dbg_q = (float *)malloc(L * c->n_heads * hd * 4);
+        p->h_dbg_sel = (int *)malloc(L * c->n_kv_heads * (size_t)p->sc.kmax * 4);
+        p->h_dbg_nsel = (int *)malloc(L * c->n_kv_heads * 4);
+        if (!p->h_dbg_q || !p->h_dbg_sel || !p->h_dbg_nsel) e = cudaErrorMemoryAllocation;
+    }
+    p->kv = (GpuKV){g->kcache, g->vcache, host ? p->hs.base : NULL, (int)c->n_layers, (int)c->n_kv_heads, (int)hd, g->dcap, attn->sink,
+                    host ? p->hs.alias_slots : 0, host && attn->zone_fp8};
+    return e;
+}
+#undef ALLOC
+
+void *gpu_create_sized(const Model *m, int ctx, int chunk, int all_logits, const AttnConfig *attn, int dcap_want, char *err) {
+    const Config *c = &m->c;
+    MemPlan mp = {0, 0, 0, 0, 0, 0, 0};
+    if (check_runnable(c, ctx, attn, &mp.pkv, err) != 0) return NULL;
+    int logit_rows = all_logits ? chunk : 1;
+    if (plan_memory(m, ctx, chunk, logit_rows, attn, dcap_want, &mp, err) != 0) return NULL;
+    GpuState *g = (GpuState *)calloc(1, sizeof(GpuState));
+    if (!g) {
+        gpu_set_err(err, "out of memory");
+        return NULL;
+    }
+    g->c = *c;
+    g->ctx = ctx;
+    g->dcap = mp.dcap;
+    g->chunk = chunk;
+    g->logit_rows = logit_rows;
+    g->weight_bytes = gpu_model_step_bytes(m);
+    if (mp.host && host_store_open(&g->pkv.hs, c->n_layers, c->n_kv_heads, c->head_dim, attn->zone_fp8, ctx - attn->sink, err) != 0) {
+        free(g);
+        return NULL;
+    }
+    const char *skip = getenv("PKV_DECODE_SKIP");
+    g->skip = skip ? atoi(skip) : 0;
+    cudaError_t e = cudaStreamCreateWithFlags(&g->st, cudaStreamNonBlocking);
+    if (e == cudaSuccess && cublasCreate(&g->blas) != CUBLAS_STATUS_SUCCESS) e = cudaErrorUnknown;
+    if (e == cudaSuccess && cublasSetStream(g->blas, g->st) != CUBLAS_STATUS_SUCCESS) e = cudaErrorUnknown;
+    g->layers = (GpuLayer *)calloc(c->n_layers, sizeof(GpuLayer));
+    if (!g->layers) e = cudaErrorMemoryAllocation;
+    if (e == cudaSuccess) e = gpu_upload_weights(g, m);
+    if (e == cudaSuccess) e = alloc_activations(g, mp.need_kv);
+    if (e == cudaSuccess && mp.pkv) e = alloc_pkv(g, attn, mp.host);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(g->st);
+    if (e != cudaSuccess) {
+        gpu_set_err(err, "GPU setup failed: %s", cudaGetErrorString(e));
+        gpu_free(g);
+        return NULL;
+    }
+    if (mp.pkv && dcap_want <= 0)
+        fprintf(stderr, "pariskv on the GPU: retrieval zone in %s (%.2f GiB at %d positions), index %.2f GiB, device KV cache %d positions\n",
+                mp.host ? (attn->zone_fp8 ? "pinned host memory, fp8" : "pinned host memory") : "GPU memory",
+                gib(mp.host ? host_store_bytes(c->n_layers, c->n_kv_heads, c->head_dim, attn->zone_fp8, ctx - attn->sink)
+                            : gpu_kv_bytes(c, 1) * (size_t)(ctx - attn->sink)), ctx, gib(mp.need_p), mp.dcap);
+    return g;
+}
+
+extern "C" void *gpu_create(const Model *m, int ctx, int chunk, int all_logits, const AttnConfig *attn, char *err) {
+    return gpu_create_sized(m, ctx, chunk, all_logits, attn, 0, err);
+}
+
+extern "C" void gpu_set_prefill_len(void *dev, int prefill_len) {
+    GpuState *g = (GpuState *)dev;
+    g->pkv.cfg.prefill_len = prefill_len;
+}
+
+extern "C" void gpu_destroy(void *dev) { gpu_free((GpuState *)dev); }
+
+void gpu_drop_graphs(GpuState *g) {
+    if (g->graph_ready) cudaGraphExecDestroy(g->decode_graph), g->graph_ready = 0;
+    if (g->pkv.graph_ready) cudaGraphExecDestroy(g->pkv.graph), g->pkv.graph_ready = 0;
+}
+

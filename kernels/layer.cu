@@ -1,0 +1,104 @@
+// The layer sequence of the GPU pass, written once: RMSNorm, QKV projection | attention |
+// output projection + residual, RMSNorm, gate/up projection, SwiGLU, down projection + residual.
+// Every pass runs it -- the decode graph, the chunked prefill, the layered prefill and ParisKV
+// chunks -- and supplies only the attention between the two halves (gpu_layers), so a change
+// to the sequence (a new kernel, a tensor-parallel split) is made here, once.
+#include "gpu_state.h"
+#include "kernels.h"
+#include "flash_prefill.h"
+
+cudaError_t gpu_gemm(GpuState *g, float *y, const bf16 *x, const bf16 *W, int T, int n, int d, int accumulate) {
+    float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+    cublasStatus_t s = cublasGemmEx(g->blas, CUBLAS_OP_T, CUBLAS_OP_N, d, T, n, &alpha, W, CUDA_R_16BF, n, x, CUDA_R_16BF,
+                                    n, &beta, y, CUDA_R_32F, d, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    return s == CUBLAS_STATUS_SUCCESS ? cudaSuccess : cudaErrorUnknown;
+}
+
+cudaError_t gpu_gemm_w(GpuState *g, float *y, const bf16 *x, const bf16 *W, const QMat *q, const float *norm, int T, int n, int d,
+                       int accumulate) {
+    if (q->dt) { // dequantized for the tensor cores: a GEMM over T tokens reuses each weight T times
+        CU_TRY(qmat_to_bf16(g->wdeq, q, norm, g->st));
+        W = g->wdeq;
+    }
+    return gpu_gemm(g, y, x, W, T, n, d, accumulate);
+}
+
+cudaError_t gpu_head_gemv(GpuState *g) {
+    const Config *c = &g->c;
+    if (g->qhead.dt) return gemv_q(g->logits, &g->qhead, g->xb, GEMV_STORE, g->st);
+    return gemv_bf16(g->logits, g->head, g->xb, c->dim, c->vocab_size, GEMV_STORE, g->st);
+}
+
+// Decode (one row): each RMSNorm is split between the residual GEMV before it (which also
+// writes bf16(x) and per-block sums of squares) and the GEMV after it (which divides by the
+// rms; bf16 weights carry the norm's weights in their columns, a quantized group applies them
+// itself). The embedding step wrote one sum, every residual GEMV gemv_sumsq_count(dim).
+static cudaError_t dec_normed(GpuState *g, void *y, const bf16 *W, const QMat *q, const float *norm, int n, int d, int epi,
+                              const float *sumsq, int n_sumsq) {
+    float eps = g->c.norm_eps;
+    if (q->dt) return gemv_q_normed(y, q, g->xb, epi, norm, sumsq, n_sumsq, eps, g->st);
+    return gemv_bf16_normed(y, W, g->xb, n, d, epi, sumsq, n_sumsq, eps, g->st);
+}
+
+static cudaError_t dec_add_stats(GpuState *g, const bf16 *W, const QMat *q, const bf16 *x, int n, int d, float *sumsq) {
+    if (q->dt) return gemv_q_add_stats(g->x, q, x, g->xb, sumsq, g->st);
+    return gemv_bf16_add_stats(g->x, W, x, n, d, g->xb, sumsq, g->st);
+}
+
+cudaError_t layer_qkv(GpuState *g, uint32_t l, float *x, int T, LayerMode mode) {
+    const Config *c = &g->c;
+    const GpuLayer *w = &g->layers[l];
+    int dim = c->dim, qkv_dim = (c->n_heads + 2 * c->n_kv_heads) * c->head_dim;
+    if (mode == LAYER_DECODE) {
+        int n_a = l == 0 ? 1 : gemv_sumsq_count(dim);
+        return dec_normed(g, g->proj, w->wqkv, &w->qqkv, w->attn_norm, dim, qkv_dim, GEMV_STORE, g->sumsq_a, n_a);
+    }
+    CU_TRY(rmsnorm_bf16(g->xb, x, NULL, T, dim, c->norm_eps, g->st)); // weights folded into wqkv
+    return gpu_gemm_w(g, g->proj, g->xb, w->wqkv, &w->qqkv, w->attn_norm, T, dim, qkv_dim, 0);
+}
+
+cudaError_t layer_out_mlp(GpuState *g, uint32_t l, float *x, int T, LayerMode mode) {
+    const Config *c = &g->c;
+    const GpuLayer *w = &g->layers[l];
+    int dim = c->dim, hidden = c->hidden_dim, q_dim = c->n_heads * c->head_dim;
+    if (mode == LAYER_DECODE) { // x is g->x: the decode GEMVs' residual
+        CU_TRY(dec_add_stats(g, w->wo, &w->qo, g->att, q_dim, dim, g->sumsq_b));
+        CU_TRY(dec_normed(g, g->hb, w->wgu, &w->qgu, w->ffn_norm, dim, 2 * hidden, GEMV_SWIGLU, g->sumsq_b, gemv_sumsq_count(dim)));
+        return dec_add_stats(g, w->wdown, &w->qdown, g->hb, hidden, dim, g->sumsq_a);
+    }
+    CU_TRY(gpu_gemm_w(g, x, g->att, w->wo, &w->qo, NULL, T, q_dim, dim, 1));
+    CU_TRY(rmsnorm_bf16(g->xb, x, NULL, T, dim, c->norm_eps, g->st)); // weights folded into wgu
+    CU_TRY(gpu_gemm_w(g, g->proj, g->xb, w->wgu, &w->qgu, w->ffn_norm, T, dim, 2 * hidden, 0));
+    CU_TRY(swiglu_pairs(g->hb, g->proj, T, hidden, g->st));
+    return gpu_gemm_w(g, x, g->hb, w->wdown, &w->qdown, NULL, T, hidden, dim, 1);
+}
+
+cudaError_t gpu_layers(GpuState *g, float *x, int T, LayerMode mode, AttnStep attn, void *arg) {
+    for (uint32_t l = 0; l < g->c.n_layers; l++) {
+        CU_TRY(layer_qkv(g, l, x, T, mode));
+        CU_TRY(attn(g, l, arg));
+        CU_TRY(layer_out_mlp(g, l, x, T, mode));
+    }
+    return cudaSuccess;
+}
+
+cudaError_t gpu_logits(GpuState *g, const float *x, int n) {
+    const Config *c = &g->c;
+    CU_TRY(rmsnorm_bf16(g->xb, x, g->out_norm, n, c->dim, c->norm_eps, g->st));
+    if (n == 1) return gpu_head_gemv(g);
+    return gpu_gemm(g, g->logits, g->xb, g->head, n, c->dim, c->vocab_size, 0);
+}
+
+cudaError_t prefill_qkv_store(GpuState *g, uint32_t l, bf16 *kc, bf16 *vc, const int *d_pos, int T, int ctx) {
+    const Config *c = &g->c;
+    const GpuLayer *w = &g->layers[l];
+    return qkv_rope_store(g->q, kc, vc, g->proj, w->q_norm, w->k_norm, g->inv_freq, d_pos, T, c->n_heads, c->n_kv_heads, c->head_dim, ctx,
+                          c->norm_eps, g->st);
+}
+
+cudaError_t prefill_attention(GpuState *g, const bf16 *kc, const bf16 *vc, int pos, int T, int ctx) {
+    const Config *c = &g->c;
+    int hd = c->head_dim;
+    if (hd == 64 || hd == 128) return flash_prefill(g->att, g->q, kc, vc, pos, T, c->n_heads, c->n_kv_heads, hd, ctx, g->st);
+    return attn_prefill_simple(g->att, g->q, kc, vc, pos, T, c->n_heads, c->n_kv_heads, hd, ctx, g->st); // other head sizes
+}

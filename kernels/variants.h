@@ -1,0 +1,41 @@
+// Kernel variants kept for the side-by-side benchmarks and tests (kernels/test_*.cu), apart
+// from the launchers the pass uses (kernels.h, gemv_quant.h, flash_prefill.h): each launcher
+// calls the variant that won its benchmark, and the losers stay here, measured, not in the pass.
+#ifndef VARIANTS_H
+#define VARIANTS_H
+
+#include "flash_prefill.h"
+#include "gemv_quant.h"
+#include "kernels.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// gemv_bf16's (gemv.cu): rowwarp is the one it calls; staged lost on every shape measured.
+cudaError_t gemv_bf16_staged(void *y, const bf16 *W, const bf16 *x, int n, int d, int epilogue, cudaStream_t st);
+cudaError_t gemv_bf16_rowwarp(void *y, const bf16 *W, const bf16 *x, int n, int d, int epilogue, cudaStream_t st);
+
+// The tests' and benchmark's side-by-side variants of gemv_q (with y_bf16 and sumsq, ADD is
+// gemv_q_add_stats), blocks of 0: 8 warps, 1: 16 (two rows a warp either way); -1 the launch's
+// pick. Either computes the same sums in the same order.
+cudaError_t gemv_q_variant(void *y, const QMat *m, const bf16 *x, int epilogue, bf16 *y_bf16, float *sumsq, int variant, cudaStream_t st);
+
+// flash_prefill (flash_prefill.h) with the implementation chosen (for tests and benchmarks):
+//   FLASH_PREFILL_AUTO  : wgmma when this build has sm_90a code and the device is sm_90, else mma
+//   FLASH_PREFILL_WGMMA : Hopper wgmma kernel (needs -gencode arch=compute_90a,code=sm_90a);
+//                         cudaErrorInvalidDeviceFunction if this build has no sm_90a code
+//   FLASH_PREFILL_MMA   : portable mma.sync m16n8k16 kernel (sm_80 and newer)
+//   FLASH_PREFILL_WGMMA_M1, _M2 : scheduling variants of the wgmma kernel (benchmarks; see the .cu)
+enum { FLASH_PREFILL_AUTO = 0, FLASH_PREFILL_WGMMA = 1, FLASH_PREFILL_MMA = 2, FLASH_PREFILL_WGMMA_M1 = 3,
+       FLASH_PREFILL_WGMMA_M2 = 4 };
+cudaError_t flash_prefill_impl(int impl, __nv_bfloat16 *out, const __nv_bfloat16 *q,
+                               const __nv_bfloat16 *k_cache, const __nv_bfloat16 *v_cache, int pos0,
+                               int T, int n_heads, int n_kv_heads, int head_dim, int ctx,
+                               cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
