@@ -25,6 +25,8 @@
 // 458 TFLOP/s (11.1 s over 36 layers), kernel 2 306 TFLOP/s. Tried and slower: the MODE 1/2 scheduling
 // variants below; a separate producer warpgroup with setmaxnreg (ptxas 13.0 then caps every thread at
 // 168 registers, the consumers spill and the wgmmas serialize).
+// Why one file of ~670 lines: the wgmma and mma.sync kernels share the swizzled tile layout, its
+// loaders and the online-softmax epilogue below; apart, the two would drift.
 #include "flash_prefill.h"
 #include "variants.h"
 

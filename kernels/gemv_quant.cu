@@ -13,6 +13,9 @@
 // A lane's unit of work is 32 bytes of a row: a Q8_0 block, Q4_K's sub-block pair 2p, 2p + 1 of a
 // super-block (bytes 32p .. 32p + 31: low nibbles pair with x[64p + l], high with x[64p + 32 + l]),
 // or two Q4_0 blocks, so one unit needs one scale, one scale pair, or two scales.
+// Why one file of ~570 lines: the three formats' GEMVs are one kernel template over a unit
+// decoder, and the upload's repacking writes the layout those kernels read; together they
+// change together.
 #include <cuda_fp16.h>
 #include <string.h>
 

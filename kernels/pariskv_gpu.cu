@@ -35,6 +35,9 @@
 // it serves only indexes of the shape it was allocated for; the zone size *d_n is clamped to
 // cap. Encoding: D in {64, 128, 256}, n_layers * n_kv <= 65535; the key source is read with
 // 16-byte loads when its base and strides allow (8-element multiples), element-wise otherwise.
+// Why one file of ~1,000 lines: the encoder and the five selection kernels share the index
+// layout's device helpers and the bit-for-bit arithmetic rules above; splitting them would put
+// those rules in two places. (Issue 24 replaces the selection kernels; split it then.)
 #include "cuda_common.h"
 #include "pariskv_gpu.h"
 #include "pdl.h"
