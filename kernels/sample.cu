@@ -93,6 +93,9 @@ struct Shared {
     int digit;
     uint32_t in_digit;
     u64 c0, m0, r, p;
+    float u;    // *u, read once (pinned host memory is a bus read per warp)
+    int n_pen;  // pen[0], likewise
+    int pick;   // the drawn id, written to out by one thread
 };
 
 // The first s tokens in rank order.
@@ -176,9 +179,11 @@ __global__ void __launch_bounds__(THREADS) sample_kernel(float *l, SampleParams 
                                                          float *prob) {
     __shared__ Shared sh;
     const int tid = threadIdx.x, n = sp.n_valid;
+    if (tid == 0) sh.u = *u, sh.n_pen = pen ? pen[0] : 0;
+    __syncthreads();
     // penalties: distinct ids, so no two threads touch one logit
-    if (pen) {
-        int k = pen[0];
+    if (sh.n_pen > 0) {
+        int k = sh.n_pen;
         for (int j = tid; j < k; j += THREADS) {
             int id = pen[1 + j], c = pen[1 + k + j];
             if (id < 0 || id >= n) continue;
@@ -239,7 +244,7 @@ __global__ void __launch_bounds__(THREADS) sample_kernel(float *l, SampleParams 
         if (k.s < cut.s) cut = k, keep = KEEP_BY_R;
     }
     // the draw: thread ranges of consecutive ids, in id order
-    u64 r = (u64)((double)*u * (double)cut.mass);
+    u64 r = (u64)((double)sh.u * (double)cut.mass);
     if (r >= cut.mass) r = cut.mass - 1;
     const int chunk = (n + THREADS - 1) / THREADS, lo = min(n, tid * chunk), hi = min(n, lo + chunk);
     u64 mine = 0;
@@ -247,18 +252,20 @@ __global__ void __launch_bounds__(THREADS) sample_kernel(float *l, SampleParams 
         int in = keep == KEEP_ALL || (keep == KEEP_BY_P ? prob[i] >= min_p : rank_value(l, i) >= cut.r);
         if (in) mine += fixed40(prob[i]);
     }
-    if (tid == 0) out[0] = best_id, out[1] = -1; // overwritten below (the scan's barriers order it)
+    if (tid == 0) sh.pick = best_id; // replaced below (the scan's barriers order the two)
     u64 before = block_exclusive_u64(mine, sh.red);
     if (mine && before <= r && r < before + mine) {
         u64 cum = before;
         for (int i = lo; i < hi; i++) {
             int in = keep == KEEP_ALL || (keep == KEEP_BY_P ? prob[i] >= min_p : rank_value(l, i) >= cut.r);
             if (in && (cum += fixed40(prob[i])) > r) {
-                out[0] = i;
+                sh.pick = i;
                 break;
             }
         }
     }
+    __syncthreads();
+    if (tid == 0) out[0] = sh.pick, out[1] = -1; // one writer: a host reading pinned memory sees one value
 }
 
 extern "C" size_t gpu_sample_scratch_bytes(int n_valid) { return ((size_t)(n_valid > 0 ? n_valid : 0) * sizeof(float) + 255) / 256 * 256; }

@@ -17,6 +17,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "../attention/softmax_exp.h"
 #include "cuda_common.h"
 #include "sample.h"
 extern "C" {
@@ -82,9 +83,7 @@ static std::vector<unsigned long long> exact(const float *l, int n, float t, int
     unsigned long long zk = 0;
     std::vector<float> p(n);
     for (int j = 0; j < n; j++) {
-        // the reference's own p: expf here; the definition's softmax_exp is within 2 ulp of it,
-        // which moves P by at most ~2^-22 relative: fine for a distribution, not for ids
-        p[j] = expf((l[r[j]] - m) / t);
+        p[j] = softmax_exp((l[r[j]] - m) / t); // the definition's exp (g++ in ISO mode contracts nothing)
         all[j] = (unsigned long long)llrint((double)p[j] * 0x1p40);
         if (j < s_k) zk += all[j];
         cnt += p[j] >= min_p;

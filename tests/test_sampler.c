@@ -145,7 +145,7 @@ static double chi2_bound(int df) {
 }
 
 // n_draw draws with sampler_sample against the reference distribution, tokens grouped in id order
-// into bins of >= n_draw / 40 expected draws. Prints and returns chi2 <= the 1e-6 quantile.
+// into bins of >= n_draw / 40 expected draws (>= 5 for small vocabularies). Prints and returns chi2 <= the 1e-6 quantile.
 static int chi_square(const char *what, const float *l0, int n, float t, int k, float p, float mp, int n_draw, uint64_t seed) {
     uint64_t *P = malloc((size_t)n * sizeof *P), z = reference(l0, n, t, k, p, mp, P);
     int *bin = malloc((size_t)n * sizeof *bin), nb = 0;
@@ -154,7 +154,7 @@ static int chi_square(const char *what, const float *l0, int n, float t, int k, 
         bin[i] = nb;
         acc += (double)P[i] / (double)z * n_draw;
         want[nb] += (double)P[i] / (double)z * n_draw;
-        if (acc >= n_draw / 40.0) nb++, acc = 0;
+        if (acc >= (n < 100 ? 5.0 : n_draw / 40.0)) nb++, acc = 0; // small vocabularies: a token a bin
     }
     if (acc > 0) nb++;
     if (nb > 1 && want[nb - 1] < 5) { // a thin last bin joins the one before
