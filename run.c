@@ -637,13 +637,16 @@ static void run_generate(const Model *m, const Tokenizer *tok, const Options *o)
     double *step_ms = o->steps > TPOT_BINS_FROM ? malloc((size_t)o->steps * sizeof(double)) : NULL; // per decode step, for the bins
     double first_ms = 0; // the first decode step (after a restore it rebuilds the ParisKV index)
     double t1 = now_s();
+    int next = -1;
     while (generated < o->steps) {
         if (interrupted || !logits) {
             stop = "interrupted";
             break;
         }
-        sampler_penalize(&sampler, logits, hist, pos);
-        int next = sampler_sample(&sampler, logits);
+        if (generated == 0) { // the first token from the prompt's logits; later ones come with their step
+            sampler_penalize(&sampler, logits, hist, pos);
+            next = sampler_sample(&sampler, logits);
+        }
         hist[pos] = next;
         generated++;
         if (o->ids) {
@@ -663,9 +666,9 @@ static void run_generate(const Model *m, const Tokenizer *tok, const Options *o)
             stop = "context full";
             break;
         }
-        double ts = now_s();
-        logits = model_forward(m, &s, &next, 1, pos, 0, err);
-        if (!logits) die("%s", err);
+        double ts = now_s(); // the step as the user gets it: the forward pass and the sampling
+        next = model_decode_sample(m, &s, &sampler, next, pos, hist, pos + 1, err);
+        if (next < 0) die("%s", err);
         if (step_ms) step_ms[generated - 1] = 1e3 * (now_s() - ts);
         if (generated == 1) first_ms = 1e3 * (now_s() - ts);
         pos++;
@@ -856,13 +859,16 @@ static int *chat_generate(Chat *c, float *logits, int *n, const char **stop) {
     TokDecoder dec = {0};
     char err[MODEL_ERR_LEN];
     *stop = NULL;
+    int next = -1;
     while (reply && k < budget) {
         if (interrupted) {
             *stop = "interrupted";
             break;
         }
-        sampler_penalize(&c->sampler, logits, c->cache, c->n_cache);
-        int next = sampler_sample(&c->sampler, logits);
+        if (next < 0) { // the first token from the message's logits; later ones come with their step
+            sampler_penalize(&c->sampler, logits, c->cache, c->n_cache);
+            next = sampler_sample(&c->sampler, logits);
+        }
         int eos = tokenizer_is_eos(c->tok, next);
         if (eos && !o->ignore_eos) break;
         if (k == cap && !(reply = realloc(reply, (size_t)(cap *= 2) * sizeof(int)))) break;
@@ -877,8 +883,9 @@ static int *chat_generate(Chat *c, float *logits, int *n, const char **stop) {
             *stop = "context full";
             break;
         }
-        if (!(logits = model_forward(c->m, &c->s, &next, 1, c->n_cache, 0, err))) die("%s", err);
-        c->cache[c->n_cache++] = next;
+        c->cache[c->n_cache] = next;
+        if ((next = model_decode_sample(c->m, &c->s, &c->sampler, next, c->n_cache, c->cache, c->n_cache + 1, err)) < 0) die("%s", err);
+        c->n_cache++;
     }
     if (!reply) die("out of memory");
     fwrite(c->piece, 1, tokenizer_decode_flush(c->tok, &dec, c->piece, piece_cap), stdout);
@@ -1138,7 +1145,17 @@ static int run_bench(const Options *o) {
         p = *end ? end + 1 : end;
     }
     int pkv = o->attn_set && o->attn.method == ATTN_PARISKV;
-    int rc = m.be->bench(&m, ctxs, n, o->bench_steps ? o->bench_steps : 64, o->bench_prefill, m.be->max_chunk, pkv ? &o->attn : NULL);
+    // The sampling timed beside greedy: the options given, else the model's own settings.
+    float temp = o->temperature, top_p = o->top_p, min_p = o->min_p;
+    int top_k = o->top_k;
+    if (!o->sampling_set && m.c.has_gen_defaults)
+        temp = m.c.gen_do_sample ? m.c.gen_temperature : 0.0f, top_k = m.c.gen_top_k, top_p = m.c.gen_top_p, min_p = m.c.gen_min_p;
+    Sampler smp;
+    if (sampler_init(&smp, (int)m.c.vocab_size, temp, top_k, top_p, min_p, 1) != 0 ||
+        sampler_set_penalties(&smp, o->repeat_penalty, o->presence_penalty, o->frequency_penalty, o->repeat_last_n) != 0)
+        die("out of memory");
+    int rc = m.be->bench(&m, ctxs, n, o->bench_steps ? o->bench_steps : 64, o->bench_prefill, m.be->max_chunk, pkv ? &o->attn : NULL, &smp);
+    sampler_free(&smp);
     model_free(&m);
     return rc;
 }

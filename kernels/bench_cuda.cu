@@ -1,6 +1,8 @@
 // ./run --bench on the GPU: fill the context to N tokens (a real prefill, or random K/V for
 // contexts too long to prefill), time decode steps with CUDA events, and print TPOT next to
-// the bandwidth floor of the step.
+// the bandwidth floor of the step. Every step is timed as a user gets it: ending in the
+// device's sampler, greedy (--temp 0) beside the sampling settings given (the model's own by
+// default).
 #include <algorithm>
 #include <stdio.h>
 #include <stdlib.h>
@@ -8,6 +10,10 @@
 
 #include "cuda_common.h"
 #include "forward_cuda.h"
+
+extern "C" {
+#include "../model/sampler.h"
+}
 
 static double now_s(void) {
     struct timespec ts;
@@ -48,11 +54,28 @@ static double h2d_bandwidth(void) {
     return (double)n / (t[3] * 1e-3);
 }
 
+// The sampling a column times, for the table's header.
+static void print_sampling(const Sampler *smp) {
+    printf("sampling: greedy, and temperature %g", smp->temperature);
+    if (smp->top_k > 0) printf(", top-k %d", smp->top_k);
+    if (smp->top_p < 1.0f) printf(", top-p %g", smp->top_p);
+    if (smp->min_p > 0.0f) printf(", min-p %g", smp->min_p);
+    if (smp->count) printf(", penalties (an empty list in the timed steps)");
+    printf(" (vocabulary %d), each inside the decode step\n", smp->n_valid);
+}
+
+// smp with temperature 0: the greedy column.
+static Sampler greedy_of(const Sampler *smp) {
+    Sampler g = *smp;
+    g.temperature = 0.0f;
+    return g;
+}
+
 // ParisKV: for each context N, the zone filled as after an N-token prompt (random K/V), then
 // decode steps from a position chosen so that one index update (U new zone keys) falls inside
 // the timed steps. TPOT is the median of the steps without an update; the update's extra cost
 // is shown apart and amortized over U steps.
-static int bench_pariskv(const Model *m, const int *ctx_list, int n_ctx, int steps, int chunk, const AttnConfig *attn, double bw) {
+static int bench_pariskv(const Model *m, const int *ctx_list, int n_ctx, int steps, int chunk, const AttnConfig *attn, const Sampler *smp, double bw) {
     double pcie = h2d_bandwidth();
     size_t step_wbytes = gpu_model_step_bytes(m); // every matrix once (blocks as blocks), of the embedding one row
     printf("pariskv: k %d, sink %d, local %d, update %d, zone in %s; host-to-device bulk copy %.1f GB/s\n", attn->topk, attn->sink,
@@ -62,9 +85,11 @@ static int bench_pariskv(const Model *m, const int *ctx_list, int n_ctx, int ste
                                           : "auto",
            pcie / 1e9);
     printf("floor = (weights + index, window and selection bytes) / HBM bandwidth + top-k rows from host / bulk PCIe bandwidth\n");
-    printf("%9s | %5s | %4s | %8s | %17s | %9s | %8s | %10s | %9s | %8s | %8s\n", "context", "k", "zone", "TPOT ms", "p10-p90 ms", "floor ms",
-           "TPOT/flr", "update ms", "+per step", "fill s", "index s");
-    printf("----------+-------+------+----------+-------------------+-----------+----------+------------+-----------+----------+---------\n");
+    print_sampling(smp);
+    printf("%9s | %5s | %4s | %8s | %10s | %17s | %9s | %8s | %10s | %9s | %8s | %8s\n", "context", "k", "zone", "greedy ms", "sampled ms",
+           "p10-p90 sampled", "floor ms", "TPOT/flr", "update ms", "+per step", "fill s", "index s");
+    printf("----------+-------+------+-----------+------------+-------------------+-----------+----------+------------+-----------+----------+---------\n");
+    Sampler greedy = greedy_of(smp);
     int warmup = 8, U = attn->update, rc = 0;
     int n_all = warmup + steps;
     float *ms = (float *)malloc(sizeof(float) * (size_t)n_all), *steady = (float *)malloc(sizeof(float) * (size_t)n_all);
@@ -92,7 +117,20 @@ static int bench_pariskv(const Model *m, const int *ctx_list, int n_ctx, int ste
             if (f) fclose(f);
             if (kb >= 0) fprintf(stderr, "host memory in transparent huge pages: %.1f GiB\n", kb / 1048576.0);
         }
-        if (e == cudaSuccess) e = gpu_pkv_time(g, pos0, n_all, ms, upd, err);
+        // Greedy first (its median only), on the positions before the index update, then from
+        // pos0 again the sampled steps the rest of the table reads (the same rows rewritten).
+        float greedy_ms = -1;
+        int n_greedy = warmup + steps / 2 - 1;
+        if (e == cudaSuccess && gpu_sample_config(g, &greedy, err) != 0) e = cudaErrorUnknown;
+        if (e == cudaSuccess) e = gpu_pkv_time(g, pos0, n_greedy, 1, ms, upd, err);
+        if (e == cudaSuccess) {
+            int ns = 0;
+            for (int j = warmup; j < n_greedy; j++)
+                if (!upd[j]) steady[ns++] = ms[j];
+            greedy_ms = ns ? percentile(steady, ns, 0.5) : -1;
+        }
+        if (e == cudaSuccess && gpu_sample_config(g, smp, err) != 0) e = cudaErrorUnknown;
+        if (e == cudaSuccess) e = gpu_pkv_time(g, pos0, n_all, 1, ms, upd, err);
         if (e != cudaSuccess) {
             printf("%9d | failed: %s %s\n", N, cudaGetErrorString(e), err);
             rc = 1;
@@ -109,8 +147,9 @@ static int bench_pariskv(const Model *m, const int *ctx_list, int n_ctx, int ste
             double floor_ms = ((step_wbytes + dev_b) / bw + (pcie > 0 ? host_b / pcie : 0)) * 1e3;
             char u1[32] = "-", u2[32] = "-";
             if (upd_ms >= 0) snprintf(u1, sizeof u1, "%.3f", upd_ms), snprintf(u2, sizeof u2, "%.4f", (upd_ms - med) / U);
-            printf("%9d | %5d | %4s | %8.3f | %8.3f-%-8.3f | %9.3f | %8.3f | %10s | %9s | %8.2f | %8.2f\n", N, attn->topk,
-                   attn->zone_fp8 ? "fp8" : attn->store == KV_STORE_HOST ? "host" : "gpu", med, p10, p90, floor_ms, med / floor_ms, u1, u2, fill_s, index_s);
+            printf("%9d | %5d | %4s | %9.3f | %10.3f | %8.3f-%-8.3f | %9.3f | %8.3f | %10s | %9s | %8.2f | %8.2f\n", N, attn->topk,
+                   attn->zone_fp8 ? "fp8" : attn->store == KV_STORE_HOST ? "host" : "gpu", greedy_ms, med, p10, p90, floor_ms, med / floor_ms, u1, u2,
+                   fill_s, index_s);
             // Where the time goes: the same step with stages left out (PKV_DECODE_SKIP bits).
             float t_all, t_noatt, t_nosel, t_none;
             int at = pos0 + warmup - 1;
@@ -139,7 +178,8 @@ static void prefill_breakdown(const Config *c, int n, double total_s, double att
            "", total_s, attn_s, attn_flop / 1e15, attn_flop / attn_s / 1e12, rest, lin_flop / 1e15, rest > 0 ? lin_flop / rest / 1e12 : 0.0);
 }
 
-extern "C" int gpu_bench(const Model *m, const int *ctx_list, int n_ctx, int steps, int real_prefill, int chunk, const AttnConfig *attn) {
+extern "C" int gpu_bench(const Model *m, const int *ctx_list, int n_ctx, int steps, int real_prefill, int chunk, const AttnConfig *attn,
+                         const Sampler *smp) {
     const Config *c = &m->c;
     double bw = gpu_read_bandwidth();
     if (bw <= 0) {
@@ -160,11 +200,13 @@ extern "C" int gpu_bench(const Model *m, const int *ctx_list, int n_ctx, int ste
             fprintf(stderr, "error: --bench-prefill times dense attention; the ParisKV benchmark fills the zone with random K/V\n");
             return 1;
         }
-        return bench_pariskv(m, ctx_list, n_ctx, steps, chunk, attn, bw);
+        return bench_pariskv(m, ctx_list, n_ctx, steps, chunk, attn, smp, bw);
     }
-    printf("%9s | %10s | %17s | %8s | %9s | %10s | %11s\n", "context", "TPOT ms", "p10-p90 ms", "tok/s", "floor ms",
-           "TPOT/floor", "prefill s");
-    printf("----------+------------+-------------------+----------+-----------+------------+------------\n");
+    print_sampling(smp);
+    printf("%9s | %10s | %10s | %17s | %8s | %9s | %10s | %11s\n", "context", "greedy ms", "sampled ms", "p10-p90 sampled", "tok/s",
+           "floor ms", "TPOT/floor", "prefill s");
+    printf("----------+------------+------------+-------------------+----------+-----------+------------+------------\n");
+    Sampler greedy = greedy_of(smp);
     int rc = 0;
     int warmup = 8;
     float *ms = (float *)malloc(sizeof(float) * (size_t)steps);
@@ -199,7 +241,13 @@ extern "C" int gpu_bench(const Model *m, const int *ctx_list, int n_ctx, int ste
             printf("%9d | cannot fill the KV cache\n", N);
             rc = 1;
         }
-        cudaError_t e = rc ? cudaSuccess : gpu_time_decode(g, N, warmup, steps, ms);
+        float greedy_ms = -1;
+        cudaError_t e = cudaSuccess;
+        if (rc == 0 && gpu_sample_config(g, &greedy, err) != 0) e = cudaErrorUnknown;
+        if (rc == 0 && e == cudaSuccess) e = gpu_time_decode(g, N, warmup, steps, 1, ms);
+        if (rc == 0 && e == cudaSuccess) greedy_ms = percentile(ms, steps, 0.5);
+        if (rc == 0 && e == cudaSuccess && gpu_sample_config(g, smp, err) != 0) e = cudaErrorUnknown;
+        if (rc == 0 && e == cudaSuccess) e = gpu_time_decode(g, N, warmup, steps, 1, ms);
         if (e != cudaSuccess) {
             printf("%9d | decode failed: %s\n", N, cudaGetErrorString(e));
             rc = 1;
@@ -211,7 +259,7 @@ extern "C" int gpu_bench(const Model *m, const int *ctx_list, int n_ctx, int ste
             double floor_ms = ((double)step_wbytes + kv_bytes) / bw * 1e3;
             char pf[32] = "-";
             if (prefill_s >= 0) snprintf(pf, sizeof pf, "%.2f", prefill_s);
-            printf("%9d | %10.3f | %8.3f-%-8.3f | %8.1f | %9.3f | %10.3f | %11s\n", N, med, p10, p90, 1e3 / med, floor_ms,
+            printf("%9d | %10.3f | %10.3f | %8.3f-%-8.3f | %8.1f | %9.3f | %10.3f | %11s\n", N, greedy_ms, med, p10, p90, 1e3 / med, floor_ms,
                    med / floor_ms, pf);
             if (prefill_s > 0 && attn_ms > 0) prefill_breakdown(c, N, prefill_s, attn_ms / 1e3);
             fflush(stdout);

@@ -42,8 +42,9 @@ extern "C" cudaError_t gpu_fill_kv_random(void *dev, int n_tokens) {
     return cudaStreamSynchronize(g->st);
 }
 
-// Times n decode steps at position pos (graph replays, CUDA events); per-step ms into ms_out.
-extern "C" cudaError_t gpu_time_decode(void *dev, int pos, int warmup, int n, float *ms_out) {
+// Times n decode steps at position pos (graph replays, CUDA events; sample: each ending in the
+// sampler as set by gpu_sample_config, else in the logits' copy); per-step ms into ms_out.
+extern "C" cudaError_t gpu_time_decode(void *dev, int pos, int warmup, int n, int sample, float *ms_out) {
     GpuState *g = (GpuState *)dev;
     cudaEvent_t a, b;
     CU_TRY(cudaEventCreate(&a));
@@ -52,7 +53,7 @@ extern "C" cudaError_t gpu_time_decode(void *dev, int pos, int warmup, int n, fl
     *g->h_pos = pos;
     for (int i = 0; i < warmup + n; i++) {
         CU_TRY(cudaEventRecord(a, g->st));
-        CU_TRY(gpu_decode_step(g, 0));
+        CU_TRY(gpu_decode_step(g, 0, sample));
         CU_TRY(cudaEventRecord(b, g->st));
         CU_TRY(cudaEventSynchronize(b));
         if (i >= warmup) CU_TRY(cudaEventElapsedTime(&ms_out[i - warmup], a, b));
@@ -136,7 +137,7 @@ extern "C" cudaError_t gpu_pkv_fill(void *dev, int n, double *fill_s, double *in
 
 // Times steps at positions pos0, pos0 + 1, ... (each with the index update it needs, outside
 // its graph but inside its timing): ms_out[i], and updated[i] = 1 where step i updated the index.
-extern "C" cudaError_t gpu_pkv_time(void *dev, int pos0, int n, float *ms_out, int *updated, char *err) {
+extern "C" cudaError_t gpu_pkv_time(void *dev, int pos0, int n, int sample, float *ms_out, int *updated, char *err) {
     GpuState *g = (GpuState *)dev;
     Pkv *p = &g->pkv;
     cudaEvent_t a, b;
@@ -146,7 +147,7 @@ extern "C" cudaError_t gpu_pkv_time(void *dev, int pos0, int n, float *ms_out, i
     for (int i = 0; i < n; i++) {
         int before = p->indexed;
         CU_TRY(cudaEventRecord(a, g->st));
-        CU_TRY(pkv_step(g, 1, pos0 + i, err));
+        CU_TRY(pkv_step(g, 1, pos0 + i, sample, err));
         CU_TRY(cudaEventRecord(b, g->st));
         CU_TRY(cudaEventSynchronize(b));
         CU_TRY(cudaEventElapsedTime(&ms_out[i], a, b));
@@ -177,17 +178,17 @@ extern "C" void gpu_pkv_step_bytes(void *dev, int pos, double *device_bytes, dou
 extern "C" int gpu_pkv_device_positions(void *dev) { return ((GpuState *)dev)->dcap; }
 
 // Median of n steps at one position (no index update) with the stages in `skip` left out
-// (PKV_DECODE_SKIP's bits): the per-stage breakdown of the benchmark.
+// (PKV_DECODE_SKIP's bits): the per-stage breakdown of the benchmark (with the sampler last
+// configured, if any).
 extern "C" cudaError_t gpu_pkv_time_skip(void *dev, int pos, int skip, int n, float *median_ms, char *err) {
     GpuState *g = (GpuState *)dev;
-    Pkv *p = &g->pkv;
     int keep = g->skip;
-    if (p->graph_ready) cudaGraphExecDestroy(p->graph), p->graph_ready = 0;
+    gpu_drop_graphs(g); // captured with the stages of skip
     g->skip = skip;
     float *t = (float *)malloc(sizeof(float) * (size_t)n);
     int *u = (int *)malloc(sizeof(int) * (size_t)n);
     cudaError_t e = t && u ? cudaSuccess : cudaErrorMemoryAllocation;
-    for (int i = 0; i < n && e == cudaSuccess; i++) e = gpu_pkv_time(dev, pos, 1, &t[i], &u[i], err);
+    for (int i = 0; i < n && e == cudaSuccess; i++) e = gpu_pkv_time(dev, pos, 1, g->sample_on, &t[i], &u[i], err); // the step as last timed
     if (e == cudaSuccess) {
         for (int i = 0; i < n; i++)
             for (int j = i + 1; j < n; j++)
@@ -195,7 +196,7 @@ extern "C" cudaError_t gpu_pkv_time_skip(void *dev, int pos, int skip, int n, fl
         *median_ms = t[n / 2];
     }
     free(t), free(u);
-    if (p->graph_ready) cudaGraphExecDestroy(p->graph), p->graph_ready = 0;
+    gpu_drop_graphs(g);
     g->skip = keep;
     return e;
 }

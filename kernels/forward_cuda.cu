@@ -15,6 +15,10 @@
 #include "pariskv_attend.h"
 #include "pariskv_gpu.h"
 
+extern "C" {
+#include "../model/sampler.h"
+}
+
 // ---- the attention steps ----
 
 // Decode, dense: the QKV post-processing rides on the flash-decoding kernel.
@@ -72,13 +76,15 @@ static cudaError_t attn_chunk(GpuState *g, uint32_t l, void *arg) {
 // ---- the passes ----
 
 // One decode step (T = 1): five kernels a layer (layer.cu), the attention dense or ParisKV's.
-// Logits land in h_step.
-static cudaError_t enqueue_decode(GpuState *g, int pkv) {
+// Logits land in h_step, or (sample) the sampler picks the next id from them into h_out.
+static cudaError_t enqueue_decode(GpuState *g, int pkv, int sample) {
     const Config *c = &g->c;
     CU_TRY(embed_stats(g->x, g->xb, g->sumsq_a, g->embd, g->d_tokens, c->dim, g->st));
     CU_TRY(rope_table(g->rope_cs, g->inv_freq, g->d_pos, c->head_dim / 2, g->st));
     CU_TRY(gpu_layers(g, g->x, 1, LAYER_DECODE, pkv ? attn_decode_pkv : attn_decode_dense, NULL));
     CU_TRY(gpu_logits(g, g->x, 1));
+    if (sample) return gpu_sample(g->logits, &g->sp, g->h_u, g->sp.repeat != 1.0f || g->sp.presence != 0.0f || g->sp.frequency != 0.0f ? g->h_pen : NULL,
+                                  g->h_out, g->sample_scratch, g->st);
     return cudaMemcpyAsync(g->h_step, g->logits, (size_t)c->vocab_size * 4, cudaMemcpyDeviceToHost, g->st);
 }
 
@@ -102,18 +108,20 @@ cudaError_t gpu_enqueue_chunk(GpuState *g, const int *tokens, int T, int pos, in
     return enqueue_forward(g, T, pos, all_logits);
 }
 
-// The decode step as a graph: it reads the token, the position (and ParisKV's zone) from pinned
-// host memory when replayed, so one capture serves every step. Logits land in h_step.
-cudaError_t gpu_decode_step(GpuState *g, int pkv) {
-    cudaGraphExec_t *exec = pkv ? &g->pkv.graph : &g->decode_graph;
-    int *ready = pkv ? &g->pkv.graph_ready : &g->graph_ready;
+// The decode step as a graph: it reads the token, the position (and ParisKV's zone, the
+// sampler's uniform and penalties) from pinned host memory when replayed, so one capture serves
+// every step.
+cudaError_t gpu_decode_step(GpuState *g, int pkv, int sample) {
+    sample = sample != 0;
+    cudaGraphExec_t *exec = pkv ? &g->pkv.graph[sample] : &g->decode_graph[sample];
+    int *ready = pkv ? &g->pkv.graph_ready[sample] : &g->graph_ready[sample];
     if (!*ready) {
         cudaGraph_t graph;
         CU_TRY(cudaStreamBeginCapture(g->st, cudaStreamCaptureModeThreadLocal));
         cudaError_t e = cudaMemcpyAsync(g->d_tokens, g->h_tokens, 4, cudaMemcpyHostToDevice, g->st);
         if (e == cudaSuccess) e = cudaMemcpyAsync(g->d_pos, g->h_pos, 4, cudaMemcpyHostToDevice, g->st);
         if (e == cudaSuccess && pkv) e = cudaMemcpyAsync(g->pkv.d_meta, g->pkv.h_meta, 2 * sizeof(int), cudaMemcpyHostToDevice, g->st);
-        if (e == cudaSuccess) e = enqueue_decode(g, pkv);
+        if (e == cudaSuccess) e = enqueue_decode(g, pkv, sample);
         cudaError_t e2 = cudaStreamEndCapture(g->st, &graph);
         CU_TRY(e);
         CU_TRY(e2);
@@ -127,12 +135,12 @@ cudaError_t gpu_decode_step(GpuState *g, int pkv) {
 
 extern "C" float *gpu_forward(void *dev, const int *tokens, int T, int pos, int all_logits, char *err) {
     GpuState *g = (GpuState *)dev;
-    if (g->pkv.on) return pkv_forward(g, tokens, T, pos, all_logits, err);
+    if (g->pkv.on) return pkv_forward(g, tokens, T, pos, all_logits, 0, err);
     cudaError_t e;
     if (T == 1) {
         *g->h_tokens = tokens[0];
         *g->h_pos = pos;
-        e = gpu_decode_step(g, 0);
+        e = gpu_decode_step(g, 0, 0);
     } else {
         e = gpu_enqueue_chunk(g, tokens, T, pos, all_logits);
     }
@@ -146,6 +154,65 @@ extern "C" float *gpu_forward(void *dev, const int *tokens, int T, int pos, int 
         return NULL;
     }
     return T == 1 ? g->h_step : g->h_logits;
+}
+
+// ---- sampling inside the decode step ----
+
+extern "C" int gpu_sample_config(void *dev, const Sampler *s, char *err) {
+    GpuState *g = (GpuState *)dev;
+    SampleParams sp = {s->n_valid, s->temperature, s->top_k, s->top_p, s->min_p, s->repeat, s->presence, s->frequency};
+    cudaError_t e = cudaStreamSynchronize(g->st);
+    if (e == cudaSuccess && !g->sample_scratch) {
+        e = cudaMalloc(&g->sample_scratch, gpu_sample_scratch_bytes(s->n_valid));
+        if (e == cudaSuccess) e = cudaMallocHost((void **)&g->h_u, sizeof(float));
+        if (e == cudaSuccess) e = cudaMallocHost((void **)&g->h_pen, (1 + 2 * (size_t)g->c.vocab_size) * sizeof(int));
+        if (e == cudaSuccess) e = cudaMallocHost((void **)&g->h_out, 2 * sizeof(int));
+        if (e == cudaSuccess) *g->h_u = 0.5f, g->h_pen[0] = 0; // what a timed replay reads (bench_timing.cu)
+    }
+    if (e != cudaSuccess) {
+        gpu_set_err(err, "GPU sampler setup failed: %s", cudaGetErrorString(e));
+        return -1;
+    }
+    if (g->sample_on && memcmp(&sp, &g->sp, sizeof sp) == 0) return 0;
+    g->sp = sp, g->sample_on = 1;
+    // The graphs that end in the sampler hold the old settings.
+    if (g->graph_ready[1]) cudaGraphExecDestroy(g->decode_graph[1]), g->graph_ready[1] = 0;
+    if (g->pkv.graph_ready[1]) cudaGraphExecDestroy(g->pkv.graph[1]), g->pkv.graph_ready[1] = 0;
+    return 0;
+}
+
+extern "C" int gpu_decode_sample(void *dev, int token, int pos, float u, const int *pen_ids, const int *pen_counts, int n_pen, char *err) {
+    GpuState *g = (GpuState *)dev;
+    if (!g->sample_on) {
+        gpu_set_err(err, "internal: gpu_decode_sample before gpu_sample_config");
+        return -1;
+    }
+    *g->h_u = u;
+    g->h_pen[0] = n_pen;
+    memcpy(g->h_pen + 1, pen_ids, (size_t)n_pen * sizeof(int));
+    memcpy(g->h_pen + 1 + n_pen, pen_counts, (size_t)n_pen * sizeof(int));
+    cudaError_t e = cudaSuccess;
+    if (g->pkv.on) {
+        err[0] = 0;
+        if (!pkv_forward(g, &token, 1, pos, 0, 1, err)) return -1;
+    } else {
+        *g->h_tokens = token;
+        *g->h_pos = pos;
+        e = gpu_decode_step(g, 0, 1);
+        if (e == cudaSuccess) e = cudaStreamSynchronize(g->st);
+    }
+    if (e != cudaSuccess) {
+        gpu_set_err(err, "GPU forward pass failed: %s", cudaGetErrorString(e));
+        return -1;
+    }
+    if (g->h_out[1] >= 0) { // as model_forward reports it
+        float bad = 0.0f;
+        cudaMemcpy(&bad, g->logits + g->h_out[1], sizeof bad, cudaMemcpyDeviceToHost);
+        gpu_set_err(err, "the model produced a non-finite logit (%g, token id %d) at position %d: its weights are damaged or the computation overflowed",
+                    (double)bad, g->h_out[1], pos);
+        return -1;
+    }
+    return g->h_out[0];
 }
 
 // ---- the backend table ----
@@ -170,7 +237,7 @@ static int gpu_available(void) {
 
 static const Backend backend_cuda = {
     "cuda", NULL, NULL, NULL, NULL, NULL, NULL, gpu_available, gpu_create, gpu_set_prefill_len, gpu_forward, gpu_destroy, gpu_bench, 4096, gpu_prompt_whole,
-    gpu_session_save, gpu_session_load, gpu_reset,
+    gpu_session_save, gpu_session_load, gpu_reset, gpu_sample_config, gpu_decode_sample,
 };
 
 extern "C" const Backend *backend_cuda_get(void) { return &backend_cuda; }

@@ -21,7 +21,6 @@ void gpu_set_err(char *err, const char *fmt, ...) {
 static size_t align256(size_t x) { return (x + 255) & ~(size_t)255; }
 
 static void pkv_free(Pkv *p) {
-    if (p->graph_ready) cudaGraphExecDestroy(p->graph);
     pkv_gpu_index_free(&p->ix);
     pkv_gpu_scratch_free(&p->sc);
     cudaFree(p->q), cudaFree(p->partial), cudaFree(p->counters), cudaFree(p->d_meta), cudaFree(p->d_pos_chunk), cudaFree(p->rope_chunk);
@@ -33,7 +32,7 @@ static void pkv_free(Pkv *p) {
 
 static void gpu_free(GpuState *g) {
     if (!g) return;
-    if (g->graph_ready) cudaGraphExecDestroy(g->decode_graph);
+    gpu_drop_graphs(g);
     for (uint32_t i = 0; g->attn_ev && i < 2 * g->c.n_layers; i++)
         if (g->attn_ev[i]) cudaEventDestroy(g->attn_ev[i]);
     free(g->attn_ev);
@@ -45,6 +44,7 @@ static void gpu_free(GpuState *g) {
     cudaFree(g->logits);
     cudaFree(g->partial), cudaFree(g->counters), cudaFree(g->sumsq_a), cudaFree(g->sumsq_b), cudaFree(g->d_tokens), cudaFree(g->d_pos);
     cudaFreeHost(g->h_tokens), cudaFreeHost(g->h_pos), cudaFreeHost(g->h_logits), cudaFreeHost(g->h_step);
+    cudaFree(g->sample_scratch), cudaFreeHost(g->h_u), cudaFreeHost(g->h_pen), cudaFreeHost(g->h_out);
     if (g->blas) cublasDestroy(g->blas);
     if (g->st) cudaStreamDestroy(g->st);
     free(g);
@@ -300,7 +300,9 @@ extern "C" void gpu_set_prefill_len(void *dev, int prefill_len) {
 extern "C" void gpu_destroy(void *dev) { gpu_free((GpuState *)dev); }
 
 void gpu_drop_graphs(GpuState *g) {
-    if (g->graph_ready) cudaGraphExecDestroy(g->decode_graph), g->graph_ready = 0;
-    if (g->pkv.graph_ready) cudaGraphExecDestroy(g->pkv.graph), g->pkv.graph_ready = 0;
+    for (int k = 0; k < 2; k++) {
+        if (g->graph_ready[k]) cudaGraphExecDestroy(g->decode_graph[k]), g->graph_ready[k] = 0;
+        if (g->pkv.graph_ready[k]) cudaGraphExecDestroy(g->pkv.graph[k]), g->pkv.graph_ready[k] = 0;
+    }
 }
 

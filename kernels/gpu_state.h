@@ -10,6 +10,7 @@
 #include "gemv_quant.h"
 #include "pariskv_attend.h"
 #include "pariskv_gpu.h"
+#include "sample.h"
 #include "../offload/host_store.h"
 
 extern "C" {
@@ -56,8 +57,8 @@ typedef struct {
     int synced;         // host store: rows of positions [sink, synced) are in it
     int seen_end;       // end of the last call's positions (an earlier start is a rewind)
     int ring_hi;        // one past the highest position written to the device cache since position 0
-    cudaGraphExec_t graph;
-    int graph_ready;
+    cudaGraphExec_t graph[2]; // the decode step's graph: [1] ends in the sampler, [0] in the logits' copy
+    int graph_ready[2];
     int *d_pos_chunk;   // (chunk) positions of a chunk of ParisKV steps (pkv_chunk.cu)
     int *h_pos_chunk;   // pinned (chunk)
     float *rope_chunk;  // (chunk, hd) their RoPE tables
@@ -106,8 +107,17 @@ struct GpuState {
     cudaEvent_t *attn_ev; // --bench-prefill: events around each layer's prefill attention (2 per layer), or NULL
     double attn_ms;       // their sum over the chunks so far
     float *h_step;      // pinned (vocab): the logits of a decode step
-    cudaGraphExec_t decode_graph;
-    int graph_ready;
+    cudaGraphExec_t decode_graph[2]; // [1] ends in the sampler, [0] in the logits' copy to h_step
+    int graph_ready[2];
+    // Sampling inside the decode step (kernels/sample.h), set by gpu_sample_config: the settings
+    // (captured into the graph), the step's uniform and penalty list and the id read back, all
+    // pinned so that a replay reads what the host wrote.
+    int sample_on;
+    SampleParams sp;
+    void *sample_scratch;
+    float *h_u;         // pinned (1)
+    int *h_pen;         // pinned (1 + 2 n_valid): count, ids, counts
+    int *h_out;         // pinned (2): the id, the first non-finite logit's id or -1
     int dcap;           // positions of the device cache kcache/vcache (== ctx unless the zone is in the host store)
     Pkv pkv;
 };
@@ -148,16 +158,18 @@ cudaError_t gpu_head_gemv(GpuState *g);
 // ---- the passes (forward_cuda.cu, pkv_protocol.cu) ----
 
 // The decode step (token in *h_tokens, position in *h_pos; under ParisKV the zone in
-// pkv.h_meta) as its CUDA graph, captured on first use: logits in h_step. Not synchronized.
-cudaError_t gpu_decode_step(GpuState *g, int pkv);
+// pkv.h_meta) as its CUDA graph, captured on first use: logits in h_step, or (sample) the
+// sampled id in h_out. Not synchronized.
+cudaError_t gpu_decode_step(GpuState *g, int pkv, int sample);
 // A prefill chunk of T tokens at pos through the device cache; logits (of every token, or of
 // the last) into h_logits. Not synchronized.
 cudaError_t gpu_enqueue_chunk(GpuState *g, const int *tokens, int T, int pos, int all_logits);
 // gpu_forward under ParisKV: the dense phase as chunks, later positions as decode steps or
-// ParisKV chunks. NULL (err filled) on failure.
-float *pkv_forward(GpuState *g, const int *tokens, int T, int pos, int all_logits, char *err);
+// ParisKV chunks. sample (T = 1 only): the step ends in the sampler (id in h_out). NULL (err
+// filled) on failure.
+float *pkv_forward(GpuState *g, const int *tokens, int T, int pos, int all_logits, int sample, char *err);
 // One ParisKV decode step at pos: the index update it needs, then its graph. Not synchronized.
-cudaError_t pkv_step(GpuState *g, int token, int pos, char *err);
+cudaError_t pkv_step(GpuState *g, int token, int pos, int sample, char *err);
 
 // ---- weights and state (gpu_weights.cu, gpu_create.cu) ----
 

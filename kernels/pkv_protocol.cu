@@ -64,14 +64,14 @@ cudaError_t pkv_index_to(GpuState *g, int zone_end, int pos, char *err) {
 }
 
 // One ParisKV decode step at pos: the index update it needs, then its graph. Logits in h_step.
-cudaError_t pkv_step(GpuState *g, int token, int pos, char *err) {
+cudaError_t pkv_step(GpuState *g, int token, int pos, int sample, char *err) {
     Pkv *p = &g->pkv;
     int zone_end = attn_zone_end(&p->cfg, pos);
     CU_TRY(pkv_index_to(g, zone_end, pos, err));
     *g->h_tokens = token;
     *g->h_pos = pos;
     p->h_meta[0] = zone_end, p->h_meta[1] = zone_end - p->cfg.sink;
-    CU_TRY(gpu_decode_step(g, 1));
+    CU_TRY(gpu_decode_step(g, 1, sample));
     if (pos + 1 > p->ring_hi) p->ring_hi = pos + 1;
     if (p->kv.host && pos >= p->synced) p->synced = pos + 1; // written through
     return cudaSuccess;
@@ -86,7 +86,7 @@ static float *forward_failed(GpuState *g, cudaError_t e, char *err) {
 // The positions [pos, pos + T) under ParisKV: those the protocol attends densely (the prompt, a
 // short sequence) as one chunk through the device cache, every later one as a decode step --
 // alone or inside a chunk, each query selects for itself, as on the CPU.
-float *pkv_forward(GpuState *g, const int *tokens, int T, int pos, int all_logits, char *err) {
+float *pkv_forward(GpuState *g, const int *tokens, int T, int pos, int all_logits, int sample, char *err) {
     Pkv *p = &g->pkv;
     const AttnConfig *cf = &p->cfg;
     err[0] = 0;
@@ -126,7 +126,7 @@ float *pkv_forward(GpuState *g, const int *tokens, int T, int pos, int all_logit
         if (nd == 1 && T == 1) {
             *g->h_tokens = tokens[0];
             *g->h_pos = pos;
-            e = gpu_decode_step(g, 0);
+            e = gpu_decode_step(g, 0, sample);
             if (e == cudaSuccess) e = cudaStreamSynchronize(g->st);
             if (e != cudaSuccess) return forward_failed(g, e, err);
             if (pos + 1 > p->ring_hi) p->ring_hi = pos + 1;
@@ -155,12 +155,12 @@ float *pkv_forward(GpuState *g, const int *tokens, int T, int pos, int all_logit
             continue;
         }
         n = 1;
-        e = pkv_step(g, tokens[t], pos + t, err);
+        e = pkv_step(g, tokens[t], pos + t, sample, err);
         if (e == cudaSuccess) e = cudaStreamSynchronize(g->st);
         if (e == cudaSuccess && p->recall) e = pkv_recall_step(g, pos + t);
         if (e != cudaSuccess) return forward_failed(g, e, err);
         if (all_logits) memcpy(g->h_logits + (size_t)t * V, g->h_step, V * sizeof(float));
-        else if (t == T - 1) memcpy(g->h_logits, g->h_step, V * sizeof(float));
+        else if (t == T - 1 && !sample) memcpy(g->h_logits, g->h_step, V * sizeof(float));
     }
     return g->h_logits;
 }

@@ -11,6 +11,7 @@
 
 struct Model;
 struct AttnConfig;
+struct Sampler;
 struct SessionGpuLayout;
 struct SessionStream;
 
@@ -43,8 +44,10 @@ typedef struct Backend {
     float *(*forward)(void *dev, const int *tokens, int T, int pos, int all_logits, char *err);
     void (*destroy)(void *dev);
     // ./run --bench (see kernels/bench_cuda.cu); 0 on success.
-    // attn: NULL or full for dense attention, or ParisKV (its store, k, ...).
-    int (*bench)(const struct Model *m, const int *ctx_list, int n_ctx, int steps, int real_prefill, int chunk, const struct AttnConfig *attn);
+    // attn: NULL or full for dense attention, or ParisKV (its store, k, ...); smp: the sampling
+    // timed beside greedy.
+    int (*bench)(const struct Model *m, const int *ctx_list, int n_ctx, int steps, int real_prefill, int chunk, const struct AttnConfig *attn,
+                 const struct Sampler *smp);
     int max_chunk; // preferred prefill chunk
     // Whether a prompt of n tokens at position 0 (logits of the last only) must be given to
     // forward in one call instead of chunks (NULL: never): the CUDA pass prefills a prompt longer
@@ -60,6 +63,14 @@ typedef struct Backend {
     // host store's pinned pages): the next forward starts at position 0. Returns the bytes given
     // back. NULL: nothing to give back.
     size_t (*reset)(void *dev);
+    // Sampling inside the decode step, so only the chosen id comes back (NULL: the caller samples
+    // the logits forward returns). sample_config fixes the settings (temperature, filters,
+    // penalties of model/sampler.h's Sampler) for the steps after it; decode_sample runs the step
+    // for token at pos and picks the next id on the device by sampler_pick's definition, from the
+    // uniform u and the penalty list (sampler_penalty_list's n_pen ids and counts). The id, or
+    // -1 with err filled (a non-finite logit says so as model_forward does).
+    int (*sample_config)(void *dev, const struct Sampler *s, char *err);
+    int (*decode_sample)(void *dev, int token, int pos, float u, const int *pen_ids, const int *pen_counts, int n_pen, char *err);
 } Backend;
 
 extern const Backend backend_cpu;

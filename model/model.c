@@ -10,6 +10,7 @@
 #include <sys/sysinfo.h>
 #include "errmsg.h"
 #include "quant.h"
+#include "sampler.h"
 #include "../attention/recall.h"
 
 #define fail(err, ...) err_fail(err, MODEL_ERR_LEN, __VA_ARGS__)
@@ -207,6 +208,7 @@ void run_state_free(RunState *s) {
     free(s->att_scratch);
     free(s->key_cache);
     free(s->value_cache);
+    free(s->pen);
     memset(s, 0, sizeof *s);
 }
 
@@ -304,4 +306,28 @@ float *model_forward(const Model *m, RunState *s, const int *tokens, int T, int 
             return NULL;
         }
     return logits;
+}
+
+int model_decode_sample(const Model *m, RunState *s, Sampler *smp, int token, int pos, const int *hist, int n_hist, char *err) {
+    const Backend *be = s->be;
+    if (s->dev && be->decode_sample) {
+        if (s->sampling != smp) { // its settings go into the device's step once
+            if (be->sample_config(s->dev, smp, err) != 0) return -1;
+            s->sampling = smp;
+        }
+        int n_pen = 0;
+        if (smp->count) {
+            if (!s->pen && !(s->pen = malloc(2 * (size_t)smp->n_valid * sizeof(int)))) {
+                fail(err, "out of memory");
+                return -1;
+            }
+            n_pen = sampler_penalty_list(smp, hist, n_hist, s->pen, s->pen + smp->n_valid);
+        }
+        float u = smp->temperature > 0.0f ? sampler_uniform(smp) : 0.0f;
+        return be->decode_sample(s->dev, token, pos, u, s->pen, s->pen ? s->pen + smp->n_valid : NULL, n_pen, err);
+    }
+    float *logits = model_forward(m, s, &token, 1, pos, 0, err);
+    if (!logits) return -1;
+    sampler_penalize(smp, logits, hist, n_hist);
+    return sampler_sample(smp, logits);
 }

@@ -56,6 +56,8 @@ typedef struct {
     ThreadTuner *threads; // NULL: OpenMP's thread count as set; else [0] decode steps, [1] chunks (not owned)
     void *dev;          // a whole-pass backend's state (GPU); the buffers above are then unused
     const Backend *be;
+    const struct Sampler *sampling; // the sampler a device samples for (model_decode_sample), or NULL
+    int *pen;           // (2 n_valid) that sampler's penalty list: ids, then counts
 } RunState;
 
 int model_load(Model *m, const char *path, char *err);
@@ -77,6 +79,13 @@ void run_state_free(RunState *s);
 // Returns the logits (host memory) of every token (T, vocab) when all_logits, else of the last
 // token only. NULL only from a device backend's failure, with err filled.
 float *model_forward(const Model *m, RunState *s, const int *tokens, int T, int pos, int all_logits, char *err);
+// One decode step for token at pos and the next token sampled from its logits by smp, given
+// the context hist[0..n_hist) for the penalties (token at n_hist - 1): on a backend that samples
+// inside its step only the id comes back; otherwise model_forward, then sampler_penalize and
+// sampler_sample on the CPU. Either draws the same uniforms from smp's stream. The id, or -1
+// with err filled.
+struct Sampler;
+int model_decode_sample(const Model *m, RunState *s, struct Sampler *smp, int token, int pos, const int *hist, int n_hist, char *err);
 
 // Fills a synthetic model (no file, random weights on the device) with a named real shape:
 // llama3.1-8b, qwen3-8b, qwen3-0.6b. Returns 0, or -1 for an unknown name.

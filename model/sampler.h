@@ -19,7 +19,7 @@
 
 #include <stdint.h>
 
-typedef struct {
+typedef struct Sampler {
     int n_valid;       // ids >= n_valid (vocabulary padding) are never sampled
     float temperature; // 0: greedy
     int top_k;         // 0: off
