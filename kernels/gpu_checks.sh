@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the repo root, with binaries from kernels/prepare_device.sh in .dev/:
 # kernel tests against the CPU reference, whole-model GPU vs CPU, and the decode benchmark.
-# Usage: kernels/gpu_checks.sh [kernels|models|smollm2|quant|quantbench|pkvrand|pkvchat|pkvsmol|pkvfp8|pkvlayer|pkvchunk|pkvdrift|session|sessbench|pkvsan|pkvlong|pkvbench|bench|prefill|peer|hfcheck|all]...
+# Usage: kernels/gpu_checks.sh [kernels|models|smollm2|sampling|quant|quantbench|pkvrand|pkvchat|pkvsmol|pkvfp8|pkvlayer|pkvchunk|pkvdrift|session|sessbench|pkvsan|pkvlong|pkvbench|bench|prefill|peer|hfcheck|all]...
 # Exits non-zero when any check fails: every command's status counts (pipefail: a `cmd | tee`
 # fails when cmd does), and a GPU/CPU mismatch is a failure, not a note.
 set -uo pipefail
@@ -25,7 +25,7 @@ PY
 STEPS=("${@:-all}")
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 if want kernels; then
-    for t in $D/test_kernels $D/test_pkv_attend $D/test_pariskv_gpu; do echo "=== $t"; $t 2>&1 | tee "$OUT/$(basename $t).log" || status=1; done
+    for t in $D/test_kernels $D/test_pkv_attend $D/test_pariskv_gpu $D/test_sample; do echo "=== $t"; $t 2>&1 | tee "$OUT/$(basename $t).log" || status=1; done
 fi
 if want models; then
     for d in tiny-llama31 tiny-qwen3 tiny-llama-fp16; do
@@ -446,6 +446,25 @@ if want pkvbench; then
         done
         echo "=== pariskv bench $m k 100 GPU store"
         timeout 200 $D/run --bench --synthetic $m --attn pariskv --kv-store gpu --bench-ctx 32768,131072 2>&1 | tee -a "$OUT/pkvbench-$m.txt" || status=1
+    done
+fi
+if want sampling; then
+    # The sampler inside the decode step (kernels/sample.cu): the GPU's ids against the CPU's
+    # sampler_pick and its draws against the exact distribution (test_sample); then the TPOT a
+    # user gets, greedy beside the model's own sampling settings (temperature 0.8, top-p 0.95 for
+    # a synthetic model), by --bench at 8K and by the stats line of an 8,192-id prompt and 600
+    # tokens, on both 8B shapes (vocabularies 128,256 and 151,936).
+    echo "=== $D/test_sample"
+    $D/test_sample 2>&1 | tee "$OUT/test_sample.log" || status=1
+    for m in llama3.1-8b qwen3-8b; do
+        timeout 200 $D/run --bench --synthetic $m --bench-ctx 8192 --bench-steps 128 2>&1 | tee "$OUT/samplebench-$m.txt" || status=1
+    done
+    python3 -c "import random; random.seed(5); print(' '.join(str(random.randrange(128000)) for _ in range(8192)))" > /tmp/ids8192.txt
+    for m in llama3.1-8b qwen3-8b; do
+        for t in "--temp 0" "--temp 0.8" "--temp 0.8 --top-k 40" "--temp 0.8 --min-p 0.05"; do
+            timeout 200 $D/run --synthetic $m --ids -f /tmp/ids8192.txt -n 600 --ctx 9000 $t 2>&1 >/dev/null | grep TPOT |
+                sed "s/^/$m $t: /" | tee -a "$OUT/sampling-tpot.txt" || status=1
+        done
     done
 fi
 if want bench; then
