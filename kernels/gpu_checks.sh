@@ -7,7 +7,8 @@
 set -uo pipefail
 export LD_LIBRARY_PATH=$PWD/.dev/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
 D=.dev
-[ -x $D/run ] || { [ -f .devz/dev.tar.xz ] && mkdir -p $D && tar xJf .devz/dev.tar.xz -C $D; } || { echo "FAIL no binaries: carry .devz (kernels/prepare_device.sh)"; exit 1; }
+. kernels/unpack_dev.sh
+unpack_dev || exit 1   # the carried build, afresh when .dev holds another; says which runs
 OUT=${OUT:-/tmp/gpu-out}
 mkdir -p "$OUT"
 status=0

@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Here (no GPU): build x86-64-v3 binaries for the GPU machine into .dev/ with the shared
 # libraries it lacks, so a device call needs no compiler or packages there; carry .devz
-# (`carry: [".devz"]`), which gpu_checks.sh unpacks.
+# (`carry: [".devz"]`), which gpu_checks.sh unpacks (kernels/unpack_dev.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 make -j2 BUILD=build-dev OPT="-O3 -march=x86-64-v3" run export build-dev/kernels/test_kernels $(ls kernels/test_*.cu | sed 's#kernels/\(.*\)\.cu#build-dev/kernels/\1#')
 rm -rf .dev && mkdir -p .dev/lib
+# Which build this is, for unpack_dev to print on the GPU machine: the commit, whether the tree
+# had changes, when.
+echo "$(git describe --always --dirty 2>/dev/null || echo no-git) built $(date -u +%Y-%m-%dT%H:%M:%SZ)" > .dev/BUILD
 # Stripped: with -lineinfo each binary is ~26 MB, stripped ~10x less (the carry limit is 64 MiB).
 strip -o .dev/run run && strip -o .dev/export export
 for t in kernels/test_*.cu; do strip -o ".dev/$(basename "$t" .cu)" "build-dev/kernels/$(basename "$t" .cu)"; done
@@ -15,6 +18,6 @@ done
 touch -d '2000-01-01' run export   # the next plain `make` relinks the native build
 # What a device call carries (the working tree may travel 64 MiB at most): .devz, compressed;
 # gpu_checks.sh unpacks it into .dev there.
-mkdir -p .devz && (cd .dev && tar cf - run export test_* lib | xz -6 -T2 > ../.devz/dev.tar.xz)
+mkdir -p .devz && (cd .dev && tar cf - BUILD run export test_* lib | xz -6 -T2 > ../.devz/dev.tar.xz)
 grep -qs '^/.devz/' .git/info/exclude || echo '/.devz/' >> .git/info/exclude
 ls -la .dev .dev/lib

@@ -125,3 +125,46 @@ void guard_install(int interrupts) {
     sigaction(SIGTERM, &sa, NULL);
     sigaction(SIGHUP, &sa, NULL);
 }
+
+// ---- one guarded write (guard_output_begin / guard_output_end) ----
+
+static const int cut_sigs[3] = {SIGINT, SIGTERM, SIGHUP};
+static struct sigaction cut_old[3];
+static volatile sig_atomic_t cut_armed[3], cut_came;
+
+static void on_cut(int sig) {
+    int i = sig == SIGINT ? 0 : sig == SIGTERM ? 1 : 2;
+    Msg m = {.n = 0};
+    put(&m, "error: interrupted");
+    remove_output(&m);
+    cut_came = 1;
+    // The signal again, to what was there before: the program's handler (Ctrl-C's), which
+    // then runs once this returns, or the default end, explained first.
+    sigaction(sig, &cut_old[i], NULL);
+    cut_armed[i] = 0;
+    if (cut_old[i].sa_handler == SIG_DFL && m.n > sizeof "error: interrupted" - 1) emit(&m);
+    raise(sig);
+}
+
+void guard_output_begin(const char *path) {
+    cut_came = 0;
+    guard_output(path);
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sigemptyset(&sa.sa_mask);
+    for (int i = 0; i < 3; i++) sigaddset(&sa.sa_mask, cut_sigs[i]); // one at a time
+    sa.sa_handler = on_cut;
+    for (int i = 0; i < 3; i++) {
+        cut_armed[i] = 0;
+        if (sigaction(cut_sigs[i], NULL, &cut_old[i]) != 0 || cut_old[i].sa_handler == SIG_IGN) continue; // nohup's SIGHUP stays ignored
+        cut_armed[i] = 1;
+        sigaction(cut_sigs[i], &sa, NULL);
+    }
+}
+
+int guard_output_end(void) {
+    for (int i = 0; i < 3; i++)
+        if (cut_armed[i]) sigaction(cut_sigs[i], &cut_old[i], NULL), cut_armed[i] = 0;
+    guard_output(NULL);
+    return cut_came != 0;
+}

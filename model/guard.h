@@ -16,4 +16,12 @@ void guard_unmap(const void *addr);
 void guard_output(const char *path); // the file being written (copied); NULL when there is none
 void guard_install(int interrupts);
 
+// Around one write that a signal may cut short (a session, in a program that did not ask for
+// guard_install(1)): SIGINT, SIGTERM and SIGHUP, unless ignored, remove path (copied) and then
+// take the course they had before (the program's handler, or the default end, which a line on
+// stderr then explains). guard_output_end restores the handlers and returns 1 when a signal came
+// (path is gone then), else 0.
+void guard_output_begin(const char *path);
+int guard_output_end(void);
+
 #endif

@@ -216,7 +216,7 @@ void run_state_free(RunState *s) {
 // per KV head, Recall@k of what the policy selected for the query at pos.
 static void recall_step(const Model *m, RunState *s, int l, int pos, const float *k_cache) {
     const AttnConfig *a = attn_policy_config(s->attn);
-    if (!a || a->method != ATTN_PARISKV || attn_is_dense(a, pos)) return;
+    if (!a || a->method == ATTN_FULL || attn_is_dense(a, pos)) return; // any selector: ParisKV, and the peers as known answers
     const Config *c = &m->c;
     int hd = (int)c->head_dim, G = (int)(c->n_heads / c->n_kv_heads), kv_dim = (int)c->n_kv_heads * hd, S = a->sink;
     int nz = attn_zone_end(a, pos) - S;

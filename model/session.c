@@ -3,6 +3,8 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,6 +12,8 @@
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
+
+#include "guard.h"
 
 static int fail(char *err, const char *fmt, ...) {
     va_list ap;
@@ -128,8 +132,15 @@ int session_check_disk(const char *path, uint64_t bytes, char *err) {
     struct statvfs vfs;
     if (statvfs(dir, &vfs) != 0) return fail(err, "cannot write a session in '%.256s': %s", dir, strerror(errno));
     uint64_t avail = (uint64_t)vfs.f_bavail * vfs.f_frsize;
-    if (avail < bytes)
-        return fail(err, "the session '%.256s' needs %.1f MiB of disk, but %.1f MiB is free there", path, bytes / 1048576.0, avail / 1048576.0);
+    // The new file is written beside the old one, which stays whole until the rename: both at once.
+    struct stat old;
+    uint64_t kept = stat(path, &old) == 0 && S_ISREG(old.st_mode) ? (uint64_t)old.st_blocks * 512 : 0;
+    if (avail < bytes) {
+        char beside[128] = "";
+        if (kept) snprintf(beside, sizeof beside, " beside the %.1f MiB of the one it replaces (kept until the new one is whole)", kept / 1048576.0);
+        return fail(err, "the session '%.256s' needs %.1f MiB of disk%s, but %.1f MiB is free there", path, bytes / 1048576.0, beside,
+                    avail / 1048576.0);
+    }
     return 0;
 }
 
@@ -235,6 +246,28 @@ static uint64_t cpu_kv_sum(const Config *c, const RunState *s, int n) {
     return kv;
 }
 
+// PKV_SESSION_TEST_PAUSE=STAGE (tests only): at that stage of a save, a line on stderr and a
+// SIGSTOP, so a test can kill the saver exactly there (tests/test_session.py, test_session_kill.c).
+static void test_pause(const char *stage) {
+    const char *want = getenv("PKV_SESSION_TEST_PAUSE");
+    if (!want || strcmp(want, stage) != 0) return;
+    fprintf(stderr, "session: test pause at '%s'\n", stage);
+    raise(SIGSTOP);
+}
+
+// Makes a rename in path's directory last: fsync of the directory.
+static int fsync_dir(const char *path) {
+    char dir[4096];
+    const char *slash = strrchr(path, '/');
+    snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - path) + 1 : 1, slash ? path : ".");
+    int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0) return -1;
+    int r = fsync(dfd), e = errno;
+    close(dfd);
+    errno = e;
+    return r;
+}
+
 int session_save(const char *path, const Model *m, const RunState *s, const AttnConfig *a, const int *tokens, int n, const SessionExtra *x,
                  char *err) {
     const Config *c = &m->c;
@@ -267,12 +300,32 @@ int session_save(const char *path, const Model *m, const RunState *s, const Attn
         free(zeros_logits);
         return -1;
     }
+    // A temporary file of its own beside path (mkostemp: two saves to one path never share one,
+    // and no unrelated file is truncated), removed if a signal ends the save.
     char tmp[4200];
     int fd = -1;
-    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp || (fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)) < 0) {
+    if (strlen(path) > 4000) {
         free(zeros_logits);
-        return fail(err, "cannot create '%.256s': %s", tmp, strlen(path) > 4000 ? "path too long" : strerror(errno));
+        return fail(err, "cannot write '%.256s': path too long", path);
     }
+    snprintf(tmp, sizeof tmp, "%s.tmp.XXXXXX", path);
+    sigset_t stop3, before;
+    sigemptyset(&stop3), sigaddset(&stop3, SIGINT), sigaddset(&stop3, SIGTERM), sigaddset(&stop3, SIGHUP);
+    pthread_sigmask(SIG_BLOCK, &stop3, &before); // no signal between the file's creation and its guard
+    guard_output_begin(NULL);
+    fd = mkostemp(tmp, O_CLOEXEC);
+    int mk_errno = errno;
+    if (fd >= 0) guard_output(tmp);
+    pthread_sigmask(SIG_SETMASK, &before, NULL);
+    if (fd < 0) {
+        guard_output_end();
+        free(zeros_logits);
+        return fail(err, "cannot create a file beside '%.256s': %s", path, strerror(mk_errno));
+    }
+    mode_t mask = umask(0); // mkostemp makes 0600; a session gets open()'s usual 0644 under the umask
+    umask(mask);
+    (void)fchmod(fd, 0644 & ~mask); // left 0600 if it fails: still a session
+    test_pause("created");
     // The sections at their offsets (the gaps stay zeros), the K/V, then the header with its sums.
     int bad = pio_all(fd, 1, (void *)tokens, (size_t)n * sizeof(int32_t), h.tokens_offset) ||
               pio_all(fd, 1, (void *)logits, vbytes, h.logits_offset) ||
@@ -281,6 +334,7 @@ int session_save(const char *path, const Model *m, const RunState *s, const Attn
     SessionStream st;
     stream_init(&st, fd, 1, h.kv_offset);
     char why[SESSION_ERR_LEN] = "";
+    test_pause("partial");
     if (!bad && s->dev) {
         AttnConfig ac = *a;
         ac.prefill_len = x->prefill_len;
@@ -300,15 +354,28 @@ int session_save(const char *path, const Model *m, const RunState *s, const Attn
     }
     if (!why[0] && st.err[0]) snprintf(why, sizeof why, "%s", st.err);
     h.header_sum = header_sum(&h);
-    if (!bad) bad = pio_all(fd, 1, &h, sizeof h, 0) || ftruncate(fd, (off_t)h.file_size) != 0;
+    // The data on the disk before the name points at it, and the name on the disk before we say
+    // saved: after a power loss path holds the old session or the new one, whole (SQLite, git).
+    if (!bad) bad = pio_all(fd, 1, &h, sizeof h, 0) || ftruncate(fd, (off_t)h.file_size) != 0 || fsync(fd) != 0;
     int e = errno;
     if (close(fd) != 0 && !bad) bad = 1, e = errno;
-    if (bad || rename(tmp, path) != 0) {
-        if (!bad) e = errno;
-        remove(tmp);
+    if (!bad) test_pause("written");
+    // A signal that came before the rename removed tmp, so the rename fails (ENOENT); one after
+    // it finds no tmp to remove: either way path holds a whole session, the old one or the new.
+    int renamed = !bad && rename(tmp, path) == 0;
+    if (!bad && !renamed) bad = 1, e = errno;
+    if (renamed) guard_output(NULL), test_pause("renamed");
+    int cut = guard_output_end();
+    if (!renamed) {
+        unlink(tmp); // (gone already after a signal)
+        if (cut) return fail(err, "interrupted: '%.256s' not written (the partial file removed)", path);
         if (why[0]) return fail(err, "cannot write '%.256s': %.300s", path, why);
         return fail(err, "cannot write '%.256s' (%.2f GiB): %s", path, h.file_size / 1073741824.0, strerror(e));
     }
+    // A file system without directory fsync (EINVAL) keeps its own order; any other failure may
+    // lose the new name at a power loss.
+    if (fsync_dir(path) != 0 && errno != EINVAL && errno != ENOTSUP)
+        return fail(err, "wrote '%.256s', but the directory's fsync failed, so a power loss may undo it: %s", path, strerror(errno));
     return 0;
 }
 

@@ -4,9 +4,13 @@ model and prompts past ParisKV's dense threshold (2,000 tokens), so the policy i
 restore: a restored run continues exactly as the run that saved it (ParisKV, fp8 zone, full
 attention), and a chat saved with /save answers its next message after --chat --load-session as
 the chat that went on did; text after a session is more prompt, as if it had been there all along; a damaged,
-truncated, foreign or mismatched file is refused with one error line (exit 1)."""
+truncated, foreign or mismatched file is refused with one error line (exit 1); a save killed at any
+point (SIGKILL before, during, after the rename) leaves the previous session or the new one, whole,
+and a save stopped by SIGTERM or Ctrl-C removes its partial file."""
+import glob
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -42,6 +46,73 @@ def refused(name, p, want):
 
 def ids(n, seed):
     return " ".join(str((i * 7919 + seed) % 97 + 3) for i in range(n))
+
+
+def killed_saves(qwen, tmp):
+    """A save paused (PKV_SESSION_TEST_PAUSE, model/session.c) at each stage, then killed: the event
+    is the saver's own line saying it stopped there, not a sleep."""
+    sess = os.path.join(tmp, "k.bin")
+    opts = ["--ids", "--temp", "0", "--ignore-eos", "--attn", "full", "-n", "8"]
+    files, out = {}, {}
+    for name, seed in (("old", 1), ("new", 2)):  # two sessions of other tokens: other bytes
+        open(os.path.join(tmp, name + ".txt"), "w").write(ids(300, seed))
+        p = run(qwen, "-f", os.path.join(tmp, name + ".txt"), "--save-session", sess, *opts)
+        files[name], out[name] = open(sess, "rb").read(), p.stdout
+        check(f"kill test set-up: the {name} session", p.returncode == 0 and len(p.stdout.split()) == 8,
+              "" if p.returncode == 0 else p.stderr.decode(errors="replace")[-200:])
+    if files["old"] == files["new"]:
+        check("kill test set-up: two sessions differ", False)
+        return
+
+    def paused_save(stage):
+        with open(sess, "wb") as f:
+            f.write(files["old"])
+        p = subprocess.Popen([RUN, qwen, "-f", os.path.join(tmp, "new.txt"), "--save-session", sess, *opts], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, env={**os.environ, "PKV_SESSION_TEST_PAUSE": stage})
+        err = b""
+        while True:
+            line = p.stderr.readline()
+            err += line
+            if not line:
+                return p, err, False
+            if f"test pause at '{stage}'".encode() in line:  # then wait for the stop itself (the line comes first)
+                _, st = os.waitpid(p.pid, os.WUNTRACED)
+                return p, err, os.WIFSTOPPED(st)
+
+    def finish(p, err):
+        o, e = p.communicate(timeout=60)
+        return o, err + e
+
+    def leftovers():
+        return sorted(os.path.basename(f) for f in glob.glob(sess + ".tmp.*"))
+
+    for stage, want in (("created", "old"), ("partial", "old"), ("written", "old"), ("renamed", "new")):
+        p, err, paused = paused_save(stage)
+        os.kill(p.pid, signal.SIGKILL)
+        finish(p, err)
+        now = open(sess, "rb").read()
+        left = leftovers()
+        # SIGKILL cannot be cleaned up after: its temporary file (a name of its own) stays.
+        for f in left:
+            os.remove(os.path.join(tmp, f))
+        r = run(qwen, "--load-session", sess, *opts)
+        check(f"SIGKILL at '{stage}': the {want} session, byte for byte, and it resumes as its saving run did",
+              paused and p.returncode == -signal.SIGKILL and now == files[want] and r.returncode == 0 and r.stdout == out[want]
+              and len(left) == (0 if want == "new" else 1),
+              f"paused {paused}, exit {p.returncode}, old/new/neither {'old' if now == files['old'] else 'new' if now == files['new'] else 'neither'}, "
+              f"left {left}, load exit {r.returncode}")
+    # SIGTERM (the default end) and Ctrl-C (run's handler: the save fails, then the interrupt) in
+    # the middle of the K/V: the partial file removed, the old session untouched.
+    for sig, code, msg in ((signal.SIGTERM, -signal.SIGTERM, "removed the partial"), (signal.SIGINT, 1, "interrupted")):
+        p, err, paused = paused_save("partial")
+        os.kill(p.pid, sig)
+        os.kill(p.pid, signal.SIGCONT)
+        o, e = finish(p, err)
+        e = e.decode(errors="replace")
+        now, left = open(sess, "rb").read(), leftovers()
+        check(f"{signal.Signals(sig).name} during the save: the partial file removed, the old session kept",
+              paused and p.returncode == code and msg in e and now == files["old"] and not left,
+              f"paused {paused}, exit {p.returncode}, old kept {now == files['old']}, left {left}, {e.strip().splitlines()[-1:]}")
 
 
 def main():
@@ -118,6 +189,7 @@ def main():
         refused("--system with a chat session", chat(qwen, b"hi\n", "--load-session", chat_sess, "--attn", "full", "--system", "x"), "brings its own conversation")
         refused("--save-session with --chat", run(qwen, "--chat", "--save-session", sess), "in a chat, /save FILE")
         refused("one file for both", run(qwen, "-f", prompt, "--load-session", sess, "--save-session", sess, *common), "name the same file")
+        killed_saves(qwen, tmp)
         refused("an unwritable session path", run(qwen, "-f", prompt, "-n", "2", "--save-session", os.path.join(tmp, "no", "s.bin"), *common),
                 "cannot write a session in")
     finally:

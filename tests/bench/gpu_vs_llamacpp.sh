@@ -32,6 +32,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
+. kernels/unpack_dev.sh   # unpack_dev
 VER=${LC_VER:-0.3.36}
 P=$ROOT/.peerz
 R=${PEER_OUT:-${OUT:-/tmp/peer}}
@@ -81,7 +82,7 @@ bench_format() {
     local fmt=$1 ctxs=$2 d=/tmp/peer-models g m c lb=$B/bin/llama-bench
     export LD_LIBRARY_PATH=$ROOT/.dev/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
     [ -x "$lb" ] || { echo "no llama-bench: run 'build' first (same warm machine)"; exit 1; }
-    [ -x .dev/run ] || { mkdir -p .dev && tar xJf .devz/dev.tar.xz -C .dev; }
+    unpack_dev || exit 1   # kernels/unpack_dev.sh: the carried build, afresh when .dev holds another
     mkdir -p $d && rm -f $d/*
     g=$d/$fmt.gguf m=$d/$fmt.bin
     local t0=$SECONDS
@@ -146,7 +147,7 @@ quantcheck() {
     local S=$1 q=/tmp/peer-quant lb=$L/cpu/bin CTX=512 CHUNKS=5 status=0
     [ -f "$S" ] || { echo "no $S"; exit 1; }
     export LD_LIBRARY_PATH=$ROOT/.dev/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
-    [ -x .dev/run ] || { mkdir -p .dev && tar xJf .devz/dev.tar.xz -C .dev; }
+    unpack_dev || exit 1   # kernels/unpack_dev.sh: the carried build, afresh when .dev holds another
     mkdir -p "$L" $q
     [ -d "$L/llama.cpp" ] || tar -xJf "$P/llama.tar.xz" -C "$L"
     if ! [ -x $lb/llama-perplexity ]; then
