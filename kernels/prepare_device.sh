@@ -9,7 +9,8 @@ rm -rf .dev && mkdir -p .dev/lib
 # Which build this is, for unpack_dev to print on the GPU machine: the commit, whether the tree
 # had changes, when.
 echo "$(git describe --always --dirty 2>/dev/null || echo no-git) built $(date -u +%Y-%m-%dT%H:%M:%SZ)" > .dev/BUILD
-# Stripped: with -lineinfo each binary is ~26 MB, stripped ~10x less (the carry limit is 64 MiB).
+# Stripped of host symbols (the device code, most of each binary's ~26 MB, stays; xz packs a
+# binary into ~5 MB: the carry limit is 64 MiB).
 strip -o .dev/run run && strip -o .dev/export export
 for t in kernels/test_*.cu; do strip -o ".dev/$(basename "$t" .cu)" "build-dev/kernels/$(basename "$t" .cu)"; done
 for l in libutf8proc.so.2 libcjson.so.1 libgomp.so.1 libsentencepiece.so.0 libstdc++.so.6 libopenblas.so.0 libgfortran.so.5 libquadmath.so.0; do
