@@ -288,7 +288,7 @@ static AttnPolicy *make_attn(const Options *o, const Model *m, const RunState *s
         return NULL;
     }
     char err[ATTN_ERR_LEN];
-    AttnPolicy *p = attn_policy_create(&c, (int)m->c.n_layers, (int)m->c.n_heads, (int)m->c.n_kv_heads, (int)m->c.head_dim, s->ctx, err);
+    AttnPolicy *p = attn_policy_create(&c, &pool_parallel, (int)m->c.n_layers, (int)m->c.n_heads, (int)m->c.n_kv_heads, (int)m->c.head_dim, s->ctx, err);
     if (!p) die("%s", err);
     return p;
 }
@@ -1300,7 +1300,7 @@ int main(int argc, char **argv) {
     // affinity mask, the count then tuned by measuring (model/threads.h).
     const char *omp_env = getenv("OMP_NUM_THREADS");
     if (!o.threads && omp_env && *omp_env) o.threads = (int)parse_long(omp_env, "OMP_NUM_THREADS", 1, POOL_MAX_THREADS);
-    pool_set_max_threads(o.threads ? o.threads : threads_available());
+    pool_set_max_threads(o.threads ? o.threads : pool_cpus_available());
 
     Model m;
     char err[MODEL_ERR_LEN];
