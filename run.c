@@ -1,7 +1,11 @@
-// ./run: the command line. Modes: generate (default), --chat, --render-chat, --score, --tokenize.
+// ./run: the command line. main parses the options (model/options.h, one table) and hands the
+// run to its mode: generate (the default), --chat, --render-chat, --score, --tokenize, --bench,
+// --synthetic. Each mode reads the Options, makes the run's state and prints; errors are one line
+// on stderr and exit status 1 (die).
 #include "model/errmsg.h"
 #include "model/guard.h"
 #include "model/model.h"
+#include "model/options.h"
 #include "model/pool.h"
 #include "model/session.h"
 #include "model/sampler.h"
@@ -21,126 +25,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#define SCORE_CHUNK_GPU 256 // score keeps logits for a whole chunk: (chunk, vocab) floats
-
-typedef struct {
-    const char *model_path;
-    const char *prompt;       // -p
-    const char *prompt_file;  // -f
-    const char *score_file;   // --score
-    int score_prompt;         // --score-prompt: its first N tokens are a prompt (attended densely)
-    const char *save_session; // --save-session FILE: after the prompt
-    const char *load_session; // --load-session FILE: resume from it instead of prefilling
-    int tokenize;             // --tokenize
-    int ids;                  // --ids: prompts and outputs are token ids
-    int steps;                // -n
-    int ctx;                  // --ctx (0: fit the run)
-    int ignore_eos;
-    float temperature, top_p, min_p;
-    int top_k;
-    int sampling_set;         // any sampling flag given: generation_config.json defaults are off
-    unsigned long long seed;
-    int seed_set;             // --seed given (else the time, printed on the stats line)
-    float repeat_penalty, presence_penalty, frequency_penalty; // 1, 0, 0: off
-    int repeat_last_n;        // the penalties' window (-1: the whole context)
-    const char *stops[16];    // --stop STR: generation ends before the first occurrence
-    int n_stops;
-    const char *device;       // --device cpu|gpu|auto
-    int threads;              // --threads N, or OMP_NUM_THREADS (0: tuned, at most the CPUs we may use)
-    int bench;                // --bench
-    const char *synthetic;    // --synthetic NAME
-    const char *quant;        // --quant q8_0|q4_k|q4_0: a synthetic model's matrices
-    const char *bench_ctx;    // --bench-ctx 4096,32768
-    int bench_steps;
-    int bench_prefill;
-    AttnConfig attn;          // --attn --topk --sink --local --update
-    int attn_set;             // --attn given
-    int steps_set;            // -n given (a chat reply otherwise runs to its end)
-    int chat;                 // --chat
-    const char *system;       // --system
-    const char *date;         // --date: Llama 3.1's "Today Date"
-    int think;                // --think 1, --no-think 0, else -1 (the template's default)
-    const char *render_chat;  // --render-chat FILE
-} Options;
-
-static void usage(FILE *f) {
-    fprintf(f,
-            "usage: ./run model.bin [options]\n"
-            "generate (default):\n"
-            "  -p TEXT          prompt\n"
-            "  -f FILE          prompt from a file (long prompts)\n"
-            "  -n N             tokens to generate (default 256)\n"
-            "  --ids            the prompt is whitespace-separated token ids (no BOS added) and the\n"
-            "                   output is the generated ids\n"
-            "  --ignore-eos     keep generating past an end-of-sequence token\n"
-            "sampling (defaults: the model's generation_config.json, else temperature 0.8, top-p 0.95):\n"
-            "  --temp T         temperature; 0 is greedy\n"
-            "  --top-k K        keep the K most likely tokens (0: off)\n"
-            "  --top-p P        nucleus sampling (1: off)\n"
-            "  --min-p P        drop tokens below P x the top probability (0: off)\n"
-            "  --seed S         random seed (default: the time, printed on the stats line)\n"
-            "  --repeat-penalty R     divide a seen token's positive logit by R, multiply a negative\n"
-            "                   one (CTRL, as transformers; 1: off)\n"
-            "  --presence-penalty P   subtract P from the logit of every seen token (0: off)\n"
-            "  --frequency-penalty F  subtract F x the times a token was seen (0: off)\n"
-            "  --repeat-last-n N      the penalties look at the last N tokens, prompt included\n"
-            "                   (default 64; -1: the whole context)\n"
-            "  --stop STR       end the generation before STR (not printed); repeatable, up to 16\n"
-            "chat:\n"
-            "  --chat           interactive chat (multi-turn, streaming); -p or -f gives the first user\n"
-            "                   message; one message per line when stdin is not a terminal; /reset\n"
-            "                   clears the conversation, /exit quits, Ctrl-C stops a reply; -n caps a\n"
-            "                   reply; the KV cache holds --ctx positions (default 4096)\n"
-            "  --system TEXT    the system message\n"
-            "  --think, --no-think   Qwen3: thinking on (the template's default) or off\n"
-            "  --date TEXT      Llama 3.1: the system header's 'Today Date' (default: the template's)\n"
-            "  --render-chat FILE.json   print the token ids of the conversation in FILE (a JSON list\n"
-            "                   of {\"role\", \"content\"}) rendered by the model's chat template, with\n"
-            "                   the generation prompt\n"
-            "sessions:\n"
-            "  --save-session F after the prompt, write its tokens and K/V to F (versioned, checksummed)\n"
-            "  --load-session F resume from F instead of prefilling its tokens (same model, same --attn\n"
-            "                   settings); -p / -f text, if given, follows them as more prompt\n"
-            "scoring and tokens:\n"
-            "  --score FILE     teacher-forced scoring of FILE's text (no BOS), or of its ids with\n"
-            "                   --ids: one line 'i next_id nll top1' per position (top1: the most\n"
-            "                   likely next id), then 'mean_nll X ppl Y'\n"
-            "  --score-prompt N its first N tokens are a prompt, attended densely as -p's would be\n"
-            "                   (then the attention policy from N on, as for a generation; default 0)\n"
-            "  --tokenize -f FILE   print the token ids of FILE's text (no BOS)\n"
-            "memory and device:\n"
-            "  --ctx N          KV cache positions (default: what the run needs, at most the model's)\n"
-            "  --device D       cpu, gpu or auto (default: the GPU when there is one)\n"
-            "  --threads N      CPU threads (default: the CPUs this process may use, fewer while that\n"
-            "                   measures faster, e.g. beside another busy process; OMP_NUM_THREADS\n"
-            "                   fixes the count as --threads does)\n"
-            "benchmark (GPU):\n"
-            "  --bench          time decode steps at each context and print TPOT beside the bandwidth floor\n"
-            "  --synthetic NAME random weights of a real shape instead of a model file:\n"
-            "                   llama3.1-8b, qwen3-8b, qwen3-0.6b; also without --bench, on the GPU, to\n"
-            "                   generate from a prompt of ids (--ids -f FILE -n N) or --score ids (--ids)\n"
-            "  --quant q8_0|q4_k|q4_0 a --synthetic model's matrices as Q8_0, Q4_K or Q4_0 blocks (head Q8_0)\n"
-            "  --bench-ctx LIST contexts to fill, e.g. 4096,32768,131072 (default 4096,32768,131072)\n"
-            "  --bench-steps N  timed decode steps per context (default 64, at least 64)\n"
-            "  --bench-prefill  fill by a real prefill of random tokens (timed) instead of random K/V\n"
-            "  --bench --attn pariskv  the ParisKV step (zone of random K/V, --kv-store, --topk), its\n"
-            "                   index update and its floor\n"
-            "attention (dense while the sequence is shorter than max(2000, sink + local + 2 topk)):\n"
-            "  --attn A         pariskv (default), full, or a peer (CPU only): streaming, quest, fier, kmeans, oracle\n"
-            "  --topk K         retrieval-zone keys attended per step and KV head (default 100)\n"
-            "  --sink S         first tokens, always attended (default 4)\n"
-            "  --local L        most recent tokens, always attended (default 256)\n"
-            "  --update U       update buffer: after U decode steps the oldest U recent tokens join\n"
-            "                   the retrieval zone (default 512)\n"
-            "  --kv-store S     GPU, pariskv: the retrieval zone's K/V in gpu memory, in pinned host\n"
-            "                   memory (read through PCIe, top-k rows a step), or auto (default: gpu\n"
-            "                   when the whole context fits there, else host)\n"
-            "  --kv-store-dtype T  the retrieval zone's K/V as bf16 (default) or fp8 (e4m3 with a\n"
-            "                   scale per row: half the host memory and PCIe bytes; GPU: host store\n"
-            "                   only; the CPU path rounds those rows the same way)\n"
-            "  --version        the version, and whether this build has the CUDA backend\n"
-            "  -h, --help       this text\n");
-}
+#define SCORE_CHUNK_GPU 256   // score keeps logits for a whole chunk: (chunk, vocab) floats
+#define CHAT_CTX_DEFAULT 4096 // a chat's KV cache when --ctx is not given (the model's own may be 128K)
 
 // One line on stderr (messages quote file contents: control bytes are masked), exit status 1.
 static void die(const char *fmt, ...) {
@@ -156,9 +42,14 @@ static void die(const char *fmt, ...) {
 
 // ---- signals and output ----
 
-// Ctrl-C sets `interrupted` (on_sigint, with chat below); generation and chat stop the reply.
+// Ctrl-C sets `interrupted`; generation and chat stop the reply.
 static volatile sig_atomic_t interrupted;
-static void on_sigint(int sig);
+
+static void on_sigint(int sig) {
+    (void)sig;
+    if (interrupted) _exit(130); // a second Ctrl-C before the first was handled: quit now
+    interrupted = 1;
+}
 
 static void catch_sigint(void) {
     struct sigaction sa = {0};
@@ -176,27 +67,15 @@ static void flush_out(void) {
     die("cannot write the output: %s", strerror(errno));
 }
 
+static const char *plural(long n) { return n == 1 ? "" : "s"; }
+
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static long parse_long(const char *s, const char *flag, long lo, long hi) {
-    char *end;
-    errno = 0;
-    long v = strtol(s, &end, 10);
-    if (errno || end == s || *end || v < lo || v > hi) die("%s needs an integer in [%ld, %ld], got '%s'", flag, lo, hi, s);
-    return v;
-}
-
-static float parse_float(const char *s, const char *flag, float lo, float hi) {
-    char *end;
-    errno = 0;
-    float v = strtof(s, &end);
-    if (errno || end == s || *end || !(v >= lo && v <= hi)) die("%s needs a number in [%g, %g], got '%s'", flag, lo, hi, s);
-    return v;
-}
+// ---- input ----
 
 static char *read_file(const char *path, size_t *len) {
     FILE *f = fopen(path, "rb");
@@ -259,22 +138,7 @@ static int *encode_text(const Tokenizer *tok, const char *what, const char *text
     return ids;
 }
 
-// ---- attention policy ----
-
-// Consumes one attention option (its value is v); returns 0 when a is not one.
-static int attn_option(Options *o, const char *a, const char *v) {
-    int *field = strcmp(a, "--topk") == 0 ? &o->attn.topk : strcmp(a, "--sink") == 0 ? &o->attn.sink
-               : strcmp(a, "--local") == 0 ? &o->attn.local : strcmp(a, "--update") == 0 ? &o->attn.update : NULL;
-    if (!field && strcmp(a, "--attn") != 0) return 0;
-    if (!v) die("%s needs a value", a);
-    if (field) {
-        *field = (int)parse_long(v, a, field == &o->attn.topk || field == &o->attn.update ? 1 : 0, 1 << 24);
-    } else {
-        o->attn.method = attn_method_parse(v), o->attn_set = 1;
-        if (o->attn.method < 0) die("--attn must be full, pariskv, streaming, quest, fier, kmeans or oracle, not '%s'", v);
-    }
-    return 1;
-}
+// ---- a run's state ----
 
 // The run's attention policy: NULL (dense) for full attention, or when no position of the
 // context ever leaves the dense regime. prefill_len: the prompt, attended densely; --score passes
@@ -288,12 +152,10 @@ static AttnPolicy *make_attn(const Options *o, const Model *m, const RunState *s
         return NULL;
     }
     char err[ATTN_ERR_LEN];
-    AttnPolicy *p = attn_policy_create(&c, (int)m->c.n_layers, (int)m->c.n_heads, (int)m->c.n_kv_heads, (int)m->c.head_dim, s->ctx, err);
+    AttnPolicy *p = attn_policy_create(&c, &pool_parallel, (int)m->c.n_layers, (int)m->c.n_heads, (int)m->c.n_kv_heads, (int)m->c.head_dim, s->ctx, err);
     if (!p) die("%s", err);
     return p;
 }
-
-static const char *plural(long n) { return n == 1 ? "" : "s"; }
 
 // One line on stderr once a run's state exists: what runs, where, with what.
 static void print_summary(const Model *m, const RunState *s, const Options *o) {
@@ -316,6 +178,40 @@ static void attach_tuners(RunState *s, ThreadTuner tt[2], const Options *o) {
     int guess = o->threads || s->dev ? 0 : threads_guess(pool_max_threads()); // the GPU pass has no tuner
     for (int i = 0; i < 2; i++) tuner_init(&tt[i], pool_max_threads(), o->threads, guess);
     s->threads = tt;
+}
+
+// The run's state for ctx positions, or a one-line error.
+static void open_run_state(RunState *s, const Model *m, const Options *o, int ctx, int chunk, int all_logits) {
+    char err[MODEL_ERR_LEN];
+    if (run_state_init_attn(s, m, ctx, chunk, all_logits, &o->attn, err) != 0) die("%s", err);
+}
+
+// Once the state (and its policy) exist: the thread tuners, then the summary line.
+static void start_run(RunState *s, ThreadTuner tt[2], const Model *m, const Options *o) {
+    attach_tuners(s, tt, o);
+    print_summary(m, s, o);
+}
+
+static void close_run_state(RunState *s) {
+    if (s->attn) s->attn->destroy(s->attn);
+    run_state_free(s);
+}
+
+// Sampling over the ids the tokenizer has (no tokenizer: a --synthetic model's, all of them).
+static void make_sampler(Sampler *sampler, const Model *m, const Tokenizer *tok, const Options *o) {
+    int n_tok = tok ? tokenizer_n_tokens(tok) : (int)m->c.vocab_size;
+    int n_valid = n_tok < (int)m->c.vocab_size ? n_tok : (int)m->c.vocab_size;
+    if (sampler_init(sampler, n_valid, o->temperature, o->top_k, o->top_p, o->min_p, o->seed) != 0 ||
+        sampler_set_penalties(sampler, o->repeat_penalty, o->presence_penalty, o->frequency_penalty, o->repeat_last_n) != 0)
+        die("out of memory");
+}
+
+// The first token of a reply or a generation, from the prompt's logits, the context so far
+// hist[0 .. n_hist) giving the penalties. Every later one comes with its decode step
+// (model_decode_sample: on the GPU the sampler runs inside the step).
+static int next_token(Sampler *sampler, float *logits, const int *hist, int n_hist) {
+    sampler_penalize(sampler, logits, hist, n_hist);
+    return sampler_sample(sampler, logits);
 }
 
 // Runs tokens through the model in chunks; calls on_logits for each chunk when all_logits.
@@ -431,8 +327,7 @@ static void run_score(const Model *m, const Tokenizer *tok, const Options *o) {
     }
     s.attn = make_attn(o, m, &s, o->score_prompt);
     ThreadTuner tt[2];
-    attach_tuners(&s, tt, o);
-    print_summary(m, &s, o);
+    start_run(&s, tt, m, o);
     ScoreCtx sc = {tokens, n, (int)m->c.vocab_size, 0.0, 0};
     double t0 = now_s();
     if (getenv("PKV_RECALL") && o->score_prompt > 0) { // the measurement reads each step's own selection
@@ -446,8 +341,7 @@ static void run_score(const Model *m, const Tokenizer *tok, const Options *o) {
     double mean = sc.total / (n - 1);
     printf("mean_nll %.6f ppl %.6f\n", mean, exp(mean));
     fprintf(stderr, "score: %d tokens in %.2f s (%.1f tok/s)\n", n, el, n / el);
-    if (s.attn) s.attn->destroy(s.attn);
-    run_state_free(&s);
+    close_run_state(&s);
     free(tokens);
 }
 
@@ -530,182 +424,223 @@ static void print_tpot_bins(const double *ms, int n, int n_prompt) {
     free(tmp);
 }
 
-static void run_generate(const Model *m, const Tokenizer *tok, const Options *o) {
-    if (o->ids && o->n_stops) die("--stop applies to text output, not --ids");
-    const Config *c = &m->c;
-    int n_prompt = 0, *prompt;
-    if (o->ids) { // ids from -p, or from the file of -f
-        size_t len = 0;
-        char *text = o->prompt_file ? read_file(o->prompt_file, &len) : NULL;
-        prompt = parse_ids(text ? text : o->prompt ? o->prompt : "", (int)c->vocab_size, &n_prompt);
-        free(text);
+// A generation: its prompt, state and what its stats line reports.
+typedef struct {
+    const Model *m;
+    const Tokenizer *tok; // NULL: a --synthetic model (ids only)
+    const Options *o;
+    RunState s;
+    ThreadTuner tt[2];
+    Sampler sampler;
+    int *prompt, n_prompt; // the session's tokens first, when one is loaded
+    int n_saved;           // of which restored from --load-session
+    int ctx;
+    int *hist;             // (ctx) the context so far, for the penalties
+    int generated;
+    const char *stop;      // why it ended early (NULL: EOS or -n)
+    double t_restore, t_prefill, t_decode, first_ms; // first_ms: the first decode step (after a restore it rebuilds the index)
+    double *step_ms;       // per decode step, for the TPOT bins of a long run (else NULL)
+} Generation;
+
+// -p or -f as ids (--ids), or as text with BOS in front (none after a session: its tokens have it).
+static int *read_prompt(const Tokenizer *tok, const Options *o, int vocab, int *n_out) {
+    size_t len = 0;
+    char *text = o->prompt_file ? read_file(o->prompt_file, &len) : NULL;
+    const char *src = text ? text : (o->prompt ? o->prompt : "");
+    int n = 0, *prompt;
+    if (o->ids) {
+        prompt = parse_ids(src, vocab, &n);
     } else {
-        size_t len = 0;
-        char *text = o->prompt_file ? read_file(o->prompt_file, &len) : NULL;
-        const char *src = text ? text : (o->prompt ? o->prompt : "");
         if (!text) len = strlen(src);
         int n_text;
         char what[300] = "the prompt (-p)";
         if (text) snprintf(what, sizeof what, "'%.256s'", o->prompt_file);
         int *ids = encode_text(tok, what, src, len, &n_text);
-        free(text);
-        int bos = tokenizer_add_bos(tok) && tokenizer_bos(tok) >= 0 && !o->load_session; // text after a session: no second BOS
-        prompt = malloc(((size_t)n_text + 1) * sizeof(int));
-        if (!prompt) die("out of memory");
-        if (bos) prompt[n_prompt++] = tokenizer_bos(tok);
-        memcpy(prompt + n_prompt, ids, (size_t)n_text * sizeof(int));
-        n_prompt += n_text;
+        int bos = tokenizer_add_bos(tok) && tokenizer_bos(tok) >= 0 && !o->load_session;
+        if (!(prompt = malloc(((size_t)n_text + 1) * sizeof(int)))) die("out of memory");
+        if (bos) prompt[n++] = tokenizer_bos(tok);
+        memcpy(prompt + n, ids, (size_t)n_text * sizeof(int));
+        n += n_text;
         free(ids);
     }
-    // A session: its tokens, then the prompt's (if any) as more of the prompt.
-    SessionHeader sh;
-    int n_saved = 0;
-    if (o->load_session) {
-        char serr[SESSION_ERR_LEN];
-        if (session_open(o->load_session, m, &o->attn, &sh, serr) != 0 || session_check_path(&sh, m->be->create != NULL, o->load_session, serr) != 0)
-            die("%s", serr);
-        if (sh.kind != SESSION_PROMPT) die("session '%s' is a chat's (/save): resume it with --chat", o->load_session);
-        n_saved = sh.n_tokens;
-        int *all = malloc(((size_t)n_saved + n_prompt) * sizeof(int));
-        if (!all) die("out of memory");
-        memcpy(all + n_saved, prompt, (size_t)n_prompt * sizeof(int)); // the saved ones are read with the K/V
-        free(prompt);
-        prompt = all;
-        n_prompt += n_saved;
-    }
-    if (n_prompt == 0) die("the prompt is empty (give -p TEXT or -f FILE)");
-    long want = (long)n_prompt + o->steps;
-    int ctx = pick_ctx(o, c, want > INT_MAX ? INT_MAX : (int)want);
-    if (o->steps == 0 ? n_prompt > ctx : n_prompt >= ctx) // -n 0: prefill only (timing it)
+    free(text);
+    *n_out = n;
+    return prompt;
+}
+
+// --load-session: its tokens go in front of the prompt's (their ids are read with the K/V).
+static void open_prompt_session(Generation *g, SessionHeader *sh) {
+    const Options *o = g->o;
+    char serr[SESSION_ERR_LEN];
+    if (session_open(o->load_session, g->m, &o->attn, sh, serr) != 0 ||
+        session_check_path(sh, g->m->be->create != NULL, o->load_session, serr) != 0)
+        die("%s", serr);
+    if (sh->kind != SESSION_PROMPT) die("session '%s' is a chat's (/save): resume it with --chat", o->load_session);
+    g->n_saved = sh->n_tokens;
+    int *all = malloc(((size_t)g->n_saved + g->n_prompt) * sizeof(int));
+    if (!all) die("out of memory");
+    memcpy(all + g->n_saved, g->prompt, (size_t)g->n_prompt * sizeof(int));
+    free(g->prompt);
+    g->prompt = all;
+    g->n_prompt += g->n_saved;
+}
+
+// The context: the prompt and -n, or --ctx; the prompt must leave room for a token (-n 0: fit).
+static int generation_ctx(const Generation *g) {
+    const Config *c = &g->m->c;
+    if (g->n_prompt == 0) die("the prompt is empty (give -p TEXT or -f FILE)");
+    long want = (long)g->n_prompt + g->o->steps;
+    int ctx = pick_ctx(g->o, c, want > INT_MAX ? INT_MAX : (int)want);
+    if (g->o->steps == 0 ? g->n_prompt > ctx : g->n_prompt >= ctx) // -n 0: prefill only (timing it)
         die("the prompt has %d tokens, which leaves no room in a context of %d (raise --ctx; the model was trained on %u)",
-            n_prompt, ctx, c->max_seq_len);
-    RunState s;
-    char err[MODEL_ERR_LEN];
-    if (run_state_init_attn(&s, m, ctx, m->be->max_chunk, 0, &o->attn, err) != 0) die("%s", err);
-    s.attn = make_attn(o, m, &s, n_prompt);
-    ThreadTuner tt[2];
-    attach_tuners(&s, tt, o);
-    print_summary(m, &s, o);
-    float *saved_logits = NULL;
-    double t_restore = 0;
-    if (o->load_session) { // the K/V of the saved positions, and the logits after the last
-        char serr[SESSION_ERR_LEN];
-        double tr = now_s();
-        if (!(saved_logits = malloc((size_t)c->vocab_size * sizeof(float)))) die("out of memory");
-        void *conv = NULL;
-        if (session_read(o->load_session, &sh, &s, prompt, saved_logits, &conv, serr) != 0) die("%s", serr);
-        free(conv);
-        if (s.attn) attn_policy_resume(s.attn, n_saved, sh.fp8_end); // its index is rebuilt from the rows at the next step
-        t_restore = now_s() - tr;
-        fprintf(stderr, "session: %d positions restored from '%s' in %.2f s%s\n", n_saved, o->load_session, t_restore,
-                n_prompt > n_saved ? ", the prompt's tokens follow them" : "");
-    }
+            g->n_prompt, ctx, c->max_seq_len);
+    return ctx;
+}
 
-    Sampler sampler;
-    int n_tok = tok ? tokenizer_n_tokens(tok) : (int)c->vocab_size; // no tokenizer: a --synthetic model's ids
-    int n_valid = n_tok < (int)c->vocab_size ? n_tok : (int)c->vocab_size;
-    if (sampler_init(&sampler, n_valid, o->temperature, o->top_k, o->top_p, o->min_p, o->seed) != 0 ||
-        sampler_set_penalties(&sampler, o->repeat_penalty, o->presence_penalty, o->frequency_penalty, o->repeat_last_n) != 0)
-        die("out of memory");
-    int *hist = malloc((size_t)ctx * sizeof(int)); // the context so far, for the penalties
-    if (!hist) die("out of memory");
-    memcpy(hist, prompt, (size_t)n_prompt * sizeof(int));
-    StopFilter sf = {o->stops, o->n_stops, NULL, 0};
-
-    if (o->save_session) { // before the prefill: the disk the session will need
-        char serr[SESSION_ERR_LEN];
-        uint64_t bytes = session_bytes(c, &o->attn, s.dev ? SESSION_KV_GPU : SESSION_KV_CPU_F32, n_prompt, n_prompt, 0);
-        if (session_check_disk(o->save_session, bytes, serr) != 0) die("--save-session: %s", serr);
-    }
-    catch_sigint();
+// The K/V of the saved positions; returns the logits after the last.
+static float *restore_prompt_session(Generation *g, const SessionHeader *sh) {
+    const Options *o = g->o;
+    char serr[SESSION_ERR_LEN];
     double t0 = now_s();
-    float *logits = n_prompt > n_saved ? prefill(m, &s, "prefill", prompt + n_saved, n_prompt - n_saved, n_saved, 0, NULL, NULL) : saved_logits;
-    double t_prefill = now_s() - t0;
+    float *logits = malloc((size_t)g->m->c.vocab_size * sizeof(float));
+    if (!logits) die("out of memory");
+    void *conv = NULL;
+    if (session_read(o->load_session, sh, &g->s, g->prompt, logits, &conv, serr) != 0) die("%s", serr);
+    free(conv);
+    if (g->s.attn) attn_policy_resume(g->s.attn, g->n_saved, sh->fp8_end); // its index is rebuilt from the rows at the next step
+    g->t_restore = now_s() - t0;
+    fprintf(stderr, "session: %d positions restored from '%s' in %.2f s%s\n", g->n_saved, o->load_session, g->t_restore,
+            g->n_prompt > g->n_saved ? ", the prompt's tokens follow them" : "");
+    return logits;
+}
+
+// The prompt's tokens that no session brought, then --save-session; the logits after the last.
+static float *prefill_prompt(Generation *g, float *saved_logits) {
+    const Options *o = g->o;
+    double t0 = now_s();
+    float *logits = g->n_prompt > g->n_saved
+                        ? prefill(g->m, &g->s, "prefill", g->prompt + g->n_saved, g->n_prompt - g->n_saved, g->n_saved, 0, NULL, NULL)
+                        : saved_logits;
+    g->t_prefill = now_s() - t0;
     if (o->save_session && logits) {
         char serr[SESSION_ERR_LEN];
         double ts = now_s();
-        SessionExtra x = {SESSION_PROMPT, n_prompt, s.attn ? attn_policy_fp8_end(s.attn) : 0, logits, NULL, 0};
-        if (session_save(o->save_session, m, &s, &o->attn, prompt, n_prompt, &x, serr) != 0) die("--save-session: %s", serr);
-        fprintf(stderr, "session: %d positions saved to '%s' in %.2f s\n", n_prompt, o->save_session, now_s() - ts);
+        SessionExtra x = {SESSION_PROMPT, g->n_prompt, g->s.attn ? attn_policy_fp8_end(g->s.attn) : 0, logits, NULL, 0};
+        if (session_save(o->save_session, g->m, &g->s, &o->attn, g->prompt, g->n_prompt, &x, serr) != 0) die("--save-session: %s", serr);
+        fprintf(stderr, "session: %d positions saved to '%s' in %.2f s\n", g->n_prompt, o->save_session, now_s() - ts);
     }
+    return logits;
+}
 
-    char *piece = malloc(tok ? tokenizer_max_piece_len(tok) + 16 : 16);
+// Token `next` to stdout: an id, or its text through the --stop filter. 1 when a stop string completed.
+static int print_token(const Generation *g, int next, TokDecoder *dec, StopFilter *sf, char *piece) {
+    if (g->o->ids) return printf(g->generated > 1 ? " %d" : "%d", next), 0;
+    if (tokenizer_is_eos(g->tok, next)) return 0;
+    size_t k = tokenizer_decode_step(g->tok, dec, next, piece, tokenizer_max_piece_len(g->tok) + 16);
+    return stop_feed(sf, piece, k);
+}
+
+// Samples, prints and runs tokens from the prompt's logits until EOS, -n, a stop string, the end
+// of the context or Ctrl-C.
+static void decode(Generation *g, float *logits) {
+    const Options *o = g->o;
+    char *piece = malloc(g->tok ? tokenizer_max_piece_len(g->tok) + 16 : 16), err[MODEL_ERR_LEN];
     if (!piece) die("out of memory");
     TokDecoder dec = {0};
-    int pos = n_prompt, generated = 0;
-    const char *stop = NULL;
-    double *step_ms = o->steps > TPOT_BINS_FROM ? malloc((size_t)o->steps * sizeof(double)) : NULL; // per decode step, for the bins
-    double first_ms = 0; // the first decode step (after a restore it rebuilds the ParisKV index)
-    double t1 = now_s();
+    StopFilter sf = {o->stops, o->n_stops, NULL, 0};
+    double t0 = now_s();
     int next = -1;
-    while (generated < o->steps) {
+    for (int pos = g->n_prompt; g->generated < o->steps; pos++) {
         if (interrupted || !logits) {
-            stop = "interrupted";
+            g->stop = "interrupted";
             break;
         }
-        if (generated == 0) { // the first token from the prompt's logits; later ones come with their step
-            sampler_penalize(&sampler, logits, hist, pos);
-            next = sampler_sample(&sampler, logits);
-        }
-        hist[pos] = next;
-        generated++;
-        if (o->ids) {
-            printf(generated > 1 ? " %d" : "%d", next);
-        } else if (!tokenizer_is_eos(tok, next)) {
-            size_t k = tokenizer_decode_step(tok, &dec, next, piece, tokenizer_max_piece_len(tok) + 16);
-            if (stop_feed(&sf, piece, k)) {
-                flush_out();
-                stop = "stop string";
-                break;
-            }
+        if (next < 0) next = next_token(&g->sampler, logits, g->hist, pos); // the first token; later ones come with their step
+        g->hist[pos] = next;
+        g->generated++;
+        if (print_token(g, next, &dec, &sf, piece)) {
+            flush_out();
+            g->stop = "stop string";
+            break;
         }
         flush_out();
-        if (tok && tokenizer_is_eos(tok, next) && !o->ignore_eos) break;
-        if (generated == o->steps) break;
-        if (pos >= ctx) {
-            stop = "context full";
+        if (g->tok && tokenizer_is_eos(g->tok, next) && !o->ignore_eos) break;
+        if (g->generated == o->steps) break;
+        if (pos >= g->ctx) {
+            g->stop = "context full";
             break;
         }
         double ts = now_s(); // the step as the user gets it: the forward pass and the sampling
-        next = model_decode_sample(m, &s, &sampler, next, pos, hist, pos + 1, err);
+        next = model_decode_sample(g->m, &g->s, &g->sampler, next, pos, g->hist, pos + 1, err);
         if (next < 0) die("%s", err);
-        if (step_ms) step_ms[generated - 1] = 1e3 * (now_s() - ts);
-        if (generated == 1) first_ms = 1e3 * (now_s() - ts);
-        pos++;
+        if (g->step_ms) g->step_ms[g->generated - 1] = 1e3 * (now_s() - ts);
+        if (g->generated == 1) g->first_ms = 1e3 * (now_s() - ts);
     }
-    if (!o->ids && !(stop && strcmp(stop, "stop string") == 0)) {
-        size_t k = tokenizer_decode_flush(tok, &dec, piece, tokenizer_max_piece_len(tok) + 16);
+    if (!o->ids && !(g->stop && strcmp(g->stop, "stop string") == 0)) {
+        size_t k = tokenizer_decode_flush(g->tok, &dec, piece, tokenizer_max_piece_len(g->tok) + 16);
         if (!stop_feed(&sf, piece, k)) stop_flush(&sf);
     }
     free(sf.held);
-    free(hist);
-    if (generated > 0) printf("\n"); // -n 0 prints nothing
-    double t_decode = now_s() - t1;
+    free(piece);
+    if (g->generated > 0) printf("\n"); // -n 0 prints nothing
+    g->t_decode = now_s() - t0;
     flush_out();
-    if (stop && interrupted) fprintf(stderr, "[interrupted]\n");
-    else if (stop && strcmp(stop, "stop string") == 0) stop = NULL; // the run's own end
-    else if (stop) fprintf(stderr, "[stopped: %s at %d tokens; raise --ctx]\n", stop, ctx);
+}
+
+// Why it ended (when not by itself), then the stats line on stderr, then a long run's TPOT bins.
+static void print_generation_stats(Generation *g) {
+    const Options *o = g->o;
+    if (g->stop && interrupted) fprintf(stderr, "[interrupted]\n");
+    else if (g->stop && strcmp(g->stop, "stop string") == 0) g->stop = NULL; // the run's own end
+    else if (g->stop) fprintf(stderr, "[stopped: %s at %d tokens; raise --ctx]\n", g->stop, g->ctx);
     // generated tokens minus the first, which came from the prefill, were decode steps
-    int steps = generated > 1 ? generated - 1 : 0;
-    int n_new = n_prompt - n_saved;
-    if (n_saved) // restored: the time to the first token is the restore, plus any new prompt tokens' prefill
-        fprintf(stderr, "prompt %d tokens (%d restored in %.2f s, %d prefilled in %.2f s) | first step %.1f ms", n_prompt, n_saved, t_restore,
-                n_new, t_prefill, first_ms);
+    int steps = g->generated > 1 ? g->generated - 1 : 0, n_prompt = g->n_prompt;
+    if (g->n_saved) // restored: the time to the first token is the restore, plus any new prompt tokens' prefill
+        fprintf(stderr, "prompt %d tokens (%d restored in %.2f s, %d prefilled in %.2f s) | first step %.1f ms", n_prompt, g->n_saved,
+                g->t_restore, n_prompt - g->n_saved, g->t_prefill, g->first_ms);
     else
-        fprintf(stderr, "prompt %d token%s | prefill %.1f tok/s", n_prompt, plural(n_prompt), n_prompt / (t_prefill > 0 ? t_prefill : 1e-9));
-    fprintf(stderr, " | decode %.2f ms/token (TPOT) | generated %d token%s", steps ? 1e3 * t_decode / steps : 0.0, generated, plural(generated));
-    if (!s.dev) fprintf(stderr, " | threads %d%s", tuner_threads(&tt[0]), o->threads ? "" : " (tuned)");
+        fprintf(stderr, "prompt %d token%s | prefill %.1f tok/s", n_prompt, plural(n_prompt), n_prompt / (g->t_prefill > 0 ? g->t_prefill : 1e-9));
+    fprintf(stderr, " | decode %.2f ms/token (TPOT) | generated %d token%s", steps ? 1e3 * g->t_decode / steps : 0.0, g->generated,
+            plural(g->generated));
+    if (!g->s.dev) fprintf(stderr, " | threads %d%s", tuner_threads(&g->tt[0]), o->threads ? "" : " (tuned)");
     if (!o->seed_set && o->temperature > 0) fprintf(stderr, " | seed %llu", o->seed); // to repeat the run: --seed
     fprintf(stderr, "\n");
-    if (step_ms && steps > TPOT_BINS_FROM) print_tpot_bins(step_ms, steps, n_prompt);
-    free(step_ms);
-    free(saved_logits);
-    free(piece);
-    sampler_free(&sampler);
-    if (s.attn) s.attn->destroy(s.attn);
-    run_state_free(&s);
-    free(prompt);
+    if (g->step_ms && steps > TPOT_BINS_FROM) print_tpot_bins(g->step_ms, steps, n_prompt);
 }
+
+static void run_generate(const Model *m, const Tokenizer *tok, const Options *o) {
+    if (o->ids && o->n_stops) die("--stop applies to text output, not --ids");
+    Generation g = {.m = m, .tok = tok, .o = o};
+    g.prompt = read_prompt(tok, o, (int)m->c.vocab_size, &g.n_prompt);
+    SessionHeader sh;
+    if (o->load_session) open_prompt_session(&g, &sh);
+    g.ctx = generation_ctx(&g);
+    open_run_state(&g.s, m, o, g.ctx, m->be->max_chunk, 0);
+    g.s.attn = make_attn(o, m, &g.s, g.n_prompt);
+    start_run(&g.s, g.tt, m, o);
+    float *saved_logits = o->load_session ? restore_prompt_session(&g, &sh) : NULL;
+    make_sampler(&g.sampler, m, tok, o);
+    if (!(g.hist = malloc((size_t)g.ctx * sizeof(int)))) die("out of memory");
+    memcpy(g.hist, g.prompt, (size_t)g.n_prompt * sizeof(int));
+    if (o->save_session) { // before the prefill: the disk the session will need
+        char serr[SESSION_ERR_LEN];
+        uint64_t bytes = session_bytes(&m->c, &o->attn, g.s.dev ? SESSION_KV_GPU : SESSION_KV_CPU_F32, g.n_prompt, g.n_prompt, 0);
+        if (session_check_disk(o->save_session, bytes, serr) != 0) die("--save-session: %s", serr);
+    }
+    catch_sigint();
+    float *logits = prefill_prompt(&g, saved_logits);
+    g.step_ms = o->steps > TPOT_BINS_FROM ? malloc((size_t)o->steps * sizeof(double)) : NULL;
+    decode(&g, logits);
+    free(g.hist);
+    print_generation_stats(&g);
+    free(g.step_ms);
+    free(saved_logits);
+    sampler_free(&g.sampler);
+    close_run_state(&g.s);
+    free(g.prompt);
+}
+
+// ---- tokenize, render-chat ----
 
 static void run_tokenize(const Tokenizer *tok, const Options *o) {
     if (!o->prompt_file && !o->prompt) die("--tokenize needs -f FILE (or -p TEXT)");
@@ -719,29 +654,6 @@ static void run_tokenize(const Tokenizer *tok, const Options *o) {
     printf("\n");
     free(ids);
     free(text);
-}
-
-// ---- chat ----
-
-#define CHAT_CTX_DEFAULT 4096 // a chat's KV cache when --ctx is not given (the model's own may be 128K)
-
-static void on_sigint(int sig) {
-    (void)sig;
-    if (interrupted) _exit(130); // a second Ctrl-C before the first was handled: quit now
-    interrupted = 1;
-}
-
-// Consumes one chat option (its value is v); returns how many values it took, or -1 when a is not one.
-static int chat_option(Options *o, const char *a, const char *v) {
-    if (strcmp(a, "--chat") == 0) return o->chat = 1, 0;
-    if (strcmp(a, "--think") == 0) return o->think = 1, 0;
-    if (strcmp(a, "--no-think") == 0) return o->think = 0, 0;
-    const char **field = strcmp(a, "--system") == 0 ? &o->system : strcmp(a, "--date") == 0 ? &o->date
-                       : strcmp(a, "--render-chat") == 0 ? &o->render_chat : NULL;
-    if (!field) return -1;
-    if (!v) die("%s needs a value", a);
-    *field = v;
-    return 1;
 }
 
 // --render-chat FILE: a JSON list of {"role", "content"} messages, rendered with the generation
@@ -788,6 +700,8 @@ static void run_render_chat(const Tokenizer *tok, const Options *o) {
     free(msgs);
     cJSON_Delete(j);
 }
+
+// ---- chat ----
 
 // A conversation and the model state that follows it. cache[0 .. n_cache) are the ids whose K/V
 // the KV cache holds: a new turn re-renders the whole conversation, keeps the cached prefix it
@@ -865,10 +779,7 @@ static int *chat_generate(Chat *c, float *logits, int *n, const char **stop) {
             *stop = "interrupted";
             break;
         }
-        if (next < 0) { // the first token from the message's logits; later ones come with their step
-            sampler_penalize(&c->sampler, logits, c->cache, c->n_cache);
-            next = sampler_sample(&c->sampler, logits);
-        }
+        if (next < 0) next = next_token(&c->sampler, logits, c->cache, c->n_cache); // the first token; later ones come with their step
         int eos = tokenizer_is_eos(c->tok, next);
         if (eos && !o->ignore_eos) break;
         if (k == cap && !(reply = realloc(reply, (size_t)(cap *= 2) * sizeof(int)))) break;
@@ -1027,75 +938,91 @@ static void chat_load(Chat *c, const SessionHeader *h, const char *path) {
     chat_note("session: %d positions and %d messages restored from '%s' in %.2f s", h->n_tokens, c->n_msg, path, now_s() - t0);
 }
 
+// --chat --load-session: the session's header, checked before the state is sized for it.
+static void open_chat_session(const Model *m, const Options *o, SessionHeader *sh) {
+    char serr[SESSION_ERR_LEN];
+    if (session_open(o->load_session, m, &o->attn, sh, serr) != 0 || session_check_path(sh, m->be->create != NULL, o->load_session, serr) != 0)
+        die("%s", serr);
+    if (sh->kind != SESSION_CHAT) die("session '%s' is a prompt's (--save-session): resume it without --chat", o->load_session);
+    if (o->system || o->prompt || o->prompt_file) die("--load-session brings its own conversation: no --system, -p or -f with it");
+}
+
+// A chat's state: --ctx positions (default CHAT_CTX_DEFAULT, or the session's and room for more
+// turns), the sampler, the cache's ids, the system message or the loaded conversation.
+static void chat_open(Chat *c, ThreadTuner tt[2]) {
+    const Options *o = c->o;
+    SessionHeader sh;
+    int need = CHAT_CTX_DEFAULT;
+    if (o->load_session) {
+        open_chat_session(c->m, o, &sh);
+        if (sh.n_tokens + 1024 > need) need = sh.n_tokens + 1024; // room for the next turns
+    }
+    int ctx = pick_ctx(o, &c->m->c, need);
+    if (o->load_session && sh.n_tokens >= ctx)
+        die("session '%s' holds %d positions, more than the context of %d: raise --ctx", o->load_session, sh.n_tokens, ctx);
+    open_run_state(&c->s, c->m, o, ctx, c->m->be->max_chunk, 0);
+    start_run(&c->s, tt, c->m, o);
+    make_sampler(&c->sampler, c->m, c->tok, o);
+    c->cache = malloc((size_t)c->s.ctx * sizeof(int));
+    c->piece = malloc(tokenizer_max_piece_len(c->tok) + 16);
+    if (!c->cache || !c->piece) die("out of memory");
+    if (o->system) chat_push(c, "system", strdup(o->system));
+    if (o->load_session) chat_load(c, &sh, o->load_session);
+}
+
+// /reset: the conversation (but --system) and its cache go; the next message is a first turn
+// again, prefilled densely, and the GPU gives back its host store's pages.
+static void chat_reset(Chat *c) {
+    while (c->n_msg > (c->o->system ? 1 : 0)) chat_pop(c);
+    if (c->s.attn) c->s.attn->destroy(c->s.attn);
+    c->s.attn = NULL, c->attn_made = 0, c->n_cache = 0, c->prefill_len = 0;
+    size_t freed = c->s.dev && c->s.be->reset ? c->s.be->reset(c->s.dev) : 0;
+    if (freed) chat_note("conversation cleared (%.2f GiB of pinned host memory given back)", freed / 1073741824.0);
+    else chat_note("conversation cleared");
+}
+
+// One line of input: a command or a message (len: its bytes, to find a NUL). 0 after /exit.
+static int chat_line(Chat *c, const char *line, size_t len) {
+    if (strcmp(line, "/exit") == 0) return 0;
+    if (strncmp(line, "/save ", 6) == 0 || strcmp(line, "/save") == 0) chat_save(c, line[5] ? line + 6 : "");
+    else if (strcmp(line, "/reset") == 0) chat_reset(c);
+    else if (strlen(line) != len) chat_note("the message contains a NUL byte: message ignored");
+    else if (len > 0) chat_turn(c, line);
+    return 1;
+}
+
+static void chat_close(Chat *c) {
+    while (c->n_msg > 0) chat_pop(c);
+    free(c->msg);
+    free(c->cache);
+    free(c->piece);
+    sampler_free(&c->sampler);
+    close_run_state(&c->s);
+}
+
 static void run_chat(const Model *m, const Tokenizer *tok, const Options *o) {
     if (o->score_file || o->tokenize || o->ids) die("--chat cannot be combined with --score, --tokenize or --ids");
     if (o->n_stops) die("--stop applies to generation, not --chat (the chat template ends each reply)");
     if (tokenizer_chat(tok) == TOK_CHAT_NONE) die("the model has no chat template this runner renders (Llama 3, Qwen3, ChatML)");
     Chat c = {.m = m, .tok = tok, .o = o};
-    char err[MODEL_ERR_LEN];
-    SessionHeader sh;
-    int need = CHAT_CTX_DEFAULT;
-    if (o->load_session) {
-        char serr[SESSION_ERR_LEN];
-        if (session_open(o->load_session, m, &o->attn, &sh, serr) != 0 || session_check_path(&sh, m->be->create != NULL, o->load_session, serr) != 0)
-            die("%s", serr);
-        if (sh.kind != SESSION_CHAT) die("session '%s' is a prompt's (--save-session): resume it without --chat", o->load_session);
-        if (o->system || o->prompt || o->prompt_file) die("--load-session brings its own conversation: no --system, -p or -f with it");
-        if (sh.n_tokens + 1024 > need) need = sh.n_tokens + 1024; // room for the next turns
-    }
-    int ctx = pick_ctx(o, &m->c, need);
-    if (o->load_session && sh.n_tokens >= ctx)
-        die("session '%s' holds %d positions, more than the context of %d: raise --ctx", o->load_session, sh.n_tokens, ctx);
-    if (run_state_init_attn(&c.s, m, ctx, m->be->max_chunk, 0, &o->attn, err) != 0) die("%s", err);
     ThreadTuner tt[2];
-    attach_tuners(&c.s, tt, o);
-    print_summary(m, &c.s, o);
-    int n_valid = tokenizer_n_tokens(tok) < (int)m->c.vocab_size ? tokenizer_n_tokens(tok) : (int)m->c.vocab_size;
-    if (sampler_init(&c.sampler, n_valid, o->temperature, o->top_k, o->top_p, o->min_p, o->seed) != 0 ||
-        sampler_set_penalties(&c.sampler, o->repeat_penalty, o->presence_penalty, o->frequency_penalty, o->repeat_last_n) != 0)
-        die("out of memory");
-    c.cache = malloc((size_t)c.s.ctx * sizeof(int));
-    c.piece = malloc(tokenizer_max_piece_len(tok) + 16);
-    if (!c.cache || !c.piece) die("out of memory");
-    if (o->system) chat_push(&c, "system", strdup(o->system));
-    if (o->load_session) chat_load(&c, &sh, o->load_session);
+    chat_open(&c, tt);
     catch_sigint();
     int tty = isatty(STDIN_FILENO);
     if (tty) fprintf(stderr, "chat: /reset clears the conversation, /save FILE keeps it, /exit quits, Ctrl-C stops a reply\n");
-    size_t len = 0;
+    size_t len = 0; // -p or -f: the first message
     char *first = o->prompt_file ? read_file(o->prompt_file, &len) : o->prompt ? strdup(o->prompt) : NULL;
     if (first && !o->prompt_file) len = strlen(first);
     for (char *line = first; line || (line = read_message(tty, &len)); line = NULL) {
         interrupted = 0; // a Ctrl-C while the line was read belongs to no reply
-        if (strcmp(line, "/exit") == 0) {
-            free(line);
-            break;
-        } else if (strncmp(line, "/save ", 6) == 0 || strcmp(line, "/save") == 0) {
-            chat_save(&c, line[5] ? line + 6 : "");
-        } else if (strcmp(line, "/reset") == 0) {
-            while (c.n_msg > (o->system ? 1 : 0)) chat_pop(&c);
-            // The cache and the attention policy start over (the next message is a first turn,
-            // prefilled densely), and the GPU gives back its host store's pages.
-            if (c.s.attn) c.s.attn->destroy(c.s.attn);
-            c.s.attn = NULL, c.attn_made = 0, c.n_cache = 0, c.prefill_len = 0;
-            size_t freed = c.s.dev && c.s.be->reset ? c.s.be->reset(c.s.dev) : 0;
-            if (freed) chat_note("conversation cleared (%.2f GiB of pinned host memory given back)", freed / 1073741824.0);
-            else chat_note("conversation cleared");
-        } else if (strlen(line) != len) {
-            chat_note("the message contains a NUL byte: message ignored");
-        } else if (len > 0) {
-            chat_turn(&c, line);
-        }
+        int go_on = chat_line(&c, line, len);
         free(line);
+        if (!go_on) break;
     }
-    while (c.n_msg > 0) chat_pop(&c);
-    free(c.msg);
-    free(c.cache);
-    free(c.piece);
-    sampler_free(&c.sampler);
-    if (c.s.attn) c.s.attn->destroy(c.s.attn);
-    run_state_free(&c.s);
+    chat_close(&c);
 }
+
+// ---- bench, synthetic ----
 
 // The GPU when there is one (or when asked), else the CPU.
 static void select_device(Model *m, const char *device) {
@@ -1113,6 +1040,22 @@ static void synthetic_quant(Model *m, const char *quant) {
     m->synthetic_dt = strcmp(quant, "q8_0") == 0 ? DTYPE_Q8_0 : strcmp(quant, "q4_0") == 0 ? DTYPE_Q4_0 : DTYPE_Q4_K;
     m->n_quantized = 7 * (int)m->c.n_layers + 1;
 }
+
+// --bench-ctx: up to 32 contexts, comma-separated (default 4K, 32K, 128K).
+static int bench_contexts(const char *list, int ctxs[32]) {
+    int n = 0;
+    const char *p = list ? list : "4096,32768,131072";
+    while (*p) {
+        char *end;
+        long v = strtol(p, &end, 10);
+        if (end == p || v < 1 || v > (1 << 30) || n == 32 || (*end && *end != ',')) die("--bench-ctx: bad list '%s'", list);
+        ctxs[n++] = (int)v;
+        p = *end ? end + 1 : end;
+    }
+    return n;
+}
+
+static void sampling_defaults(Options *o, const Config *c);
 
 static int run_bench(const Options *o) {
     Model m;
@@ -1135,25 +1078,13 @@ static int run_bench(const Options *o) {
     }
     select_device(&m, o->device ? o->device : "gpu");
     if (!m.be->bench) die("--bench needs the GPU backend");
-    int ctxs[32], n = 0;
-    const char *p = o->bench_ctx ? o->bench_ctx : "4096,32768,131072";
-    while (*p) {
-        char *end;
-        long v = strtol(p, &end, 10);
-        if (end == p || v < 1 || v > (1 << 30) || n == 32 || (*end && *end != ',')) die("--bench-ctx: bad list '%s'", o->bench_ctx);
-        ctxs[n++] = (int)v;
-        p = *end ? end + 1 : end;
-    }
+    int ctxs[32], n = bench_contexts(o->bench_ctx, ctxs);
     int pkv = o->attn_set && o->attn.method == ATTN_PARISKV;
     // The sampling timed beside greedy: the options given, else the model's own settings.
-    float temp = o->temperature, top_p = o->top_p, min_p = o->min_p;
-    int top_k = o->top_k;
-    if (!o->sampling_set && m.c.has_gen_defaults)
-        temp = m.c.gen_do_sample ? m.c.gen_temperature : 0.0f, top_k = m.c.gen_top_k, top_p = m.c.gen_top_p, min_p = m.c.gen_min_p;
+    Options so = *o;
+    sampling_defaults(&so, &m.c);
     Sampler smp;
-    if (sampler_init(&smp, (int)m.c.vocab_size, temp, top_k, top_p, min_p, 1) != 0 ||
-        sampler_set_penalties(&smp, o->repeat_penalty, o->presence_penalty, o->frequency_penalty, o->repeat_last_n) != 0)
-        die("out of memory");
+    make_sampler(&smp, &m, NULL, &so);
     int rc = m.be->bench(&m, ctxs, n, o->bench_steps ? o->bench_steps : 64, o->bench_prefill, m.be->max_chunk, pkv ? &o->attn : NULL, &smp);
     sampler_free(&smp);
     model_free(&m);
@@ -1179,172 +1110,82 @@ static int run_synthetic(const Options *o) {
     return interrupted ? 130 : 0;
 }
 
-int main(int argc, char **argv) {
-    Options o = {0};
-    o.steps = 256;
-    o.repeat_penalty = 1.0f, o.repeat_last_n = 64;
-    o.temperature = 0.8f;
-    o.top_p = 0.95f;
-    o.seed = (unsigned long long)time(NULL);
-    attn_config_default(&o.attn);
-    o.think = -1;
-    for (int i = 1, chat_consumed; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-#define NEEDS_VALUE() if (!v) die("%s needs a value", a); i++
-        if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
-            usage(stdout);
-            return 0;
-        } else if (strcmp(a, "--version") == 0) {
-            printf("run %s (model.bin format %d, CUDA backend %s)\n", PKV_VERSION, MODEL_VERSION, backend_cuda_get() ? "built in" : "not built");
-            return 0;
-        } else if (strcmp(a, "-p") == 0) {
-            NEEDS_VALUE(); o.prompt = v;
-        } else if (strcmp(a, "-f") == 0) {
-            NEEDS_VALUE(); o.prompt_file = v;
-        } else if (strcmp(a, "-n") == 0) {
-            NEEDS_VALUE(); o.steps = (int)parse_long(v, a, 0, INT_MAX / 2); o.steps_set = 1;
-        } else if (strcmp(a, "--ctx") == 0) {
-            NEEDS_VALUE(); o.ctx = (int)parse_long(v, a, 2, INT_MAX / 2);
-        } else if (strcmp(a, "--temp") == 0) {
-            NEEDS_VALUE(); o.temperature = parse_float(v, a, 0, 100); o.sampling_set = 1;
-        } else if (strcmp(a, "--top-k") == 0) {
-            NEEDS_VALUE(); o.top_k = (int)parse_long(v, a, 0, INT_MAX); o.sampling_set = 1;
-        } else if (strcmp(a, "--top-p") == 0) {
-            NEEDS_VALUE(); o.top_p = parse_float(v, a, 0, 1); o.sampling_set = 1;
-        } else if (strcmp(a, "--min-p") == 0) {
-            NEEDS_VALUE(); o.min_p = parse_float(v, a, 0, 1); o.sampling_set = 1;
-        } else if (strcmp(a, "--seed") == 0) {
-            NEEDS_VALUE(); o.seed = (unsigned long long)parse_long(v, a, 0, LONG_MAX); o.seed_set = 1;
-        } else if (strcmp(a, "--repeat-penalty") == 0) {
-            NEEDS_VALUE(); o.repeat_penalty = parse_float(v, a, 0.01f, 100);
-        } else if (strcmp(a, "--presence-penalty") == 0) {
-            NEEDS_VALUE(); o.presence_penalty = parse_float(v, a, -100, 100);
-        } else if (strcmp(a, "--frequency-penalty") == 0) {
-            NEEDS_VALUE(); o.frequency_penalty = parse_float(v, a, -100, 100);
-        } else if (strcmp(a, "--repeat-last-n") == 0) {
-            NEEDS_VALUE(); o.repeat_last_n = (int)parse_long(v, a, -1, INT_MAX / 2);
-        } else if (strcmp(a, "--stop") == 0) {
-            NEEDS_VALUE();
-            if (!*v) die("--stop needs a non-empty string");
-            if (o.n_stops == 16) die("at most 16 --stop strings");
-            o.stops[o.n_stops++] = v;
-        } else if (strcmp(a, "--score") == 0) {
-            NEEDS_VALUE(); o.score_file = v;
-        } else if (strcmp(a, "--save-session") == 0) {
-            NEEDS_VALUE(); o.save_session = v;
-        } else if (strcmp(a, "--load-session") == 0) {
-            NEEDS_VALUE(); o.load_session = v;
-        } else if (strcmp(a, "--score-prompt") == 0) {
-            NEEDS_VALUE(); o.score_prompt = (int)parse_long(v, a, 0, INT_MAX / 2);
-        } else if (strcmp(a, "--tokenize") == 0) {
-            o.tokenize = 1;
-        } else if (strcmp(a, "--ids") == 0) {
-            o.ids = 1;
-        } else if (strcmp(a, "--ignore-eos") == 0) {
-            o.ignore_eos = 1;
-        } else if (strcmp(a, "--device") == 0) {
-            NEEDS_VALUE(); o.device = v;
-            if (strcmp(v, "cpu") && strcmp(v, "gpu") && strcmp(v, "auto")) die("--device must be cpu, gpu or auto, not '%s'", v);
-        } else if (strcmp(a, "--threads") == 0) {
-            NEEDS_VALUE(); o.threads = (int)parse_long(v, a, 1, POOL_MAX_THREADS);
-        } else if (strcmp(a, "--bench") == 0) {
-            o.bench = 1;
-        } else if (strcmp(a, "--synthetic") == 0) {
-            NEEDS_VALUE(); o.synthetic = v;
-        } else if (strcmp(a, "--quant") == 0) {
-            NEEDS_VALUE(); o.quant = v;
-            if (strcmp(v, "q8_0") != 0 && strcmp(v, "q4_k") != 0 && strcmp(v, "q4_0") != 0) die("--quant must be q8_0, q4_k or q4_0, not '%s'", v);
-        } else if (strcmp(a, "--bench-ctx") == 0) {
-            NEEDS_VALUE(); o.bench_ctx = v;
-        } else if (strcmp(a, "--bench-steps") == 0) {
-            NEEDS_VALUE(); o.bench_steps = (int)parse_long(v, a, 64, 100000);
-        } else if (strcmp(a, "--bench-prefill") == 0) {
-            o.bench_prefill = 1;
-        } else if (strcmp(a, "--kv-store") == 0) {
-            NEEDS_VALUE();
-            if (strcmp(v, "auto") == 0) o.attn.store = KV_STORE_AUTO;
-            else if (strcmp(v, "gpu") == 0) o.attn.store = KV_STORE_GPU;
-            else if (strcmp(v, "host") == 0) o.attn.store = KV_STORE_HOST;
-            else die("--kv-store must be gpu, host or auto, not '%s'", v);
-        } else if (strcmp(a, "--kv-store-dtype") == 0) {
-            NEEDS_VALUE();
-            if (strcmp(v, "bf16") == 0) o.attn.zone_fp8 = 0;
-            else if (strcmp(v, "fp8") == 0) o.attn.zone_fp8 = 1;
-            else die("--kv-store-dtype must be bf16 or fp8, not '%s'", v);
-        } else if (attn_option(&o, a, v)) {
-            i++;
-        } else if ((chat_consumed = chat_option(&o, a, v)) >= 0) {
-            i += chat_consumed;
-        } else if (a[0] == '-') {
-            die("unknown option '%s' (see ./run -h)", a);
-        } else if (!o.model_path) {
-            o.model_path = a;
-        } else {
-            die("unexpected argument '%s' (see ./run -h)", a);
-        }
-#undef NEEDS_VALUE
-    }
-    signal(SIGPIPE, SIG_DFL); // see flush_out
-    sigset_t pipe_set;
-    sigemptyset(&pipe_set);
-    sigaddset(&pipe_set, SIGPIPE);
-    sigprocmask(SIG_UNBLOCK, &pipe_set, NULL);
-    guard_install(0); // SIGBUS from a model file truncated while mapped: a one-line error
-    if (o.attn.zone_fp8 && o.attn.store == KV_STORE_GPU)
-        die("--kv-store-dtype fp8 keeps the retrieval zone in the host store: use --kv-store host or auto, not gpu");
-    if (o.attn.zone_fp8 && o.attn.method == ATTN_FULL)
-        die("--kv-store-dtype fp8 applies to a retrieval zone: it needs --attn pariskv (or a peer), not full");
-    if (o.score_prompt && !o.score_file) die("--score-prompt applies to --score");
-    if (o.save_session && (o.chat || o.render_chat || o.score_file || o.tokenize || o.bench))
-        die("--save-session applies to generation (-p / -f); in a chat, /save FILE");
-    if (o.load_session && (o.render_chat || o.score_file || o.tokenize || o.bench))
-        die("--load-session applies to generation (-p / -f) and --chat");
-    if (o.save_session && o.load_session && strcmp(o.save_session, o.load_session) == 0)
-        die("--save-session and --load-session name the same file");
-    if (o.bench) return run_bench(&o);
-    if (o.quant && !o.synthetic) die("--quant applies to --synthetic models (./export --quant quantizes a model file)");
-    if (o.synthetic) return run_synthetic(&o);
-    if (!o.model_path) {
-        usage(stderr);
-        return 1;
-    }
-    if (o.prompt && o.prompt_file) die("give either -p or -f, not both");
-    if (!o.chat && !o.render_chat && (o.system || o.date || o.think >= 0))
-        die("--system, --date, --think and --no-think apply to --chat and --render-chat");
+// ---- main ----
 
-    // Threads: --threads, else OMP_NUM_THREADS (both fix the count), else the CPUs of our
-    // affinity mask, the count then tuned by measuring (model/threads.h).
+// Threads: --threads, else OMP_NUM_THREADS (both fix the count), else the CPUs of our affinity
+// mask, the count then tuned by measuring (model/threads.h).
+static void set_max_threads(Options *o) {
     const char *omp_env = getenv("OMP_NUM_THREADS");
-    if (!o.threads && omp_env && *omp_env) o.threads = (int)parse_long(omp_env, "OMP_NUM_THREADS", 1, POOL_MAX_THREADS);
-    pool_set_max_threads(o.threads ? o.threads : threads_available());
-
-    Model m;
-    char err[MODEL_ERR_LEN];
-    if (model_load(&m, o.model_path, err) != 0) die("%s", err);
-    select_device(&m, o.device);
-    const FileHeader *h = m.file.header;
-    char tok_err[TOK_ERR_LEN];
-    Tokenizer *tok = tokenizer_load(m.file.data + h->tokenizer_offset, h->tokenizer_size, tok_err);
-    if (!tok) die("model file '%s': bad tokenizer section: %s", o.model_path, tok_err);
-
-    // The model's generation_config.json supplies the defaults unless the user chose.
-    const Config *c = &m.c;
-    if (!o.sampling_set && c->has_gen_defaults) {
-        o.temperature = c->gen_do_sample ? c->gen_temperature : 0.0f;
-        o.top_k = c->gen_top_k;
-        o.top_p = c->gen_top_p;
-        o.min_p = c->gen_min_p;
+    char err[OPTIONS_ERR_LEN];
+    long n = 0;
+    if (!o->threads && omp_env && *omp_env) {
+        if (options_parse_long(omp_env, "OMP_NUM_THREADS", 1, POOL_MAX_THREADS, &n, err) != 0) die("%s", err);
+        o->threads = (int)n;
     }
+    pool_set_max_threads(o->threads ? o->threads : pool_cpus_available());
+}
 
-    if (o.render_chat) run_render_chat(tok, &o);
-    else if (o.chat) run_chat(&m, tok, &o);
-    else if (o.tokenize) run_tokenize(tok, &o);
-    else if (o.score_file) run_score(&m, tok, &o);
-    else run_generate(&m, tok, &o);
+// The model's generation_config.json supplies the sampling defaults unless the user chose.
+static void sampling_defaults(Options *o, const Config *c) {
+    if (o->sampling_set || !c->has_gen_defaults) return;
+    o->temperature = c->gen_do_sample ? c->gen_temperature : 0.0f;
+    o->top_k = c->gen_top_k;
+    o->top_p = c->gen_top_p;
+    o->min_p = c->gen_min_p;
+}
+
+// The modes that read a model file: load it and its tokenizer, run the mode.
+static int run_model_file(Options *o) {
+    if (o->prompt && o->prompt_file) die("give either -p or -f, not both");
+    if (!o->chat && !o->render_chat && (o->system || o->date || o->think >= 0))
+        die("--system, --date, --think and --no-think apply to --chat and --render-chat");
+    set_max_threads(o);
+    Model m;
+    char err[MODEL_ERR_LEN], tok_err[TOK_ERR_LEN];
+    if (model_load(&m, o->model_path, err) != 0) die("%s", err);
+    select_device(&m, o->device);
+    const FileHeader *h = m.file.header;
+    Tokenizer *tok = tokenizer_load(m.file.data + h->tokenizer_offset, h->tokenizer_size, tok_err);
+    if (!tok) die("model file '%s': bad tokenizer section: %s", o->model_path, tok_err);
+    sampling_defaults(o, &m.c);
+
+    if (o->render_chat) run_render_chat(tok, o);
+    else if (o->chat) run_chat(&m, tok, o);
+    else if (o->tokenize) run_tokenize(tok, o);
+    else if (o->score_file) run_score(&m, tok, o);
+    else run_generate(&m, tok, o);
 
     tokenizer_free(tok);
     model_free(&m);
     flush_out();
-    return interrupted && !o.chat ? 130 : 0; // a generation stopped by Ctrl-C
+    return interrupted && !o->chat ? 130 : 0; // a generation stopped by Ctrl-C
+}
+
+// SIGPIPE's default action (see flush_out), restored in case it came ignored or blocked; SIGBUS
+// from a model file truncated while mapped: a one-line error.
+static void prepare_process(void) {
+    signal(SIGPIPE, SIG_DFL);
+    sigset_t pipe_set;
+    sigemptyset(&pipe_set);
+    sigaddset(&pipe_set, SIGPIPE);
+    sigprocmask(SIG_UNBLOCK, &pipe_set, NULL);
+    guard_install(0);
+}
+
+int main(int argc, char **argv) {
+    Options o;
+    char err[OPTIONS_ERR_LEN];
+    switch (options_parse(&o, argc, argv, err)) {
+    case OPTIONS_HELP: options_usage(stdout); return 0;
+    case OPTIONS_VERSION:
+        printf("run %s (model.bin format %d, CUDA backend %s)\n", PKV_VERSION, MODEL_VERSION, backend_cuda_get() ? "built in" : "not built");
+        return 0;
+    case OPTIONS_ERROR: die("%s", err);
+    }
+    prepare_process();
+    if (options_check(&o, err) != 0) die("%s", err);
+    if (o.bench) return run_bench(&o);
+    if (o.synthetic) return run_synthetic(&o);
+    if (!o.model_path) return options_usage(stderr), 1;
+    return run_model_file(&o);
 }

@@ -3,6 +3,8 @@
 #ifndef ATTENTION_H
 #define ATTENTION_H
 
+#include "parallel.h"
+
 #include <stddef.h>
 
 // Causal grouped-query attention: query t (at position pos0 + t) attends to cache positions
@@ -10,14 +12,14 @@
 //   out     (T, n_heads * head_dim)
 //   q       (T, n_heads * head_dim)
 //   k_cache (ctx, n_kv_heads * head_dim), v_cache likewise; positions 0 .. pos0 + T - 1 filled
-//   scratch attention_dense_scratch(n_heads, n_kv_heads, head_dim, pos0 + T) floats (sized for the
-//           pool's most threads: call it after pool_set_max_threads, model/pool.h)
+//   scratch attention_dense_scratch(par, n_heads, n_kv_heads, head_dim, pos0 + T) floats (sized
+//           for par's most threads, as they are when it is called)
 // The query heads of a KV group are attended together, so each K and V row is read once per group;
-// a single query's blocks of positions are spread over the threads (attend_rows below), which gives
-// the same numbers as one thread taking them in turn.
-void attention_dense(float *out, const float *q, const float *k_cache, const float *v_cache, int pos0, int T,
-                     int n_heads, int n_kv_heads, int head_dim, float *scratch);
-size_t attention_dense_scratch(int n_heads, int n_kv_heads, int head_dim, int n_keys);
+// a single query's blocks of positions are spread over par's threads (attend_rows below), which
+// gives the same numbers as one thread taking them in turn.
+void attention_dense(const AttnParallel *par, float *out, const float *q, const float *k_cache, const float *v_cache, int pos0,
+                     int T, int n_heads, int n_kv_heads, int head_dim, float *scratch);
+size_t attention_dense_scratch(const AttnParallel *par, int n_heads, int n_kv_heads, int head_dim, int n_keys);
 
 // ---- exact attention over a list of rows (attend_rows.c): the arithmetic every CPU attention shares ----
 //
@@ -93,10 +95,11 @@ int attn_dense_threshold(const AttnConfig *c);     // max(dense_min, S + L + 2 t
 int attn_is_dense(const AttnConfig *c, int pos);   // the query at pos attends densely
 int attn_zone_end(const AttnConfig *c, int pos);   // end of the retrieval zone seen by the query at pos
 
-// A policy for every layer of a model, K/V cache of ctx positions. NULL with err filled when the
+// A policy for every layer of a model, K/V cache of ctx positions, its work spread by par (kept:
+// it must outlive the policy; scratch for par's most threads now). NULL with err filled when the
 // configuration is invalid (ATTN_FULL included: it needs no policy) or memory runs out. All index
 // memory is allocated here: attend() never allocates.
-AttnPolicy *attn_policy_create(const AttnConfig *c, int n_layers, int n_heads, int n_kv_heads, int head_dim, int ctx, char *err);
+AttnPolicy *attn_policy_create(const AttnConfig *c, const AttnParallel *par, int n_layers, int n_heads, int n_kv_heads, int head_dim, int ctx, char *err);
 const AttnConfig *attn_policy_config(const AttnPolicy *p);
 // Saved sessions (model/session.h): how far the rows of the cache hold their fp8 values
 // (zone_fp8; the policy rewrites rows as they enter the zone), and a fresh policy told that the

@@ -1,15 +1,14 @@
 // Dense causal attention on the CPU: the exact reference.
 #include "attention.h"
 
-#include "../model/pool.h"
 
-// Per thread of the pool (its most): one block's scores for ATT_SUB heads and the partial results
+// Per thread (par's most): one block's scores for ATT_SUB heads and the partial results
 // of one query's blocks (attend_rows_scratch); then a single query's blocks, all groups.
-size_t attention_dense_scratch(int n_heads, int n_kv_heads, int head_dim, int n_keys) {
+size_t attention_dense_scratch(const AttnParallel *par, int n_heads, int n_kv_heads, int head_dim, int n_keys) {
     int group = n_heads / n_kv_heads, subs = (group + ATT_SUB - 1) / ATT_SUB;
     size_t nb = ((size_t)n_keys + ATT_BLOCK - 1) / ATT_BLOCK;
     size_t shared = (size_t)n_kv_heads * subs * nb * ATT_SUB * ATT_PART(head_dim);
-    return (size_t)pool_max_threads() * attend_rows_scratch(head_dim, n_keys) + shared;
+    return (size_t)par->max_threads() * attend_rows_scratch(head_dim, n_keys) + shared;
 }
 
 // Rows [p0, p0 + m) of one KV head as pointers (attend_block reads rows through pointers so that
@@ -65,16 +64,16 @@ static void chunk_task(void *ctx, int i, int thread) {
     attend_merge(d->out + ((size_t)t * d->n_heads + h0) * d->hd, g, d->hd, nb, part);
 }
 
-void attention_dense(float *out, const float *q, const float *k_cache, const float *v_cache, int pos0, int T,
-                     int n_heads, int n_kv_heads, int head_dim, float *scratch) {
+void attention_dense(const AttnParallel *par, float *out, const float *q, const float *k_cache, const float *v_cache, int pos0,
+                     int T, int n_heads, int n_kv_heads, int head_dim, float *scratch) {
     int group = n_heads / n_kv_heads, subs = (group + ATT_SUB - 1) / ATT_SUB, tasks = n_kv_heads * subs;
     Dense d = {out, scratch, NULL, q, k_cache, v_cache, pos0, T, n_heads, group, subs, head_dim, n_kv_heads * head_dim,
                (pos0 + T + ATT_BLOCK - 1) / ATT_BLOCK, attend_rows_scratch(head_dim, pos0 + T)};
-    d.shared = scratch + (size_t)pool_max_threads() * d.stride;
+    d.shared = scratch + (size_t)par->max_threads() * d.stride;
     if (T == 1) {
-        pool_run(tasks * d.nb, decode_block_task, &d);
-        pool_run(tasks, decode_merge_task, &d);
+        par->run(tasks * d.nb, decode_block_task, &d);
+        par->run(tasks, decode_merge_task, &d);
     } else {
-        pool_run(T * tasks, chunk_task, &d);
+        par->run(T * tasks, chunk_task, &d);
     }
 }

@@ -3,7 +3,6 @@
 // comes from a Selector: ParisKV or one of its peers, all on the same keys and the same budget.
 #include "attention.h"
 #include "selector.h"
-#include "../model/pool.h"
 #include "../offload/fp8.h"
 
 #include <stdio.h>
@@ -42,6 +41,7 @@ int attn_zone_end(const AttnConfig *c, int pos) {
 typedef struct {
     AttnConfig cfg;
     int n_layers, n_heads, n_kv_heads, head_dim, ctx, n_threads;
+    const AttnParallel *par; // spreads the tasks over threads (n_threads: its most, at creation)
     Selector *sel;
     int *indexed;   // (n_layers) zone slots in the layer's index
     int *seen_end;  // (n_layers) end of the positions of the layer's last call
@@ -116,7 +116,7 @@ static void fp8_task(void *ctx, int task, int thread) {
 
 static void to_fp8(Policy *P, float *k_cache, float *v_cache, int p0, int p1) {
     Fp8Rows f = {k_cache, v_cache, p0, (p1 - p0) * P->n_kv_heads, P->head_dim, P->n_kv_heads};
-    if (f.rows > 0) pool_run((2 * f.rows + 63) / 64, fp8_task, &f);
+    if (f.rows > 0) P->par->run((2 * f.rows + 63) / 64, fp8_task, &f);
 }
 
 typedef struct {
@@ -145,7 +145,7 @@ static void index_to(Policy *P, int layer, KVStore *st, float *k_cache, float *v
     if (from > need) reset_layer(P, layer), from = 0; // the zone never shrinks within a sequence
     if (need <= from) return;
     Extend e = {P, layer, from, need, st};
-    pool_run(P->n_kv_heads, extend_task, &e);
+    P->par->run(P->n_kv_heads, extend_task, &e);
     st->evict(st, P->cfg.sink + from, need - from);
     P->indexed[layer] = need;
 }
@@ -219,7 +219,7 @@ static void policy_attend(AttnPolicy *ap, int layer, float *out, const float *q,
     // Prompt positions and short sequences attend densely; they come first in any chunk.
     int nd = 0;
     while (nd < T && attn_is_dense(&P->cfg, pos0 + nd)) nd++;
-    if (nd > 0) attention_dense(out, q, k_cache, v_cache, pos0, nd, n_heads, n_kv_heads, head_dim, scratch);
+    if (nd > 0) attention_dense(P->par, out, q, k_cache, v_cache, pos0, nd, n_heads, n_kv_heads, head_dim, scratch);
     KVStore st;
     kvstore_cpu_view(&st, k_cache, v_cache, n_kv_heads, head_dim);
     // Decode queries, in runs that see the same zone: grow the index to it, then each query of
@@ -229,7 +229,7 @@ static void policy_attend(AttnPolicy *ap, int layer, float *out, const float *q,
         while (t1 < T && attn_zone_end(&P->cfg, pos0 + t1) == zone_end) t1++;
         index_to(P, layer, &st, k_cache, v_cache, zone_end);
         Decode d = {P, layer, &st, out, q, pos0, t0, zone_end};
-        pool_run((t1 - t0) * n_kv_heads, decode_task, &d);
+        P->par->run((t1 - t0) * n_kv_heads, decode_task, &d);
         t0 = t1;
     }
 }
@@ -278,7 +278,7 @@ static int bad(char *err, const char *what, int v) {
     return 1;
 }
 
-AttnPolicy *attn_policy_create(const AttnConfig *c, int n_layers, int n_heads, int n_kv_heads, int head_dim, int ctx, char *err) {
+AttnPolicy *attn_policy_create(const AttnConfig *c, const AttnParallel *par, int n_layers, int n_heads, int n_kv_heads, int head_dim, int ctx, char *err) {
     if (c->method == ATTN_FULL) {
         snprintf(err, ATTN_ERR_LEN, "attention: full attention needs no policy");
         return NULL;
@@ -307,7 +307,8 @@ AttnPolicy *attn_policy_create(const AttnConfig *c, int n_layers, int n_heads, i
     *ap = (AttnPolicy){method_names[c->method], policy_attend, policy_reset, policy_destroy, P};
     P->cfg = *c;
     P->n_layers = n_layers, P->n_heads = n_heads, P->n_kv_heads = n_kv_heads, P->head_dim = head_dim, P->ctx = ctx;
-    P->n_threads = pool_max_threads();
+    P->par = par;
+    P->n_threads = par->max_threads();
     int cap = ctx > c->sink ? ctx - c->sink : 0; // the most zone slots a sequence of ctx tokens has
     switch (c->method) {
     case ATTN_PARISKV: P->sel = selector_pariskv(n_layers, n_kv_heads, head_dim, cap, err); break;

@@ -17,8 +17,9 @@ extern "C" {
 #include "../model/backend.h"
 #include "../model/bf16.h"
 #include "../model/config.h"
-#include "variants.h"
+#include "../model/pool.h"
 }
+#include "variants.h"
 
 static int passed, failed;
 static unsigned long long rng = 88172645463325252ull;
@@ -415,8 +416,8 @@ static void test_attn_decode(int nh, int nkv, int hd, int ctx, int pos, int qk_n
         a.kf[(size_t)pos * nkv * hd + i] = bf16_to_f32(f32_to_bf16(k[i]));
         a.vf[(size_t)pos * nkv * hd + i] = bf16_to_f32(f32_to_bf16(v[i]));
     }
-    std::vector<float> ref(nh * hd), scratch(attention_dense_scratch(nh, nkv, hd, pos + 1));
-    attention_dense(ref.data(), q.data(), a.kf.data(), a.vf.data(), pos, 1, nh, nkv, hd, scratch.data());
+    std::vector<float> ref(nh * hd), scratch(attention_dense_scratch(&pool_parallel, nh, nkv, hd, pos + 1));
+    attention_dense(&pool_parallel, ref.data(), q.data(), a.kf.data(), a.vf.data(), pos, 1, nh, nkv, hd, scratch.data());
     float *dqkv = to_dev(qkv), *dqn = to_dev(qn), *dkn = to_dev(kn), *dinv = to_dev(inv);
     std::vector<int> hp = {pos};
     int *dpos = to_dev(hp);
@@ -470,8 +471,8 @@ static void test_attn_prefill(int nh, int nkv, int hd, int pos0, int T) {
     std::vector<float> qf;
     std::vector<uint16_t> qb;
     rand_bf16(qf, qb, (size_t)T * nh * hd, 1.0f);
-    std::vector<float> ref((size_t)T * nh * hd), scratch(attention_dense_scratch(nh, nkv, hd, pos0 + T));
-    attention_dense(ref.data(), qf.data(), a.kf.data(), a.vf.data(), pos0, T, nh, nkv, hd, scratch.data());
+    std::vector<float> ref((size_t)T * nh * hd), scratch(attention_dense_scratch(&pool_parallel, nh, nkv, hd, pos0 + T));
+    attention_dense(&pool_parallel, ref.data(), qf.data(), a.kf.data(), a.vf.data(), pos0, T, nh, nkv, hd, scratch.data());
     bf16 *dq = (bf16 *)to_dev(qb), *out;
     CU_CHECK(cudaMalloc(&out, (size_t)T * nh * hd * 2));
     CU_CHECK(cudaMemset(out, 0xff, (size_t)T * nh * hd * 2));

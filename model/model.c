@@ -144,7 +144,7 @@ size_t run_state_bytes(const Config *c, int ctx, int chunk) {
     size_t wide = q > c->dim ? q : c->dim;
     size_t per_tok = 2 * (size_t)c->dim + wide + q + 2 * (size_t)c->hidden_dim + c->vocab_size;
     return sizeof(float) * ((size_t)chunk * per_tok + 2 * (size_t)c->n_layers * (size_t)ctx * kv +
-                            attention_dense_scratch((int)c->n_heads, (int)c->n_kv_heads, (int)c->head_dim, ctx));
+                            attention_dense_scratch(&pool_parallel, (int)c->n_heads, (int)c->n_kv_heads, (int)c->head_dim, ctx));
 }
 
 int run_state_init(RunState *s, const Model *m, int ctx, int chunk, int all_logits, char *err) {
@@ -186,7 +186,7 @@ int run_state_init_attn(RunState *s, const Model *m, int ctx, int chunk, int all
     s->hb = calloc(T * c->hidden_dim, sizeof(float));
     s->hb2 = calloc(T * c->hidden_dim, sizeof(float));
     s->logits = calloc(T * c->vocab_size, sizeof(float));
-    s->att_scratch = calloc(attention_dense_scratch((int)c->n_heads, (int)c->n_kv_heads, (int)c->head_dim, ctx), sizeof(float));
+    s->att_scratch = calloc(attention_dense_scratch(&pool_parallel, (int)c->n_heads, (int)c->n_kv_heads, (int)c->head_dim, ctx), sizeof(float));
     s->key_cache = calloc((size_t)c->n_layers * (size_t)ctx * kv, sizeof(float));
     s->value_cache = calloc((size_t)c->n_layers * (size_t)ctx * kv, sizeof(float));
     if (!s->x || !s->xb || !s->xb2 || !s->q || !s->hb || !s->hb2 || !s->logits || !s->att_scratch || !s->key_cache || !s->value_cache) {
@@ -270,7 +270,7 @@ static float *forward(const Model *m, RunState *s, const int *tokens, int T, int
             if (T == 1 && recall_file()) recall_step(m, s, (int)l, pos, s->key_cache + layer_off);
         }
         else
-            attention_dense(s->xb, s->q, s->key_cache + layer_off, s->value_cache + layer_off, pos, T,
+            attention_dense(&pool_parallel, s->xb, s->q, s->key_cache + layer_off, s->value_cache + layer_off, pos, T,
                             (int)c->n_heads, (int)c->n_kv_heads, hd, s->att_scratch);
         be->matmul(s->xb2, s->xb, w->wo, w->wo_dt, T, q_dim, dim);
         be->add(s->x, s->xb2, (long)T * dim);

@@ -1,12 +1,12 @@
 // The CPU path's thread pool (pool.h): tasks claimed through one atomic word, waits that spin
 // briefly and then sleep on a futex.
 #include "pool.h"
-#include "threads.h"
 
 #include <limits.h>
 #include <linux/futex.h>
 #include <omp.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -14,8 +14,6 @@
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
-
-
 
 // The one pool of the process (a runner has one CPU team). The current operation's fields are
 // written by the caller before it publishes the operation in `claim`, and read by a worker after
@@ -97,6 +95,13 @@ static void *worker(void *arg) {
     return NULL;
 }
 
+int pool_cpus_available(void) {
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
 void pool_set_max_threads(int n) {
     if (P.started) return; // fixed once workers exist
     P.max = n < 1 ? 1 : n > POOL_MAX_THREADS ? POOL_MAX_THREADS : n;
@@ -104,7 +109,7 @@ void pool_set_max_threads(int n) {
 }
 
 int pool_max_threads(void) {
-    if (P.max == 0) pool_set_max_threads(threads_available());
+    if (P.max == 0) pool_set_max_threads(pool_cpus_available());
     return P.max;
 }
 
@@ -166,3 +171,5 @@ void pool_run(int n_tasks, PoolTask fn, void *ctx) {
     }
     atomic_exchange_explicit(&P.claim, ((uint64_t)P.op << 32) | UINT32_MAX, memory_order_acq_rel); // the close
 }
+
+const AttnParallel pool_parallel = {pool_run, pool_max_threads};

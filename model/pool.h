@@ -13,6 +13,8 @@
 #ifndef POOL_H
 #define POOL_H
 
+#include "../attention/parallel.h"
+
 #define POOL_SPIN_US 50
 #define POOL_MAX_THREADS 256 // a team's most threads
 
@@ -28,5 +30,10 @@ int pool_threads(void);
 // this process's affinity mask). Per-thread scratch is sized by it.
 void pool_set_max_threads(int n);
 int pool_max_threads(void);
+// The CPUs in this process's affinity mask: the most threads a run may use when none is given.
+int pool_cpus_available(void);
+
+// The pool as attention's parallel for (attention/parallel.h): pool_run and pool_max_threads.
+extern const AttnParallel pool_parallel;
 
 #endif

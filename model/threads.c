@@ -4,10 +4,8 @@
 
 #include "pool.h"
 
-#include <unistd.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <sched.h>
 #include <time.h>
 
 enum {
@@ -18,13 +16,6 @@ enum {
     PROBE = 2,        // passes per probed count (one, when the first is clearly worse)
 };
 #define CLEARLY_WORSE 1.25
-
-int threads_available(void) {
-    cpu_set_t set;
-    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    return n > 0 ? (int)n : 1;
-}
 
 static double now(void) {
     struct timespec ts;

@@ -7,6 +7,8 @@
 // knows and now and then probes the others for a couple of passes, keeping whichever is faster
 // per token. Decode steps (T = 1) and prefill chunks are tuned apart (their per-token costs
 // differ by the batching). `--threads N` fixes the count instead.
+// The tuner sits above the pool (model/pool.h): it sets the pool's team size for each pass; the
+// pool knows nothing of it.
 #ifndef THREADS_H
 #define THREADS_H
 
@@ -25,9 +27,6 @@ typedef struct {
     int running;                         // index in use for the current pass
     double t0;
 } ThreadTuner;
-
-// The thread count a run may use when none is given: the CPUs in this process's affinity mask.
-int threads_available(void);
 
 // A first guess before any timing: max_threads less the other processes running now (the kernel's
 // procs_running, least of a few samples over ~5 ms, ourselves not counted), at least 1. Call it

@@ -28,7 +28,7 @@ static Case make_case(Rng *r, int H, int Hkv, int hd, int n, float qscale) {
 static void free_case(Case *c) { free(c->k), free(c->v), free(c->q); }
 
 static float *scratch_for(const Case *c) {
-    return calloc(attention_dense_scratch(c->H, c->Hkv, c->hd, c->n), sizeof(float));
+    return calloc(attention_dense_scratch(&pool_parallel, c->H, c->Hkv, c->hd, c->n), sizeof(float));
 }
 
 static double gamma_n(double n) { // n unit roundoffs, as in Higham's gamma_n
@@ -81,11 +81,11 @@ static void run_case(Rng *r, int H, int Hkv, int hd, int n, float qscale) {
     int positions[] = {0, 1, ATT_BLOCK - 2, ATT_BLOCK - 1, ATT_BLOCK, n / 2, n - 1};
     double worst = 0.0, ratio = 0.0;
     int same_chunk = 1;
-    attention_dense(chunk, c.q, c.k, c.v, 0, n, H, Hkv, hd, sc); // the whole sequence as one chunk
+    attention_dense(&pool_parallel, chunk, c.q, c.k, c.v, 0, n, H, Hkv, hd, sc); // the whole sequence as one chunk
     for (size_t i = 0; i < sizeof positions / sizeof *positions; i++) {
         int p = positions[i];
         if (p < 0 || p >= n) continue;
-        attention_dense(alone, c.q + (size_t)p * row, c.k, c.v, p, 1, H, Hkv, hd, sc);
+        attention_dense(&pool_parallel, alone, c.q + (size_t)p * row, c.k, c.v, p, 1, H, Hkv, hd, sc);
         double d = check_query(&c, p, alone, &ratio);
         if (d > worst) worst = d;
         if (memcmp(alone, chunk + (size_t)p * row, row * sizeof(float))) same_chunk = 0;
@@ -99,10 +99,10 @@ static void run_case(Rng *r, int H, int Hkv, int hd, int n, float qscale) {
     float *ref1 = malloc(row * sizeof(float)), *refc = malloc((size_t)5 * row * sizeof(float)), *o = malloc((size_t)5 * row * sizeof(float));
     for (int t = 1; t <= 3; t++) {
         pool_set_threads(t);
-        attention_dense(o, c.q + (size_t)p * row, c.k, c.v, p, 1, H, Hkv, hd, sc);
+        attention_dense(&pool_parallel, o, c.q + (size_t)p * row, c.k, c.v, p, 1, H, Hkv, hd, sc);
         if (t == 1) memcpy(ref1, o, row * sizeof(float));
         else if (memcmp(ref1, o, row * sizeof(float))) same_threads = 0;
-        attention_dense(o, c.q + (size_t)t0 * row, c.k, c.v, t0, n - t0, H, Hkv, hd, sc);
+        attention_dense(&pool_parallel, o, c.q + (size_t)t0 * row, c.k, c.v, t0, n - t0, H, Hkv, hd, sc);
         if (t == 1) memcpy(refc, o, (size_t)(n - t0) * row * sizeof(float));
         else if (memcmp(refc, o, (size_t)(n - t0) * row * sizeof(float))) same_threads = 0;
     }

@@ -31,7 +31,7 @@ static Inputs make_inputs(Rng *r, int L, int H, int Hkv, int D, int ctx) {
     Inputs in = {L, H, Hkv, D, ctx, NULL, NULL, NULL, NULL};
     size_t kv = (size_t)L * ctx * Hkv * D, qn = (size_t)L * ctx * H * D;
     in.k = xcalloc(kv, sizeof(float)), in.v = xcalloc(kv, sizeof(float)), in.q = xcalloc(qn, sizeof(float));
-    in.scratch = xcalloc(attention_dense_scratch(H, Hkv, D, ctx), sizeof(float));
+    in.scratch = xcalloc(attention_dense_scratch(&pool_parallel, H, Hkv, D, ctx), sizeof(float));
     Shape ks = make_shape(r, D, 4.0f), qs = make_shape(r, D, 2.0f);
     for (size_t i = 0; i < kv / D; i++) draw(r, &ks, D, in.k + i * D);
     for (size_t i = 0; i < kv; i++) in.v[i] = gauss(r);
@@ -48,13 +48,13 @@ static void attend(AttnPolicy *ap, const Inputs *in, int pos0, int T, float *out
         float *o = out + l * ql + (size_t)pos0 * row;
         const float *q = in->q + l * ql + (size_t)pos0 * row;
         if (ap) ap->attend(ap, l, o, q, in->k + l * kvl, in->v + l * kvl, pos0, T, in->H, in->Hkv, in->D, in->scratch);
-        else attention_dense(o, q, in->k + l * kvl, in->v + l * kvl, pos0, T, in->H, in->Hkv, in->D, in->scratch);
+        else attention_dense(&pool_parallel, o, q, in->k + l * kvl, in->v + l * kvl, pos0, T, in->H, in->Hkv, in->D, in->scratch);
     }
 }
 
 static AttnPolicy *create(const AttnConfig *c, const Inputs *in) {
     char err[ATTN_ERR_LEN];
-    AttnPolicy *ap = attn_policy_create(c, in->L, in->H, in->Hkv, in->D, in->ctx, err);
+    AttnPolicy *ap = attn_policy_create(c, &pool_parallel, in->L, in->H, in->Hkv, in->D, in->ctx, err);
     if (!ap) {
         fprintf(stderr, "%s\n", err);
         exit(1);
@@ -481,13 +481,13 @@ static void test_bad_config(void) {
     AttnConfig c;
     attn_config_default(&c);
     c.topk = 0;
-    AttnPolicy *a = attn_policy_create(&c, 1, 2, 1, 64, 64, err);
+    AttnPolicy *a = attn_policy_create(&c, &pool_parallel, 1, 2, 1, 64, 64, err);
     check(!a && strstr(err, "topk"), "topk 0 is refused: %s", err);
     attn_config_default(&c);
-    AttnPolicy *b = attn_policy_create(&c, 1, 2, 1, 48, 64, err);
+    AttnPolicy *b = attn_policy_create(&c, &pool_parallel, 1, 2, 1, 48, 64, err);
     check(!b && strstr(err, "power of two"), "pariskv refuses head_dim 48: %s", err);
     c.method = ATTN_FULL;
-    check(!attn_policy_create(&c, 1, 2, 1, 64, 64, err), "full attention makes no policy: %s", err);
+    check(!attn_policy_create(&c, &pool_parallel, 1, 2, 1, 64, 64, err), "full attention makes no policy: %s", err);
     check(attn_method_parse("quest") == ATTN_QUEST && attn_method_parse("nope") == -1, "method names parse");
     free_inputs(&in);
 }

@@ -289,7 +289,7 @@ static void arms_init(Arm *arms, int n_arms, const Model *m, const Exp *e, const
         if (spec[i].topk) a->cfg.topk = spec[i].topk;
         snprintf(a->label, sizeof a->label, spec[i].topk ? "%s@%d" : "%s", attn_method_name(spec[i].method), spec[i].topk);
         char err[ATTN_ERR_LEN > MODEL_ERR_LEN ? ATTN_ERR_LEN : MODEL_ERR_LEN];
-        a->inner = attn_policy_create(&a->cfg, (int)c->n_layers, (int)c->n_heads, (int)c->n_kv_heads, (int)c->head_dim, e->n, err);
+        a->inner = attn_policy_create(&a->cfg, &pool_parallel, (int)c->n_layers, (int)c->n_heads, (int)c->n_kv_heads, (int)c->head_dim, e->n, err);
         if (!a->inner) die("%s", err);
         a->probe = (AttnPolicy){a->inner->name, probe_attend, probe_reset, probe_destroy, a};
         if (run_state_init(&a->s, m, e->n, CHUNK, 1, err) != 0) die("%s", err);
