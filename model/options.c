@@ -121,7 +121,7 @@ static const OptSpec OPTIONS[] = {
              "OMP_NUM_THREADS\nfixes the count as --threads does)"},
 
     {.section = "benchmark (GPU):"},
-    {"--bench", FLAG(bench, 1), .usage = "--bench", .help = "time decode steps at each context and print TPOT beside the bandwidth floor"},
+    {"--bench", FLAG(bench, 1), .usage = "--bench", .help = "time decode steps at each context and print TPOT beside the bandwidth floor:\neach step with its sampling, greedy beside the sampling options (default: the\nmodel's own settings)"},
     {"--synthetic", STRING(synthetic), .usage = "--synthetic NAME",
      .help = "random weights of a real shape instead of a model file:\nllama3.1-8b, qwen3-8b, qwen3-0.6b; also without --bench, on the "
              "GPU, to\ngenerate from a prompt of ids (--ids -f FILE -n N) or --score ids (--ids)"},
