@@ -22,7 +22,8 @@
 //   k_draw: each block's sum of P over the kept tokens of its slice. Last block: the block whose
 //     range holds r (a scan of the partials), then its slice scanned in id order for the first id
 //     whose running sum exceeds r -> out (one writer).
-// A kernel with nothing to do for the setting (flags in the control struct, cleared by k_max)
+// Launched with programmatic dependent launch (pdl.h): each kernel waits for the one before at
+// its start. A kernel with nothing to do for the setting (flags in the control struct, cleared by k_max)
 // returns at once. All sums are integers (P = p * 2^40), so the order of atomics changes
 // nothing. Every floating-point step is written with _rn intrinsics (no contraction into FMA),
 // the same IEEE operations as the CPU's in the same order: p, and so the id, are the CPU's bit
@@ -30,6 +31,7 @@
 #include <stdint.h>
 
 #include "cuda_common.h"
+#include "pdl.h"
 #include "sample.h"
 
 #define THREADS 512
@@ -342,6 +344,8 @@ __device__ void plan(const Scratch &S, int stage, int kind, int by_mass, u64 cou
 }
 
 __global__ void __launch_bounds__(THREADS) k_pen(float *l, SampleParams sp, const int *pen) {
+    pdl_wait(); // nothing is touched before the previous kernel is done
+    pdl_release();
     __shared__ int n_pen;
     const int n = sp.n_valid;
     if (threadIdx.x == 0) n_pen = pen[0];
@@ -357,6 +361,8 @@ __global__ void __launch_bounds__(THREADS) k_pen(float *l, SampleParams sp, cons
 }
 
 __global__ void __launch_bounds__(THREADS, 2) k_max(const float *l, SampleParams sp, Scratch S) {
+    pdl_wait(); // nothing is touched before the previous kernel is done
+    pdl_release();
     __shared__ u64 red[WARPS];
     const int tid = threadIdx.x;
     if (blockIdx.x == 0)
@@ -379,6 +385,8 @@ __global__ void __launch_bounds__(THREADS, 2) k_max(const float *l, SampleParams
 }
 
 __global__ void __launch_bounds__(THREADS, 2) k_exp(const float *l, SampleParams sp, const float *u, int *out, Scratch S) {
+    pdl_wait(); // nothing is touched before the previous kernel is done
+    pdl_release();
     __shared__ Shared sh;
     __shared__ uint32_t cc[NCOARSE];
     __shared__ u64 cm[NCOARSE];
@@ -447,6 +455,8 @@ __global__ void __launch_bounds__(THREADS, 2) k_exp(const float *l, SampleParams
 
 // Stage s: the tokens of bin[s] into the list; the last block resolves the cut.
 __global__ void __launch_bounds__(THREADS, 2) k_compact(const float *l, SampleParams sp, const float *u, Scratch S, int stage) {
+    pdl_wait(); // nothing is touched before the previous kernel is done
+    pdl_release();
     __shared__ Shared sh;
     Ctrl *c = S.ctrl;
     if (!c->on[stage]) return;
@@ -502,6 +512,8 @@ __device__ __forceinline__ int kept(const float *l, const float *prob, int i, in
 
 // The draw: the kept tokens in id order, the first whose running sum of P exceeds r.
 __global__ void __launch_bounds__(THREADS, 2) k_draw(const float *l, SampleParams sp, int *out, Scratch S) {
+    pdl_wait(); // nothing is touched before the previous kernel is done
+    pdl_release();
     __shared__ Shared sh;
     Ctrl *c = S.ctrl;
     if (!c->draw_on) return;
@@ -552,11 +564,14 @@ extern "C" cudaError_t gpu_sample(float *logits, const SampleParams *sp, const f
     const int G = grid_for(p.n_valid);
     Scratch S;
     scratch_layout(p.n_valid, (char *)scratch, &S);
-    if (pen) k_pen<<<1, THREADS, 0, st>>>(logits, p, pen);
-    k_max<<<G, THREADS, 0, st>>>(logits, p, S);
-    k_exp<<<G, THREADS, 0, st>>>(logits, p, u, out, S);
-    k_compact<<<G, THREADS, 0, st>>>(logits, p, u, S, 0);
-    k_compact<<<G, THREADS, 0, st>>>(logits, p, u, S, 1);
-    k_draw<<<G, THREADS, 0, st>>>(logits, p, out, S);
-    return cudaGetLastError();
+    // programmatic dependent launch: a kernel's blocks are placed while the one before drains
+    // (each waits for it before touching memory), so the launches' latency overlaps
+    const float *cl = logits;
+    if (pen) CU_TRY(launch_pdl(k_pen, dim3(1), dim3(THREADS), 0, st, logits, p, pen));
+    CU_TRY(launch_pdl(k_max, dim3(G), dim3(THREADS), 0, st, cl, p, S));
+    CU_TRY(launch_pdl(k_exp, dim3(G), dim3(THREADS), 0, st, cl, p, u, out, S));
+    CU_TRY(launch_pdl(k_compact, dim3(G), dim3(THREADS), 0, st, cl, p, u, S, 0));
+    CU_TRY(launch_pdl(k_compact, dim3(G), dim3(THREADS), 0, st, cl, p, u, S, 1));
+    CU_TRY(launch_pdl(k_draw, dim3(G), dim3(THREADS), 0, st, cl, p, out, S));
+    return cudaSuccess;
 }
