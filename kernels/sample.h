@@ -1,7 +1,9 @@
 // The next token on the GPU: model/sampler.h's definition (penalties, temperature, top-k, top-p,
-// min-p), the same id as the CPU's sampler_pick for the same logits and u. One block; everything
-// that changes per step is read through pointers when the kernel runs, so a captured CUDA graph
-// replays it (fixed launch shape for a fixed n_valid, no allocation, no host sync).
+// min-p), the same id as the CPU's sampler_pick for the same logits and u. A fixed sequence of
+// kernels (kernels/sample.cu: up to 256 blocks over the vocabulary, the decisions in the last
+// block of each pass); everything that changes per step is read through pointers when the
+// kernels run, so a captured CUDA graph replays them (the same launches for every setting with a
+// fixed n_valid and pen NULL or not, no allocation, no host sync).
 #ifndef SAMPLE_H
 #define SAMPLE_H
 
@@ -21,7 +23,9 @@ typedef struct {
     float repeat, presence, frequency; // the penalties' parameters (used only with a list)
 } SampleParams;
 
-// Bytes of device scratch gpu_sample needs for n_valid logits (a float per logit).
+// Bytes of device scratch gpu_sample needs for n_valid logits: p (a float per logit), a list of
+// (rank value, P) pairs (16 bytes per logit: every token may share one histogram bin), the
+// histograms (65,536 + 256 bins of count and P, 0.8 MB), per-block partials and a control struct.
 size_t gpu_sample_scratch_bytes(int n_valid);
 
 // logits: device, n_valid floats; the penalties are applied to them in place.

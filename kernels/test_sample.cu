@@ -203,6 +203,42 @@ int main(void) {
         check(pen_bad == 0, "penalties from the list: the GPU's logits equal sampler_penalize's bit for bit");
     }
 
+    // (1b) the multi-block paths: all logits equal (one histogram bin holds every token), top-p's
+    // boundary in another bin than top-k's, bins of thousands, top-k 1 and top-p 0
+    {
+        struct { int kind; float t; int k; float p, mp; int equal; } set[] = {
+            {FLAT, 1.0f, 0, 0.5f, 0, 1},          {FLAT, 1.0f, 1000, 0.3f, 0, 1},      {FLAT, 1.0f, 77777, 1, 0, 1},
+            {FLAT, 1.0f, 0, 1, 0.5f, 1},          {FLAT, 0.8f, 100000, 0.3f, 0, 0},    {FLAT, 0.8f, 5000, 0.05f, 0, 0},
+            {PEAKED, 0.8f, 100000, 0.99f, 0, 0},  {PEAKED, 2.0f, 20000, 0.6f, 0, 0},   {TIED, 1.0f, 30000, 0.7f, 0.001f, 0},
+            {TIED, 1.0f, 0, 0.4f, 0, 0},          {FLAT, 0.8f, 0, 0.0f, 0, 0},         {FLAT, 0.8f, 1, 1, 0, 0},
+            {FLAT, 0.8f, 151000, 0.999f, 0.01f, 0}, {TIED, 0.5f, 9000, 1, 0, 0}};
+        int total = 0, wrong = 0;
+        for (auto &c : set) {
+            int n = NMAX;
+            make_logits(l.data(), n, c.kind);
+            if (c.equal)
+                for (int i = 0; i < n; i++) l[i] = 0.75f;
+            Sampler s;
+            if (sampler_init(&s, n, c.t, c.k, c.p, c.mp, 99) != 0) return 1;
+            for (int rep = 0; rep < 6; rep++) {
+                float u = rep == 0 ? 0.0f : rep == 1 ? 0.99999994f : sampler_uniform(&s);
+                std::copy(l.begin(), l.begin() + n, lc.begin());
+                int want = sampler_pick(&s, lc.data(), u), bad;
+                int got = gpu_pick(g, l.data(), SampleParams{n, c.t, c.k, c.p, c.mp, 1, 0, 0}, u, NULL, &bad, NULL);
+                total++;
+                if (got != want || bad != -1) {
+                    if (wrong++ < 10)
+                        printf("     DIFFERS: n %d %s%s T %g k %d p %g min-p %g u %.9g: GPU %d (bad %d), CPU %d\n", n, kind_name[c.kind],
+                               c.equal ? " (all equal)" : "", c.t, c.k, c.p, c.mp, u, got, bad, want);
+                }
+            }
+            sampler_free(&s);
+        }
+        char line[200];
+        snprintf(line, sizeof line, "%d picks on 152K stress cases (all equal, top-p's bin apart from top-k's, big bins): %d differ", total, wrong);
+        check(wrong == 0, line);
+    }
+
     // (2) chi-square of GPU draws against the exact distribution
     {
         struct { int kind; float t; int k; float p, mp; } set[] = {{FLAT, 0.8f, 0, 0.95f, 0}, {PEAKED, 0.8f, 40, 0.95f, 0.001f}, {TIED, 1.0f, 5000, 0.9f, 0.0f}};
