@@ -33,7 +33,7 @@ static AttnPolicy *policy(const Model *m, int method) {
     attn_config_default(&c);
     c.sink = 4, c.local = 32, c.update = 64, c.topk = 16, c.dense_min = 200, c.prefill_len = P;
     char err[ATTN_ERR_LEN];
-    AttnPolicy *ap = attn_policy_create(&c, (int)m->c.n_layers, (int)m->c.n_heads, (int)m->c.n_kv_heads, (int)m->c.head_dim, CTX, err);
+    AttnPolicy *ap = attn_policy_create(&c, &pool_parallel, (int)m->c.n_layers, (int)m->c.n_heads, (int)m->c.n_kv_heads, (int)m->c.head_dim, CTX, err);
     if (!ap) printf("FAIL policy: %s\n", err);
     return ap;
 }
