@@ -460,6 +460,17 @@ if want sampling; then
     for m in llama3.1-8b qwen3-8b; do
         timeout 200 $D/run --bench --synthetic $m --bench-ctx 8192 --bench-steps 128 2>&1 | tee "$OUT/samplebench-$m.txt" || status=1
     done
+    # --seed repeats a sampled GPU run exactly (the uniforms come from the host's seeded stream;
+    # the kernel's sums are integers), with penalties, under dense attention and ParisKV.
+    python3 -c "import random; random.seed(4); print(' '.join(str(random.randrange(150000)) for _ in range(2500)))" > /tmp/ids2500.txt
+    for a in "--attn full" "--attn pariskv --kv-store host"; do
+        for i in 1 2; do
+            $D/run --synthetic qwen3-0.6b --ids -f /tmp/ids2500.txt -n 300 --temp 0.9 --top-p 0.9 --repeat-penalty 1.1 --seed 7 $a \
+                > /tmp/seeded.$i 2>/dev/null || status=1
+        done
+        cmp -s /tmp/seeded.1 /tmp/seeded.2 && [ $(wc -w < /tmp/seeded.1) -eq 300 ] && echo "ok   --seed repeats a sampled GPU run ($a)" ||
+            { echo "FAIL --seed did not repeat the sampled GPU run ($a)"; status=1; }
+    done
     python3 -c "import random; random.seed(5); print(' '.join(str(random.randrange(128000)) for _ in range(8192)))" > /tmp/ids8192.txt
     for m in llama3.1-8b qwen3-8b; do
         for t in "--temp 0" "--temp 0.8" "--temp 0.8 --top-k 40" "--temp 0.8 --min-p 0.05"; do
