@@ -2,6 +2,10 @@
 // run to its mode: generate (the default), --chat, --render-chat, --score, --tokenize, --bench,
 // --synthetic. Each mode reads the Options, makes the run's state and prints; errors are one line
 // on stderr and exit status 1 (die).
+// Why one file of ~1,200 lines: each mode is a few short functions, but they share die(), the
+// interrupt flag, the output and stop-string helpers and the run-state set-up; and the chat loop
+// exits through die(), which the render-chat fuzz harness catches only inside this file (a mode
+// moved under model/ would also be linked into every test and fuzz program).
 #include "model/errmsg.h"
 #include "model/guard.h"
 #include "model/model.h"

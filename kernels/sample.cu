@@ -28,6 +28,9 @@
 // nothing. Every floating-point step is written with _rn intrinsics (no contraction into FMA),
 // the same IEEE operations as the CPU's in the same order: p, and so the id, are the CPU's bit
 // for bit.
+// Why one file of ~580 lines: the five kernels are one pipeline over one scratch layout and one
+// control struct (the last block of each pass hands the next its decisions); apart, the layout
+// would be written twice.
 #include <stdint.h>
 
 #include "cuda_common.h"
