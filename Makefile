@@ -17,6 +17,14 @@ JSONLIBS = -lcjson
 
 BUILD = build
 
+# Which commit a binary was built from (and whether the tree had changes), for ./run --version
+# and the benchmark tables: $(BUILD)/commit.h, rewritten only when it changes, so only the files
+# that print it recompile.
+GIT_DESCRIBE := $(shell git describe --always --dirty 2>/dev/null || echo unknown)
+$(shell mkdir -p $(BUILD) && printf '#define PKV_COMMIT "%s"\n' '$(GIT_DESCRIBE)' > $(BUILD)/commit.h.new && \
+	{ cmp -s $(BUILD)/commit.h.new $(BUILD)/commit.h && rm -f $(BUILD)/commit.h.new || mv $(BUILD)/commit.h.new $(BUILD)/commit.h; })
+CFLAGS  += -I$(BUILD)
+
 # The CUDA path is built whenever nvcc is found (CI has no GPU but compiles and links it).
 CUDA_HOME ?= /usr/local/cuda
 NVCC ?= $(shell command -v nvcc 2>/dev/null || ls $(CUDA_HOME)/bin/nvcc 2>/dev/null)

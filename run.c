@@ -1085,6 +1085,7 @@ static int run_bench(const Options *o) {
     int ctxs[32], n = bench_contexts(o->bench_ctx, ctxs);
     int pkv = o->attn_set && o->attn.method == ATTN_PARISKV;
     // The sampling timed beside greedy: the options given, else the model's own settings.
+    printf("run %s, commit %s\n", PKV_VERSION, PKV_COMMIT); // which binary made the table
     Options so = *o;
     sampling_defaults(&so, &m.c);
     Sampler smp;
@@ -1182,7 +1183,8 @@ int main(int argc, char **argv) {
     switch (options_parse(&o, argc, argv, err)) {
     case OPTIONS_HELP: options_usage(stdout); return 0;
     case OPTIONS_VERSION:
-        printf("run %s (model.bin format %d, CUDA backend %s)\n", PKV_VERSION, MODEL_VERSION, backend_cuda_get() ? "built in" : "not built");
+        printf("run %s (model.bin format %d, CUDA backend %s, commit %s)\n", PKV_VERSION, MODEL_VERSION, backend_cuda_get() ? "built in" : "not built",
+               PKV_COMMIT);
         return 0;
     case OPTIONS_ERROR: die("%s", err);
     }

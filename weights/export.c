@@ -414,7 +414,7 @@ int main(int argc, char **argv) {
             usage(stdout);
             return 0;
         } else if (strcmp(argv[i], "--version") == 0) {
-            printf("export %s (model.bin format %d)\n", PKV_VERSION, MODEL_VERSION);
+            printf("export %s (model.bin format %d, commit %s)\n", PKV_VERSION, MODEL_VERSION, PKV_COMMIT);
             return 0;
         } else if (strcmp(argv[i], "--dtype") == 0 && i + 1 < argc) {
             const char *d = argv[++i];
