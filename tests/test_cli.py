@@ -102,11 +102,14 @@ def main():
 
     # --version, ./export --help on stdout.
     p = run("--version")
-    check("./run --version", p.returncode == 0 and re.match(rb"run \d+\.\d+\.\d+ \(model.bin format \d+", p.stdout), p.stdout[:80])
+    # the commit it was built from (a clone's build: a hash, "-dirty" when the tree had changes)
+    check("./run --version names its commit", p.returncode == 0 and
+          re.match(rb"run \d+\.\d+\.\d+ \(model.bin format \d+, CUDA backend [a-z ]+, commit [0-9a-f]{7,}(-dirty)?\)\n", p.stdout), p.stdout[:100])
     p = subprocess.run([EXPORT, "--help"], capture_output=True, timeout=30)
     check("./export --help prints on stdout, exit 0", p.returncode == 0 and p.stdout.startswith(b"usage: ./export") and p.stderr == b"")
     p = subprocess.run([EXPORT, "--version"], capture_output=True, timeout=30)
-    check("./export --version", p.returncode == 0 and p.stdout.startswith(b"export "))
+    check("./export --version names its commit", p.returncode == 0 and re.match(rb"export \S+ \(model.bin format \d+, commit [0-9a-f]{7,}(-dirty)?\)\n", p.stdout),
+          p.stdout[:100])
 
     # --stop: the output ends right before the first occurrence, which is not printed; a stop
     # string spanning several tokens is found too (it is matched on the text, held back meanwhile).
