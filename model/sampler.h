@@ -32,6 +32,8 @@ typedef struct Sampler {
     int *list;
     uint32_t *bin_count;
     uint64_t *bin_mass;
+    uint64_t *blk_mass; // P sums per block of tokens (all, and those reaching min-p)
+    uint64_t *keys;     // candidates' rank keys or ids (top-k, min-p)
     // Penalties on tokens seen in the last `last_n` tokens of the context (-1: all of it),
     // applied to the logits before anything else (greedy included), with the usual definitions:
     //   repeat (CTRL, as transformers): a seen token's logit l becomes l / r if l > 0, else l * r

@@ -340,6 +340,19 @@ int main(void) {
         }
         check(bad == 0, "152K tokens (flat, peaked, tied): T 0.8, top-p 0.95, top-k 40 / 20000 / 120000, min-p 0.05, together, greedy");
 
+        // top-p without top-k on vocabularies past 32K (its cut estimated from a sample, confirmed
+        // in a band), min-p on or off, random temperatures and top-p
+        bad = 0;
+        for (int c = 0; c < 12; c++) {
+            int nb = 40000 + (int)(frand() * 30000);
+            make_logits(big, nb, c % 3);
+            if (c % 4 == 3)
+                for (int i = 0; i < nb; i++) big[i] *= 4;
+            float t = (float)(0.3 + 1.7 * frand()), p = (float)(0.05 + 0.949 * frand()), mp = c % 2 ? 0 : (float)(0.2 * frand());
+            bad += check_map("top-p band", big, nb, t, 0, p, mp, 60);
+        }
+        check(bad == 0, "12 random top-p cases on 40K-70K tokens (flat / peaked / tied, min-p on and off): the map equals the definition's");
+
         // a non-finite logit is reported with its index, not sampled
         Sampler ns;
         sampler_init(&ns, n, 0.8f, 0, 0.95f, 0, 1);
