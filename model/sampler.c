@@ -14,10 +14,13 @@
 //     histogram of x = (m - l) / T in 4096 bins of 1/128 (x is monotone in the logit, so a bin's
 //     tokens all rank before the next bin's) to find the bin holding a filter's boundary, and a
 //     radix select on the logit's key over that bin's members alone.
+// The passes over every token (p and its block sums, top-p's band, the draw's block sums at a cut)
+// run as pool tasks over ranges of blocks at large n; their integer sums make any split exact.
 // The draw walks the kept tokens in id order. Every path gives the same kept set and P (the tests
 // compare the whole u -> id map with a sort-based reference). Over 500 lines: the paths share the
 // P arithmetic, the rank keys and the radix select, and are one definition's implementation.
 #include "sampler.h"
+#include "pool.h"
 
 #include <math.h>
 #include <stdlib.h>
@@ -106,6 +109,27 @@ AI v8 exp8(const v8 *xp) {
 #define KMAX 1024  // top-k up to this: a threshold filter over the logits, p for those k alone
 #define TOPK_BUF 1024 // the top-k filter's buffer beyond k
 #define MINP_FEW 16   // min-p's candidates are "few" when at most n / MINP_FEW
+
+// The passes over all n tokens run as pool tasks over ranges of blocks when n is large (a task's
+// start costs microseconds), each writing its blocks' sums; the caller combines them in block
+// order. The sums are integers, so every split gives the same bits. Without the pool's workers
+// (a team of 1) the tasks run on the caller.
+#define PAR_MIN 16384 // below it, one task
+#define PAR_MAX 64    // the most tasks of a pass
+static int par_tasks(int n, int nblk) {
+    if (n < PAR_MIN) return 1;
+    int t = pool_threads();
+    t = 4 * t < PAR_MAX ? 4 * t : PAR_MAX; // a few per thread: a descheduled one holds up a small share
+    return t < nblk ? t : nblk;
+}
+static void par_run(int nt, PoolTask fn, void *ctx) {
+    if (nt <= 1) fn(ctx, 0, 0);
+    else pool_run(nt, fn, ctx);
+}
+// Task i of nt's blocks: [*lo, *hi) of nblk.
+static void task_blocks(int i, int nt, int nblk, int *lo, int *hi) {
+    *lo = (int)((int64_t)i * nblk / nt), *hi = (int)((int64_t)(i + 1) * nblk / nt);
+}
 
 static int keys_size(int n) {
     int a = 3 * (n / MINP_FEW) + 3, b = 2 * KMAX + TOPK_BUF, c = 2 * n + n / 8 + 8; // select_list's P, key; a band
@@ -524,6 +548,16 @@ static int pick_min_p(const Sampler *s, const float *logits, float m, double u) 
 // data left for top_p_draw).
 #define NSAMP 8192
 #define SBIN 1024
+typedef struct {
+    const Sampler *s;
+    const float *logits;
+    float l_in, l_out;
+    int nt;
+    int k[PAR_MAX];
+    uint64_t m_in[PAR_MAX], m_band[PAR_MAX];
+    long c_in[PAR_MAX];
+} BandPass;
+static void band_task(void *ctx, int task, int thread);
 static int top_p_band(const Sampler *s, const float *logits, float m, uint64_t z, double target, Cut *cut, int *band_k) {
     const int n = s->n_valid, nblk = (n + BLK - 1) / BLK;
     const float t = s->temperature;
@@ -552,11 +586,42 @@ static int top_p_band(const Sampler *s, const float *logits, float m, uint64_t z
     }
     // in: l > l_in; the band: l_out < l <= l_in; monotone in l, so in ranks before band before out
     const float l_in = m - (float)(b_hi + 1) * step, l_out = b_lo < SBIN ? m - (float)(b_lo + 1) * step : -INFINITY;
-    const v8 vi = V8(l_in), vo = V8(l_out);
+    BandPass c = {.s = s, .logits = logits, .l_in = l_in, .l_out = l_out, .nt = par_tasks(n, nblk)};
+    par_run(c.nt, band_task, &c);
     int *list = s->list, k = 0, cap = n / 8;
+    uint64_t m_in = 0, m_band = 0;
+    long c_in = 0;
+    for (int i = 0; i < c.nt; i++) { // each task's band, from its blocks' first entry of list, in order
+        if (c.k[i] < 0 || k + c.k[i] > cap) return 0;
+        int b_lo, b_hi;
+        task_blocks(i, c.nt, nblk, &b_lo, &b_hi);
+        if (k != b_lo * BLK) memmove(list + k, list + b_lo * BLK, (size_t)c.k[i] * sizeof *list);
+        k += c.k[i], m_in += c.m_in[i], m_band += c.m_band[i], c_in += c.c_in[i];
+    }
+    if (!((double)m_in < target && (double)(m_in + m_band) >= target)) return 0;
+    int *band_ids = (int *)(s->keys + 2 * (size_t)n); // the band, kept for the draw
+    memcpy(band_ids, list, (size_t)k * sizeof *list);
+    *cut = select_list(s, logits, list, k, 1, 0, target, c_in, m_in);
+    *band_k = k;
+    return 1;
+}
+
+// top_p_band's pass, a task's blocks: P summed above the band (per block, for the draw), the band's
+// ids listed from list[its first block's first token] (k -1: more than the band may hold).
+static void band_task(void *ctx, int task, int thread) {
+    (void)thread;
+    BandPass *c = ctx;
+    const Sampler *s = c->s;
+    const float *logits = c->logits, l_in = c->l_in, l_out = c->l_out;
+    const int n = s->n_valid, nblk = (n + BLK - 1) / BLK;
+    int b_lo, b_hi;
+    task_blocks(task, c->nt, nblk, &b_lo, &b_hi);
+    const v8 vi = V8(l_in), vo = V8(l_out);
+    int *list = s->list + b_lo * BLK, k = 0, cap = n / 8;
     uint64_t m_in = 0, m_band = 0, *blk_in = s->blk_mass + 2 * nblk;
     long c_in = 0;
-    for (int b = 0; b < nblk; b++) {
+    c->k[task] = -1;
+    for (int b = b_lo; b < b_hi; b++) {
         const int b0 = b * BLK, e = b0 + BLK < n ? b0 + BLK : n;
         uint64_t bi = 0;
         v4d da = {0, 0, 0, 0};
@@ -570,7 +635,7 @@ static int top_p_band(const Sampler *s, const float *logits, float m, uint64_t z
             small |= in & CMP8(p, <, V8(0x1p-17f)) & CMP8(p, >, V8(0.0f));
             da += d_lo(pi) + d_hi(pi), ca -= in;
             if (any8(band)) {
-                if (k + 8 > cap) return 0;
+                if (k + 8 > cap) return;
                 for (int j = 0; j < 8; j++) list[k] = i + j, k -= band[j]; // band[j]: 0 or -1
             }
         }
@@ -584,19 +649,14 @@ static int top_p_band(const Sampler *s, const float *logits, float m, uint64_t z
             uint64_t P = fixed40(s->prob[i]);
             if (logits[i] > l_in) bi += P, c_in++;
             else if (logits[i] > l_out) {
-                if (k == cap) return 0;
+                if (k == cap) return;
                 list[k++] = i;
             }
         }
         blk_in[b] = bi, m_in += bi;
     }
     for (int j = 0; j < k; j++) m_band += fixed40(s->prob[list[j]]);
-    if (!((double)m_in < target && (double)(m_in + m_band) >= target)) return 0;
-    int *band_ids = (int *)(s->keys + 2 * (size_t)n); // the band, kept for the draw
-    memcpy(band_ids, list, (size_t)k * sizeof *list);
-    *cut = select_list(s, logits, list, k, 1, 0, target, c_in, m_in);
-    *band_k = k;
-    return 1;
+    c->k[task] = k, c->m_in[task] = m_in, c->m_band[task] = m_band, c->c_in[task] = c_in;
 }
 
 // The draw over top_p_band's kept set: the tokens above the band (their P per block) and the band's
@@ -646,14 +706,30 @@ static int exp_block(const float *logits, float m, float t, int b0, int e, float
 // The general path's pass: p for every token, block by block (into s->prob when keep, else into a
 // block buffer that stays in L1), and per block the sums of P, all and those reaching min_p (the
 // draw skips whole blocks by them); returns the totals.
-static void exp_pass(const Sampler *s, const float *logits, float m, int keep, uint64_t *z, uint64_t *z_min, int *n_min) {
+typedef struct {
+    const Sampler *s;
+    const float *logits;
+    float m;
+    int keep, nt;
+    uint64_t z[PAR_MAX], z_min[PAR_MAX];
+    int n_min[PAR_MAX];
+} ExpPass;
+
+static void exp_task(void *ctx, int task, int thread) {
+    (void)thread;
+    ExpPass *c = ctx;
+    const Sampler *s = c->s;
+    const float *logits = c->logits;
+    const float m = c->m;
+    const int keep = c->keep;
     const int n = s->n_valid, nblk = (n + BLK - 1) / BLK;
     const float t = s->temperature, min_p = s->min_p;
     uint64_t *blk = s->blk_mass, *blk_min = blk + nblk, zt = 0, zmt = 0;
-    int nt = 0;
+    int nt = 0, b_lo, b_hi;
+    task_blocks(task, c->nt, nblk, &b_lo, &b_hi);
     const v4 pv = {min_p, min_p, min_p, min_p};
     float buf[BLK] __attribute__((aligned(32)));
-    for (int b = 0; b < nblk; b++) {
+    for (int b = b_lo; b < b_hi; b++) {
         const int b0 = b * BLK, e = b0 + BLK < n ? b0 + BLK : n, e4 = b0 + (e - b0) / 4 * 4;
         float *p = keep ? s->prob + b0 : buf;
         const int small = exp_block(logits, m, t, b0, e, p);
@@ -700,21 +776,81 @@ static void exp_pass(const Sampler *s, const float *logits, float m, int keep, u
         if (!(min_p > 0.0f)) zmb = zb, nb = e - b0;
         blk[b] = zb, blk_min[b] = zmb, zt += zb, zmt += zmb, nt += nb;
     }
+    c->z[task] = zt, c->z_min[task] = zmt, c->n_min[task] = nt;
+}
+
+static void exp_pass(const Sampler *s, const float *logits, float m, int keep, uint64_t *z, uint64_t *z_min, int *n_min) {
+    const int n = s->n_valid, nblk = (n + BLK - 1) / BLK;
+    ExpPass c = {.s = s, .logits = logits, .m = m, .keep = keep, .nt = par_tasks(n, nblk)};
+    par_run(c.nt, exp_task, &c);
+    uint64_t zt = 0, zmt = 0;
+    int nt = 0;
+    for (int i = 0; i < c.nt; i++) zt += c.z[i], zmt += c.z_min[i], nt += c.n_min[i];
     *z = zt, *z_min = zmt, *n_min = nt;
 }
 
-int sampler_pick(const Sampler *s, float *logits, double u) {
-    const int n = s->n_valid;
-    const float t = s->temperature;
-    // the max (as the largest key: a float max reduction does not vectorize), and no NaN or infinity
+// The max pass, a task's blocks: the largest key, and whether a logit is NaN or infinite.
+typedef struct {
+    const float *logits;
+    int n, nt;
+    uint32_t kmax[PAR_MAX], bad[PAR_MAX];
+} MaxPass;
+static void max_task(void *ctx, int task, int thread) {
+    (void)thread;
+    MaxPass *c = ctx;
+    const float *logits = c->logits;
+    int b_lo, b_hi;
+    task_blocks(task, c->nt, (c->n + BLK - 1) / BLK, &b_lo, &b_hi);
+    const int e = b_hi * BLK < c->n ? b_hi * BLK : c->n;
     uint32_t kmax = 0, bad = 0;
-    for (int i = 0; i < n; i++) {
+    for (int i = b_lo * BLK; i < e; i++) {
         uint32_t b;
         memcpy(&b, &logits[i], sizeof b);
         bad |= (b & 0x7f800000u) == 0x7f800000u;
         uint32_t k = b & 0x80000000u ? ~b : b | 0x80000000u;
         kmax = k > kmax ? k : kmax;
     }
+    c->kmax[task] = kmax, c->bad[task] = bad;
+}
+
+// The general path's draw, when the kept set is the prefix ending at a cut: the kept P's sum per
+// block, a task's blocks (into blk_mass's third part).
+typedef struct {
+    const Sampler *s;
+    const float *logits;
+    float cl;
+    int cid, nt;
+} CutPass;
+static void cut_task(void *ctx, int task, int thread) {
+    (void)thread;
+    CutPass *c = ctx;
+    const float *logits = c->logits, *prob = c->s->prob, cl = c->cl;
+    const int n = c->s->n_valid, nblk = (n + BLK - 1) / BLK, cid = c->cid;
+    uint64_t *out = c->s->blk_mass + 2 * nblk;
+    int b_lo, b_hi;
+    task_blocks(task, c->nt, nblk, &b_lo, &b_hi);
+    for (int b = b_lo; b < b_hi; b++) {
+        const int b0 = b * BLK, e = b0 + BLK < n ? b0 + BLK : n;
+        uint64_t bs = 0;
+#pragma omp simd reduction(+ : bs)
+        for (int i = b0; i < e; i++) {
+            float l = logits[i];
+            bs += l > cl || (l == cl && i <= cid) ? fixed40(prob[i]) : 0;
+        }
+        out[b] = bs;
+    }
+}
+
+int sampler_pick(const Sampler *s, float *logits, double u) {
+    const int n = s->n_valid;
+    const float t = s->temperature;
+    // the max (as the largest key: a float max reduction does not vectorize), and no NaN or infinity
+    // (on one thread: the paths that follow it on few tokens would run beside the pool's workers
+    // spinning for the next task, slower than the pass is made faster)
+    MaxPass mp = {.logits = logits, .n = n, .nt = 1};
+    max_task(&mp, 0, 0);
+    uint32_t kmax = 0, bad = 0;
+    for (int i = 0; i < mp.nt; i++) kmax = mp.kmax[i] > kmax ? mp.kmax[i] : kmax, bad |= mp.bad[i];
     if (bad)
         for (int i = 0; i < n; i++)
             if (!isfinite(logits[i])) return -1 - i;
@@ -774,13 +910,17 @@ int sampler_pick(const Sampler *s, float *logits, double u) {
     uint64_t r = (uint64_t)(u * (double)cut.mass), cum = 0;
     if (r >= cut.mass) r = cut.mass - 1;
     const float cl = key_float(cut.key);
-    const int cid = cut.id, all = cut.s == n;
+    const int cid = cut.id, all = cut.s == n, nblk = (n + BLK - 1) / BLK;
+    CutPass cp = {.s = s, .logits = logits, .cl = cl, .cid = cid, .nt = all || by_p ? 1 : par_tasks(n, nblk)};
+    if (cp.nt > 1) par_run(cp.nt, cut_task, &cp); // the block sums in parallel, then the walk
+    const uint64_t *blk_cut = s->blk_mass + 2 * nblk;
     float buf[BLK];
     for (int b0 = 0, b = 0; b0 < n; b0 += BLK, b++) {
         const int e = b0 + BLK < n ? b0 + BLK : n;
         uint64_t bs = 0;
         if (all) bs = blk[b];
         else if (by_p) bs = blk_min[b];
+        else if (cp.nt > 1) bs = blk_cut[b];
         else {
 #pragma omp simd reduction(+ : bs)
             for (int i = b0; i < e; i++) {
