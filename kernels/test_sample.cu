@@ -30,25 +30,10 @@ static void check(bool ok, const char *what) {
     ok ? passed++ : failed++;
 }
 
-static unsigned long long rng = 0x2545F4914F6CDD1Dull;
-static double frand(void) { // uniform [0, 1)
-    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
-    return (double)(rng >> 11) / 9007199254740992.0;
-}
-static double gauss(void) { return sqrt(-2 * log(1 - frand())) * cos(6.283185307179586 * frand()); }
+#define SAMPLE_LOGITS_SEED 0x2545F4914F6CDD1Dull
+#include "../tests/sample_logits.h"
 
-enum { FLAT, PEAKED, TIED };
 static const char *kind_name[] = {"flat", "peaked", "tied"};
-// FLAT uniform in [-2, 2]; PEAKED 3 x gauss with 5 tokens near +15; TIED a grid of 0.25.
-static void make_logits(float *l, int n, int kind) {
-    for (int i = 0; i < n; i++) {
-        if (kind == FLAT) l[i] = (float)(4 * frand() - 2);
-        else if (kind == PEAKED) l[i] = (float)(3 * gauss());
-        else l[i] = (float)(floor(16 * frand()) * 0.25 - 2);
-    }
-    if (kind == PEAKED)
-        for (int j = 0; j < 5; j++) l[(int)(frand() * n)] = (float)(15 - 0.5 * j);
-}
 
 struct Gpu {
     float *logits, *orig; // device

@@ -19,12 +19,8 @@ static void check(int ok, const char *what) {
     ok ? passed++ : failed++;
 }
 
-static uint64_t rng = 0x853c49e6748fea9bull;
-static double frand(void) { // uniform [0, 1)
-    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
-    return (double)(rng >> 11) / 9007199254740992.0;
-}
-static double gauss(void) { return sqrt(-2 * log(1 - frand())) * cos(6.283185307179586 * frand()); }
+#define SAMPLE_LOGITS_SEED 0x853c49e6748fea9bull
+#include "sample_logits.h"
 
 // Probabilities p[i] ∝ 2^-i for 8 tokens, as logits, shuffled so order is not index order.
 static const int order[8] = {5, 2, 7, 0, 3, 6, 1, 4}; // order[r] = id of rank r
@@ -191,19 +187,6 @@ static int chi_square(const char *what, const float *l0, int n, float t, int k, 
     sampler_free(&s);
     free(P), free(bin), free(want), free(got), free(l);
     return ok;
-}
-
-enum { FLAT, PEAKED, TIED };
-// 152K-style logits: FLAT uniform in [-2, 2]; PEAKED 3 x gauss with 5 tokens near +15 (a
-// confident model); TIED values on a grid of 0.25 in [-2, 2] (ties everywhere).
-static void make_logits(float *l, int n, int kind) {
-    for (int i = 0; i < n; i++) {
-        if (kind == FLAT) l[i] = (float)(4 * frand() - 2);
-        else if (kind == PEAKED) l[i] = (float)(3 * gauss());
-        else l[i] = (float)(floor(16 * frand()) * 0.25 - 2);
-    }
-    if (kind == PEAKED)
-        for (int j = 0; j < 5; j++) l[(int)(frand() * n)] = (float)(15 - 0.5 * j);
 }
 
 static double now_ms(void) {
