@@ -322,18 +322,24 @@ static inline float key_float(uint32_t k) {
 }
 static inline float rank_key_logit(uint64_t c) { return key_float(~(uint32_t)(c >> 32)); }
 
+// Hoare partition of a[lo, hi] (hi - lo > 16) around the median of three (keys are distinct):
+// returns j with a[lo, j] <= pivot <= a[j + 1, hi].
+static int partition_u64(uint64_t *a, int lo, int hi) {
+    uint64_t x = a[lo], y = a[lo + (hi - lo) / 2], z = a[hi];
+    uint64_t piv = x < y ? (y < z ? y : (x < z ? z : x)) : (x < z ? x : (y < z ? z : y));
+    int i = lo, j = hi;
+    for (;;) {
+        while (a[i] < piv) i++;
+        while (a[j] > piv) j--;
+        if (i >= j) return j;
+        uint64_t t = a[i];
+        a[i++] = a[j], a[j--] = t;
+    }
+}
+
 static void sort_u64(uint64_t *a, int n) {
     while (n > 16) {
-        uint64_t x = a[0], y = a[n / 2], z = a[n - 1]; // median of three: keys are distinct
-        uint64_t piv = x < y ? (y < z ? y : (x < z ? z : x)) : (x < z ? x : (y < z ? z : y));
-        int i = 0, j = n - 1;
-        for (;;) {
-            while (a[i] < piv) i++;
-            while (a[j] > piv) j--;
-            if (i >= j) break;
-            uint64_t t = a[i];
-            a[i++] = a[j], a[j--] = t;
-        }
+        int j = partition_u64(a, 0, n - 1);
         // [0, j] <= piv <= [j + 1, n): recurse on the smaller side
         if (j + 1 < n - j - 1) sort_u64(a, j + 1), a += j + 1, n -= j + 1;
         else sort_u64(a + j + 1, n - j - 1), n = j + 1;
@@ -350,16 +356,7 @@ static void sort_u64(uint64_t *a, int n) {
 static void select_smallest(uint64_t *a, int n, int k) {
     int lo = 0, hi = n - 1;
     while (hi - lo > 16) {
-        uint64_t x = a[lo], y = a[(lo + hi) / 2], z = a[hi];
-        uint64_t piv = x < y ? (y < z ? y : (x < z ? z : x)) : (x < z ? x : (y < z ? z : y));
-        int i = lo, j = hi;
-        for (;;) {
-            while (a[i] < piv) i++;
-            while (a[j] > piv) j--;
-            if (i >= j) break;
-            uint64_t t = a[i];
-            a[i++] = a[j], a[j--] = t;
-        }
+        int j = partition_u64(a, lo, hi);
         if (k - 1 <= j) hi = j;
         else lo = j + 1;
     }
