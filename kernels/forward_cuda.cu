@@ -83,8 +83,7 @@ static cudaError_t enqueue_decode(GpuState *g, int pkv, int sample) {
     CU_TRY(rope_table(g->rope_cs, g->inv_freq, g->d_pos, c->head_dim / 2, g->st));
     CU_TRY(gpu_layers(g, g->x, 1, LAYER_DECODE, pkv ? attn_decode_pkv : attn_decode_dense, NULL));
     CU_TRY(gpu_logits(g, g->x, 1));
-    if (sample) return gpu_sample(g->logits, &g->sp, g->h_u, g->sp.repeat != 1.0f || g->sp.presence != 0.0f || g->sp.frequency != 0.0f ? g->h_pen : NULL,
-                                  g->h_out, g->sample_scratch, g->st);
+    if (sample) return gpu_sample(g->logits, &g->sp, g->h_u, g->sample_pen ? g->h_pen : NULL, g->h_out, g->sample_scratch, g->st);
     return cudaMemcpyAsync(g->h_step, g->logits, (size_t)c->vocab_size * 4, cudaMemcpyDeviceToHost, g->st);
 }
 
@@ -173,8 +172,9 @@ extern "C" int gpu_sample_config(void *dev, const Sampler *s, char *err) {
         gpu_set_err(err, "GPU sampler setup failed: %s", cudaGetErrorString(e));
         return -1;
     }
-    if (g->sample_on && memcmp(&sp, &g->sp, sizeof sp) == 0) return 0;
-    g->sp = sp, g->sample_on = 1;
+    int pen = s->count != NULL; // the sampler keeps counts only with penalties on (model_decode_sample's test too)
+    if (g->sample_on && memcmp(&sp, &g->sp, sizeof sp) == 0 && pen == g->sample_pen) return 0;
+    g->sp = sp, g->sample_on = 1, g->sample_pen = pen;
     // The graphs that end in the sampler hold the old settings.
     if (g->graph_ready[1]) cudaGraphExecDestroy(g->decode_graph[1]), g->graph_ready[1] = 0;
     if (g->pkv.graph_ready[1]) cudaGraphExecDestroy(g->pkv.graph[1]), g->pkv.graph_ready[1] = 0;

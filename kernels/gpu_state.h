@@ -113,6 +113,7 @@ struct GpuState {
     // (captured into the graph), the step's uniform and penalty list and the id read back, all
     // pinned so that a replay reads what the host wrote.
     int sample_on;
+    int sample_pen;     // the step applies the penalty list (the sampler has penalties on)
     SampleParams sp;
     void *sample_scratch;
     float *h_u;         // pinned (1)
