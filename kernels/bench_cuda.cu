@@ -85,6 +85,9 @@ static int bench_pariskv(const Model *m, const int *ctx_list, int n_ctx, int ste
                                           : "auto",
            pcie / 1e9);
     printf("floor = (weights + index, window and selection bytes) / HBM bandwidth + top-k rows from host / bulk PCIe bandwidth\n");
+    const char *sv = getenv("PKV_SELECT");
+    printf("selection: %s\n", sv && !strcmp(sv, "staged") ? "staged (five kernels a layer; PKV_SELECT=staged)"
+                                                         : "fused (one cluster kernel a layer where the index fits it)");
     print_sampling(smp);
     printf("%9s | %5s | %4s | %8s | %10s | %17s | %9s | %8s | %10s | %9s | %8s | %8s\n", "context", "k", "zone", "greedy ms", "sampled ms",
            "p10-p90 sampled", "floor ms", "TPOT/flr", "update ms", "+per step", "fill s", "index s");

@@ -62,8 +62,8 @@ cudaError_t pkv_gpu_encode(const PkvGpuIndex *ix, PkvKeySource src, int from, in
 typedef struct {
     float *qt;       // (n_kv, D) SRHT(q / ||q||) of the group's mean query
     float *qn;       // (n_kv) ||mean query||
-    uint8_t *bonus;  // (n_kv, B, 256)
-    uint8_t *score;  // (n_kv, cap) vote scores
+    uint8_t *bonus;  // (n_kv, B, 256)    (the fused selection: only with keep_stages)
+    uint8_t *score;  // (n_kv, cap) vote scores (likewise)
     int32_t *hist;   // (n_kv, hist_stride) histograms and counters of the top-C and top-k
     int *cand;       // (n_kv, cap) candidate slots
     float *est;      // (n_kv, cap) their estimates
@@ -71,6 +71,10 @@ typedef struct {
     int *nsel;       // (n_kv) how many
     int kmax;
     int hist_stride;
+    int fused;       // > 0: the one-kernel selection (pkv_select_fused.cu), clusters of that many
+                     // blocks; 0: the staged one (pkv_select_staged.cu)
+    int keep_stages; // set by tests: the fused kernel also writes bonus and score (the staged always does)
+    unsigned long long *stamps; // set by tests (device, n_kv x fused x 16): the fused kernel's phase times
     void *base;      // the one allocation
 } PkvGpuScratch;
 

@@ -2,9 +2,12 @@
 # Here (no GPU): build x86-64-v3 binaries for the GPU machine into .dev/ with the shared
 # libraries it lacks, so a device call needs no compiler or packages there; carry .devz
 # (`carry: [".devz"]`), which gpu_checks.sh unpacks (kernels/unpack_dev.sh).
+# Arguments: the GPU tests to build and carry (e.g. test_pariskv_gpu), for a quicker build and a
+# smaller bundle while iterating on a kernel; none: every kernels/test_*.cu.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-make -j2 BUILD=build-dev OPT="-O3 -march=x86-64-v3" run export build-dev/kernels/test_kernels $(ls kernels/test_*.cu | sed 's#kernels/\(.*\)\.cu#build-dev/kernels/\1#')
+TESTS=${*:-$(ls kernels/test_*.cu | xargs -n1 basename | sed 's/\.cu$//')}
+make -j2 BUILD=build-dev OPT="-O3 -march=x86-64-v3" run export $(for t in $TESTS; do echo build-dev/kernels/$t; done)
 rm -rf .dev && mkdir -p .dev/lib
 # Which build this is, for unpack_dev to print on the GPU machine: the commit, whether the tree
 # had changes, when.
@@ -12,7 +15,7 @@ echo "$(git describe --always --dirty 2>/dev/null || echo no-git) built $(date -
 # Stripped of host symbols (the device code, most of each binary's ~26 MB, stays; xz packs a
 # binary into ~5 MB: the carry limit is 64 MiB).
 strip -o .dev/run run && strip -o .dev/export export
-for t in kernels/test_*.cu; do strip -o ".dev/$(basename "$t" .cu)" "build-dev/kernels/$(basename "$t" .cu)"; done
+for t in $TESTS; do strip -o ".dev/$t" "build-dev/kernels/$t"; done
 for l in libutf8proc.so.2 libcjson.so.1 libgomp.so.1 libsentencepiece.so.0 libstdc++.so.6 libopenblas.so.0 libgfortran.so.5 libquadmath.so.0; do
     cp -L /lib/x86_64-linux-gnu/$l .dev/lib/
 done

@@ -338,6 +338,8 @@ static void run_select_cfg(const SelCfg &cfg, unsigned long long seed) {
     CU_CHECK(pkv_gpu_index_alloc(&ix, 2, n_kv, D, cap, 0));
     PkvGpuScratch s;
     CU_CHECK(pkv_gpu_scratch_alloc(&s, &ix, kmax));
+    s.keep_stages = 1; // the fused selection writes its bonus tables and scores too, for the checks below
+    printf("  selection: %s\n", s.fused ? "fused (one cluster kernel a layer)" : "staged (five kernels a layer)");
     CU_CHECK(cudaDeviceSynchronize()); // the allocations' zeroing ran on stream 0; st does not wait for it
     cudaStream_t st;
     CU_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
@@ -651,6 +653,7 @@ static void stage_times(Bench &bn, const float *d_q, int G, double C) {
         {"pkv_compact_kernel", (double)H * n},
         {"pkv_rerank_kernel", (double)H * C * (4 + 6 * B)},
         {"pkv_topk_kernel", (double)H * C * 4},
+        {"pkv_fused_kernel", (double)H * (n * B + C * (8 + 6 * B))},
     };
     printf("  %-24s %14s %9s %9s %9s\n", "kernel", "grid x block", "us", "MB read", "GB/s");
     float prev = 0.0f;
@@ -682,9 +685,41 @@ static void stage_times(Bench &bn, const float *d_q, int G, double C) {
     CU_CHECK(cudaGraphDestroy(g));
 }
 
+// The fused kernel's phases (pkv_select_fused.cu's stamps): when the last block of the grid
+// ended each, from the first block's start, and the spread over blocks, over a few steps.
+static void phase_times(Bench &bn) {
+    const int nb = bn.ix.n_kv * bn.s.fused, NS = 16;
+    static const char *names[NS] = {"start", "query + bonus ranked", "bonus tables gathered", "vote", "score histograms",
+                                    "candidates written", "candidates visible", "rerank", "digit 1", "digit 2", "digit 3",
+                                    "selection written", "end", "setup read", "query transformed", ""};
+    static const int order[15] = {0, 13, 14, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
+    unsigned long long *d;
+    CU_CHECK(cudaMalloc(&d, (size_t)nb * NS * 8));
+    CU_CHECK(cudaMemset(d, 0, (size_t)nb * NS * 8));
+    bn.s.stamps = d;
+    std::vector<double> last(NS, 0), spread(NS, 0);
+    const int reps = 5;
+    for (int r = 0; r < reps; r++) {
+        CU_CHECK(pkv_gpu_select(&bn.s, &bn.ix, 0, bn.d_q, bn.nh, bn.d_n, bn.k, 0.0f, 0.0f, bn.st));
+        CU_CHECK(cudaStreamSynchronize(bn.st));
+        std::vector<unsigned long long> h = from_dev(d, (size_t)nb * NS);
+        unsigned long long t0 = ~0ull;
+        for (int b = 0; b < nb; b++) t0 = std::min(t0, h[(size_t)b * NS]);
+        for (int i = 0; i < 15; i++) {
+            unsigned long long lo = ~0ull, hi = 0;
+            for (int b = 0; b < nb; b++) lo = std::min(lo, h[(size_t)b * NS + i]), hi = std::max(hi, h[(size_t)b * NS + i]);
+            last[i] += (hi - t0) / 1e3 / reps, spread[i] += (hi - lo) / 1e3 / reps;
+        }
+    }
+    bn.s.stamps = NULL;
+    cudaFree(d);
+    printf("  fused phases (clusters of %d), us from the first block's start: last block done (spread over blocks)\n", bn.s.fused);
+    for (int i : order) printf("    %-24s %8.1f (%6.1f)\n", names[i], last[i], spread[i]);
+}
+
 static void bench(int n) {
     const int D = 128, n_kv = 8, G = 4, B = D / 8;
-    printf("\n-- timing: D=%d n_kv=%d G=%d, zone of n=%d keys per head, one layer\n", D, n_kv, G, n);
+    printf("\n-- timing (%s selection): D=%d n_kv=%d G=%d, zone of n=%d keys per head, one layer\n", getenv("PKV_SELECT") ? getenv("PKV_SELECT") : "default", D, n_kv, G, n);
     Bench bn;
     CU_CHECK(cudaStreamCreateWithFlags(&bn.st, cudaStreamNonBlocking));
     size_t kelems = (size_t)n_kv * n * D;
@@ -763,6 +798,7 @@ static void bench(int n) {
         printf("select k=%4d: %.1f us (as a graph: %.1f us): %.0f MB read, %.2f TB/s (%.0f%% of the read bandwidth)\n",
                k, t * 1e3, tg * 1e3, bytes / 1e6, bytes / (t * 1e-3) / 1e12, 100 * bytes / (t * 1e-3) / bw);
         stage_times(bn, d_q, G, C);
+        if (bn.s.fused) phase_times(bn);
     }
     CU_CHECK(cudaGetLastError());
     pkv_gpu_scratch_free(&bn.s);
@@ -780,7 +816,7 @@ int main(void) {
     unsigned long long seed = 1000;
     const char *bo = getenv("PKV_TEST_BENCH_ONLY"); // profiling the timing part alone (counts no check)
     if (bo && *bo && strcmp(bo, "0")) {
-        bench(1 << 20);
+        bench(1 << 20), bench(1 << 17);
         return 0;
     }
     test_encode(64, 2, 3, 1000, 333, 999, seed++);
@@ -798,8 +834,15 @@ int main(void) {
         // and many candidates in the k-th's first radix bin (the top-k's later digits decide).
         {128, 2, 2, 200.0f, "degenerate", {{quick ? 131072 : 300000, 100, 0, 0}, {quick ? 131072 : 300000, 1000, 0, 0}}},
     };
-    for (const SelCfg &c : cfgs) run_select_cfg(c, seed++);
-    if (!quick) bench(1 << 20), bench(1 << 17);
+    // Both selections (PKV_SELECT picks one at scratch allocation), each against the CPU.
+    for (const char *variant : {"fused", "staged"}) {
+        setenv("PKV_SELECT", variant, 1);
+        printf("\n== selection variant: %s\n", variant);
+        unsigned long long vseed = seed;
+        for (const SelCfg &c : cfgs) run_select_cfg(c, vseed++);
+        if (!quick) bench(1 << 20), bench(1 << 17);
+    }
+    unsetenv("PKV_SELECT");
     printf("\n%d passed, %d failed\n", passed, failed);
     return failed != 0;
 }

@@ -1,0 +1,267 @@
+// The selection's shared parts (pariskv_gpu.h): the argument block, the query transform, the
+// schedule, and the device helpers whose arithmetic must equal attention/pariskv_*.c bit for bit
+// (the vote's piece score, the estimate, the order-preserving keys). Included by the two
+// selection variants: pkv_select_staged.cu (five kernels a layer) and pkv_select_fused.cu (one
+// cluster kernel a layer), and by the encoder (pariskv_gpu.cu: the reconstruction levels).
+#ifndef PKV_SELECT_CUH
+#define PKV_SELECT_CUH
+
+#include "cuda_common.h"
+#include "pariskv_gpu.h"
+#include "pdl.h"
+
+#include <cooperative_groups.h>
+#include <cuda_fp16.h>
+
+namespace cg = cooperative_groups;
+
+#define SEL_THREADS 256             // bonus, vote, compact, rerank blocks
+#define TOPK_THREADS 512            // top-k blocks
+#define TOPK_CLUSTER 8              // top-k blocks per KV head: one cluster (a portable size)
+#define EMIT_CHUNK (SEL_THREADS * 16) // slots a compact block scans at once (16 scores a thread)
+#define RERANK_U 4                  // candidate groups a rerank warp gathers at once
+#define EST_BINS 4096               // first radix digit of the estimates: 12 bits
+// hist of one head (int32): score histogram, estimate histogram, then one block's "scores >= s"
+// (s = 0 .. 6B + 1) per vote block.
+#define HIST_SCORE 0
+#define HIST_EST 256
+#define HIST_BLK0 (HIST_EST + EST_BINS)
+#define HIST_BLK 256
+#define MAX_P 1024 // vote / compact blocks per head
+
+// pkv_centers: reconstruction levels of the 3-bit magnitudes (pariskv_encode.c).
+static __constant__ float c_centers[8] = {0.0420f, 0.1266f, 0.2130f, 0.3025f, 0.3973f, 0.5001f, 0.6169f, 0.7633f};
+
+static inline int sm_count(void) {
+    int dev = 0, sms = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+        return 132;
+    return sms;
+}
+
+// ---- query ----
+
+// The query transform of KV head h into x (D floats of shared memory, every thread of the block
+// calls it; threads j < D work): the group mean (heads in order, then / G), its norm (one
+// thread, the D squares in order), normalize, signs, butterflies, 1 / sqrt(D). Returns the
+// norm to every thread. As pkv_prepare_query on the group mean.
+static __device__ float query_transform(float *x, const float *q, const float *signs, int G, int D, int h) {
+    __shared__ float s_inv, s_norm;
+    int j = threadIdx.x;
+    if (j < D) {
+        float s = 0.0f;
+        for (int g = 0; g < G; g++) s = __fadd_rn(s, q[((size_t)h * G + g) * D + j]);
+        x[j] = __fdiv_rn(s, (float)G);
+    }
+    __syncthreads();
+    if (j == 0) {
+        float n2 = 0.0f;
+#pragma unroll 16
+        for (int i = 0; i < D; i++) n2 = __fadd_rn(n2, __fmul_rn(x[i], x[i])); // in order: a chain of D adds
+        float nn = __fsqrt_rn(n2);
+        s_inv = nn > 0.0f ? __fdiv_rn(1.0f, nn) : 0.0f;
+        s_norm = nn;
+    }
+    __syncthreads();
+    if (j < D) x[j] = __fmul_rn(__fmul_rn(x[j], s_inv), signs[j]);
+    for (int hh = 1; hh < D; hh *= 2) {
+        __syncthreads();
+        if (j < D / 2) {
+            int i = (j / hh) * 2 * hh + j % hh;
+            float u = x[i], v = x[i + hh];
+            x[i] = __fadd_rn(u, v), x[i + hh] = __fsub_rn(u, v);
+        }
+    }
+    __syncthreads();
+    if (j < D) x[j] = __fmul_rn(x[j], __fdiv_rn(1.0f, __fsqrt_rn((float)D)));
+    __syncthreads();
+    return s_norm;
+}
+
+// ---- selection ----
+
+struct PkvSelArgs {
+    const float *q, *signs;     // the step's queries (n_kv G heads, D), the SRHT signs
+    int G;
+    const uint8_t *ids, *codes; // this layer's
+    const uint16_t *w;
+    const int32_t *count;
+    float *qt, *qn;
+    uint8_t *bonus, *score;
+    int32_t *hist;
+    int *cand;
+    float *est;
+    int *sel, *nsel;
+    const int *d_n;
+    int n_kv, D, B, cap, capp, k, kmax, P, hist_stride;
+    float beta, rho;
+    int R;  // rerank blocks per head (staged)
+    int CL;   // blocks per KV head: the cluster (fused)
+    int keep; // fused: also write the bonus tables and the scores to bonus / score (tests)
+    unsigned long long *stamps; // fused, profiling: (n_kv, CL, 16) phase end times (ns), or NULL
+};
+
+// Exclusive prefix sum of v over the block in thread order; *total gets the block's sum. red:
+// 32 T of shared memory (the first barrier guards its reuse by a previous call).
+template <typename T> static __device__ __forceinline__ T block_scan(T v, T *red, T *total) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    T x = v;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        T y = __shfl_up_sync(0xffffffffu, x, o);
+        if (lane >= o) x += y;
+    }
+    __syncthreads();
+    if (lane == 31) red[warp] = x;
+    __syncthreads();
+    if (warp == 0) {
+        T y = lane < nw ? red[lane] : (T)0;
+#pragma unroll
+        for (int o = 1; o < 32; o <<= 1) {
+            T z = __shfl_up_sync(0xffffffffu, y, o);
+            if (lane >= o) y += z;
+        }
+        red[lane] = y;
+    }
+    __syncthreads();
+    *total = red[nw - 1];
+    return (warp > 0 ? red[warp - 1] : (T)0) + x - v;
+}
+
+// pariskv_select.c's decimal() and pkv_ceil(), in double without contraction.
+static __device__ __forceinline__ double dec6(float x) { return __ddiv_rn(round(__dmul_rn((double)x, 1e6)), 1e6); }
+static __device__ __forceinline__ int ceil_dec(double x) { return (int)ceil(__dadd_rn(x, -1e-9)); }
+
+// The step's zone size (clamped to the capacity), candidate count C = min(max(ceil(beta n),
+// k), n), and (T not NULL) the tier targets ceil(n rho r_t), as pkv_select and pkv_bonus.
+static __device__ __forceinline__ void sel_setup(const PkvSelArgs &a, int *n_out, int *C_out, int *T) {
+    int n = *a.d_n;
+    n = n < 0 ? 0 : n > a.cap ? a.cap : n;
+    float beta = a.beta, rho = a.rho;
+    if (beta <= 0.0f || rho <= 0.0f) { // pkv_schedule
+        if (n < 5000) beta = 0.5f, rho = 0.5f;
+        else if (n < 10000) beta = 0.25f, rho = 0.3f;
+        else if (n < 30000) beta = 0.2f, rho = 0.25f;
+        else beta = 0.1f, rho = 0.2f;
+    }
+    int C = ceil_dec(__dmul_rn((double)n, dec6(beta)));
+    if (C < a.k) C = a.k;
+    if (C > n) C = n;
+    if (T) {
+        const double frac[6] = {0.05, 0.15, 0.30, 0.50, 0.75, 1.0};
+        double nr = __dmul_rn((double)n, dec6(rho));
+#pragma unroll
+        for (int t = 0; t < 6; t++) T[t] = ceil_dec(__dmul_rn(nr, frac[t]));
+    }
+    *n_out = n, *C_out = C;
+}
+
+// Slots per vote / compact block: a multiple of 16 (the compaction reads 16 scores at once).
+static __device__ __forceinline__ int block_slots(int n, int P) { return ((n + P - 1) / P + 15) & ~15; }
+
+// Order-preserving key of a float (-0 as +0, so that equal estimates tie as on the CPU).
+static __device__ __forceinline__ uint32_t fkey(float f) {
+    uint32_t u = __float_as_uint(f == 0.0f ? 0.0f : f);
+    return u & 0x80000000u ? ~u : u | 0x80000000u;
+}
+
+
+// The vote reads a head's ids in pieces of 16 bytes (8 at B = 8: a head's rows are only 8-byte
+// aligned there), lane l of a warp piece p0 + l: each load instruction reads 512 (256)
+// contiguous bytes. A slot is PPS = 1 piece (B = 8, 16) or 2 (B = 32: lanes 2i, 2i + 1).
+template <int B> struct VotePiece {
+    static constexpr int BYTES = B < 16 ? B : 16, WORDS = BYTES / 4, PPS = B / BYTES;
+    static constexpr int UNR = 4; // pieces a lane loads at once: 64 bytes in flight (32 at B = 8)
+};
+
+// Streamed (read once per step, evict-first: the scores, candidates and estimates stay in L2).
+template <int B> static __device__ __forceinline__ void load_piece(uint32_t (&wd)[VotePiece<B>::WORDS], const uint8_t *p) {
+    if constexpr (VotePiece<B>::WORDS == 2) {
+        uint2 v = __ldcs((const uint2 *)p);
+        wd[0] = v.x, wd[1] = v.y;
+    } else {
+        uint4 v = __ldcs((const uint4 *)p);
+        wd[0] = v.x, wd[1] = v.y, wd[2] = v.z, wd[3] = v.w;
+    }
+}
+
+// The bonus tables in shared memory, 4 bits an entry (bonuses are 0..6): subspace b's entry e
+// sits in word b * 32 + (e & 31), nibble 7 - (e >> 5). A subspace's 256 entries then fill the
+// 32 banks once, so a warp's lookups into one subspace never conflict (bytes: 64 words, two
+// a bank, mostly 2-way conflicts), and rotating the word left by 4 (e >> 5) brings the entry
+// to the top nibble, where one shift (fused with the add) extracts it.
+// Score of one piece: the sum of its subspaces' bonuses (row: the table of its first one).
+// Per id word w (4 ids): A holds the 4 byte offsets (e & 31) * 4, M the 4 rotations
+// (e >> 5) * 4 in the low 5 bits of each byte (funnel shifts use the amount mod 32).
+template <int WORDS> static __device__ __forceinline__ unsigned piece_score(const uint32_t (&wd)[WORDS], const uint32_t *row) {
+    unsigned s = 0;
+#pragma unroll
+    for (int q = 0; q < WORDS; q++) {
+        uint32_t w = wd[q], A = (w << 2) & 0x7c7c7c7cu, M = (w >> 3) & 0x1c1c1c1cu;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            uint32_t word = *(const uint32_t *)((const char *)(row + (4 * q + j) * 32) + ((A >> (8 * j)) & 0xffu));
+            s += __funnelshift_l(word, word, M >> (8 * j)) >> 28;
+        }
+    }
+    return s;
+}
+
+
+// The calibrated estimate of one candidate, L = B / 4 lanes of it: each lane decodes 4
+// subspaces (16 bytes of codes, 8 of w) into their w_b <v_b, qt_b>, and the sum over b runs
+// in order through the lanes, as pkv_estimate.
+template <int L>
+static __device__ __forceinline__ float estimate(uint4 cv, uint2 wv, const float (&q)[32], float qn, const float *lev) {
+    const uint32_t cw[4] = {cv.x, cv.y, cv.z, cv.w}, ww[2] = {wv.x, wv.y};
+    float p[4];
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        float d = 0.0f;
+#pragma unroll
+        for (int j = 0; j < 8; j++) d = __fadd_rn(d, __fmul_rn(lev[(cw[k] >> (4 * j)) & 15], q[k * 8 + j]));
+        float wf = __half2float(__ushort_as_half((unsigned short)(ww[k >> 1] >> (16 * (k & 1)))));
+        p[k] = __fmul_rn(wf, d);
+    }
+    float acc = 0.0f;
+#pragma unroll
+    for (int s = 0; s < L; s++) {
+        float t = acc;
+#pragma unroll
+        for (int k = 0; k < 4; k++) t = __fadd_rn(t, p[k]);
+        acc = __shfl_sync(0xffffffffu, t, s, L);
+    }
+    return __fmul_rn(qn, acc);
+}
+
+
+// Calls f(i, key) for the items [lo, hi) of est (lo a multiple of 16), 16 a thread per chunk
+// (four 16-byte loads in flight); est rows are padded to a multiple of 16, so reads past hi stay
+// in bounds.
+template <typename F> static __device__ void est_pass(const float *est, int lo, int hi, F f) {
+    constexpr int PB = 16;
+    for (int c0 = lo; c0 < hi; c0 += PB * TOPK_THREADS) {
+        int i0 = c0 + PB * threadIdx.x;
+        uint32_t key[PB];
+#pragma unroll
+        for (int v = 0; v < PB / 4; v++) {
+            float4 e4 = i0 + 4 * v < hi ? *(const float4 *)(est + i0 + 4 * v) : make_float4(0, 0, 0, 0);
+            key[4 * v] = fkey(e4.x), key[4 * v + 1] = fkey(e4.y), key[4 * v + 2] = fkey(e4.z), key[4 * v + 3] = fkey(e4.w);
+        }
+#pragma unroll
+        for (int u = 0; u < PB; u++)
+            if (i0 + u < hi) f(i0 + u, key[u]);
+    }
+}
+
+
+// The two variants, each for every B the index allows (8, 16, 32). a.P / a.hist_stride: the
+// staged variant's (pkv_staged_vote_blocks); the fused one uses neither.
+int pkv_staged_vote_blocks(int n_kv, int B, int cap);
+cudaError_t pkv_select_staged(PkvSelArgs a, cudaStream_t st);
+// The fused kernel's cluster size for this shape (a.CL), 0 when it cannot take it (its share of
+// slots must fit shared memory; clusters need sm_90).
+int pkv_fused_fits(int n_kv, int B, int cap);
+cudaError_t pkv_select_fused(PkvSelArgs a, cudaStream_t st);
+
+#endif

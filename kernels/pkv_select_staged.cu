@@ -1,0 +1,468 @@
+// ParisKV's selection in five kernels a layer (pkv_select.cuh), the default. The one-kernel
+// variant (pkv_select_fused.cu, PKV_SELECT=fused) keeps each KV head in one thread-block
+// cluster, which caps it at 8 SMs a head where 8 heads must be resident: these kernels use
+// every SM, and are faster at every context measured.
+
+// Arithmetic: pkv_select.cuh.
+//
+// Selection, per layer (n = *d_n read by every kernel; every grid is fixed by cap, n_kv and
+// the device, so one captured graph serves every n):
+//   pkv_bonus_kernel   (B, n_kv) x 256  the group query's transform (each block; block 0
+//                                       stores it), tier bonus of the 256 patterns of each
+//                                       subspace (rank by counting, prefix sum of the id
+//                                       counts); zeroes this step's histograms
+//   pkv_vote_kernel    (P, n_kv) x 256  scores of block j's slot range [j S, (j+1) S): the ids
+//                                       streamed with coalesced 16-byte loads, the bonus
+//                                       tables as 4-bit entries in shared memory; a score
+//                                       histogram per head (global) and per block (kept as
+//                                       "scores >= s" so later blocks find their offsets)
+//   pkv_compact_kernel (P, n_kv) x 256  threshold score and quota of the bucket top-C; each
+//                                       block writes its candidates in slot order at its
+//                                       offset (block prefix + block scan)
+//   pkv_rerank_kernel  (R, n_kv) x 256  estimates of equal shares of the candidates; 12-bit
+//                                       histogram of the estimates' order-preserving keys
+//   pkv_topk_kernel    (8, n_kv) x 512  one cluster per head: radix select on the keys
+//                                       (12/10/10 bits) from that histogram, histograms
+//                                       summed in distributed shared memory, ties at the k-th
+//                                       to the smaller slot; the selection written in slot order
+// P and R fill the GPU with one wave of resident blocks. 5 launches. Bytes read per KV head, n slots, C candidates (n = 1M, D = 128:
+// C = 100K): ids n B (16 MB), scores n (1 MB, from L2), cand C 4 (0.4 MB, L2), codes and w
+// C 6 B (9.6 MB), est C 4 (0.4 MB, L2), counts B 1 KB; written: scores n, cand + est C 8.
+// All kernels of a step use PDL (pdl_wait() before reading anything an earlier kernel wrote).
+
+#include "pkv_select.cuh"
+
+
+// Block (b, h): subspace b of KV head h. Thread c scores pattern c (pkv_bonus's sum), counts
+// the patterns ranked before it (better score, or equal and smaller id), and the prefix sum
+// of the counts in rank order gives the keys ranked before each pattern.
+static __global__ void __launch_bounds__(SEL_THREADS) pkv_bonus_kernel(PkvSelArgs a) {
+    __shared__ __align__(16) float sc[256];
+    __shared__ int perm[256], cnt[256];
+    __shared__ long long red[32];
+    __shared__ float x[PKV_GPU_MAX_D];
+    pdl_wait();
+    int b = blockIdx.x, h = blockIdx.y, c = threadIdx.x, B = a.B;
+    int32_t *hh = a.hist + (size_t)h * a.hist_stride;
+    for (int i = b * SEL_THREADS + c; i < HIST_BLK0; i += B * SEL_THREADS) hh[i] = 0; // the vote's and rerank's sums
+    size_t tb = ((size_t)h * B + b) * 256;
+    int my = a.count[tb + c]; // issued first: the query transform and the ranking hide its latency
+    // Every block of the head transforms its query (a launch less than a kernel of its own);
+    // block 0 stores it for the rerank.
+    float qn = query_transform(x, a.q, a.signs, a.G, a.D, h);
+    if (b == 0) {
+        if (c < a.D) a.qt[(size_t)h * a.D + c] = x[c];
+        if (c == 0) a.qn[h] = qn;
+    }
+    int n, C, T[6];
+    sel_setup(a, &n, &C, T);
+    if (n <= a.k) return;
+    const float *q = x + b * 8;
+    float s = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 8; j++) s = __fadd_rn(s, (c >> j) & 1 ? q[j] : -q[j]);
+    sc[c] = s;
+    __syncthreads();
+    int rank = 0;
+    const float4 *s4 = (const float4 *)sc;
+#pragma unroll 8
+    for (int o = 0; o < 256; o += 4) {
+        float4 v = s4[o / 4];
+        rank += (v.x > s || (v.x == s && o < c)) + (v.y > s || (v.y == s && o + 1 < c)) + (v.z > s || (v.z == s && o + 2 < c)) +
+                (v.w > s || (v.w == s && o + 3 < c));
+    }
+    perm[rank & 255] = c; // a permutation unless qt holds NaN; the mask keeps that in bounds
+    cnt[c] = my;
+    __syncthreads();
+    int cid = perm[c] & 255; // the pattern of rank c
+    long long tot, before = block_scan((long long)cnt[cid], red, &tot);
+    int tiers = 0;
+#pragma unroll
+    for (int t = 0; t < 6; t++) tiers += before < T[t];
+    pdl_release();
+    a.bonus[tb + cid] = (uint8_t)tiers;
+}
+
+
+// Block (j, h): the scores of slot range [j S, (j+1) S) of head h. Each warp streams
+// 32 * UNR pieces per pass (UNR independent loads a lane), scores stored a byte a slot
+// (32 contiguous bytes per store). Score histogram: two copies per warp (half-warps, 16 banks
+// apart) with shared atomics, so that lanes with equal scores collide less; then the block's
+// sum goes to the head's histogram (global) and, as "scores >= s", to the block's row.
+// 6 blocks per SM (40 registers; 8 would spill): 96 KB of ids in flight per SM at B >= 16.
+template <int B> static __global__ void __launch_bounds__(SEL_THREADS, 6) pkv_vote_kernel(PkvSelArgs a) {
+    using VP = VotePiece<B>;
+    constexpr int NB = 6 * B + 1, NW = SEL_THREADS / 32, PPS = VP::PPS, UNR = VP::UNR;
+    constexpr int HSTR = ((NB + 31) & ~31) + 16; // one histogram copy
+    static_assert(NB < HIST_BLK && NB < SEL_THREADS, "score bins");
+    __shared__ uint32_t tbl[B * 32];
+    __shared__ int wh[2 * NW * HSTR];
+    __shared__ int red[32];
+    int h = blockIdx.y, j = blockIdx.x, t = threadIdx.x, lane = t & 31, warp = t >> 5;
+    for (int i = t; i < 2 * NW * HSTR; i += SEL_THREADS) wh[i] = 0;
+    pdl_wait();
+    int n, C;
+    sel_setup(a, &n, &C, NULL);
+    if (n <= a.k) return;
+    const uint8_t *bs = a.bonus + (size_t)h * B * 256;
+    for (int i = t; i < B * 32; i += SEL_THREADS) {
+        int b = i >> 5, c = i & 31;
+        uint32_t v = 0;
+#pragma unroll
+        for (int m = 0; m < 8; m++) v |= (uint32_t)(bs[b * 256 + c + 32 * m] & 15) << (4 * (7 - m));
+        tbl[i] = v;
+    }
+    __syncthreads();
+    int S = block_slots(n, a.P), lo = min(j * S, n), hi = min(lo + S, n);
+    unsigned plo = (unsigned)lo * PPS, phi = (unsigned)hi * PPS; // pieces: up to 2^31 at B = 32
+    const uint8_t *ids = a.ids + (size_t)h * a.cap * B;
+    uint8_t *sc = a.score + (size_t)h * a.capp;
+    int *hw = wh + (2 * warp + (lane >> 4)) * HSTR;
+    // B = 32: odd lanes hold the second half of a slot (subspaces 16..31). p0 stays even.
+    const uint32_t *row = tbl + (PPS == 2 ? (lane & 1) * 16 * 32 : 0);
+    // The loop bound is uniform over the warp (the shuffle needs every lane).
+    for (unsigned p0 = plo + warp * 32 * UNR; p0 < phi; p0 += NW * 32 * UNR) {
+        uint32_t wd[UNR][VP::WORDS];
+#pragma unroll
+        for (int u = 0; u < UNR; u++) {
+            unsigned p = p0 + 32 * u + lane;
+            if (p < phi) load_piece<B>(wd[u], ids + (size_t)p * VP::BYTES);
+            else
+#pragma unroll
+                for (int q = 0; q < VP::WORDS; q++) wd[u][q] = 0;
+        }
+#pragma unroll
+        for (int u = 0; u < UNR; u++) {
+            unsigned s = piece_score(wd[u], row);
+            if constexpr (PPS == 2) s += __shfl_xor_sync(0xffffffffu, s, 1);
+            unsigned p = p0 + 32 * u + lane;
+            if (p < phi && (PPS == 1 || !(lane & 1))) {
+                sc[p / PPS] = (uint8_t)s;
+                atomicAdd(&hw[s], 1);
+            }
+        }
+    }
+    pdl_release();
+    __syncthreads();
+    int v = 0;
+    if (t < NB)
+#pragma unroll
+        for (int w = 0; w < 2 * NW; w++) v += wh[w * HSTR + t];
+    int tot, ex = block_scan(v, red, &tot);
+    int32_t *hh = a.hist + (size_t)h * a.hist_stride;
+    if (t <= NB) hh[HIST_BLK0 + (size_t)j * HIST_BLK + t] = tot - ex; // this block's scores >= t (0 at t = NB)
+    if (t < NB && v) atomicAdd(&hh[HIST_SCORE + t], v);
+}
+
+
+// Block (j, h), the vote's block j's slot range. The threshold score thr and the quota of the
+// bucket top-C (pkv_bucket_topc): a slot is a candidate if its score > thr, or == thr and
+// fewer than quota slots before it scored thr. The slots before this block's are counted from
+// the earlier vote blocks' "scores >= s" rows, so each candidate's place in cand is its rank
+// in slot order: cand is ascending. A pass over the scores (L2: just written), 16 a thread.
+static __global__ void __launch_bounds__(SEL_THREADS) pkv_compact_kernel(PkvSelArgs a) {
+    __shared__ int red[32];
+    __shared__ unsigned long long red64[32];
+    __shared__ int s_thr, s_above;
+    pdl_wait();
+    int h = blockIdx.y, j = blockIdx.x, t = threadIdx.x, NB = 6 * a.B + 1;
+    int n, C;
+    sel_setup(a, &n, &C, NULL);
+    if (n <= a.k) return;
+    const int32_t *hh = a.hist + (size_t)h * a.hist_stride;
+    if (t == 0) s_thr = 0, s_above = 0;
+    // thr: the highest score s with (slots scoring >= s) >= C; above: those scoring > thr.
+    int v = t < NB ? hh[HIST_SCORE + t] : 0, tot, ex = block_scan(v, red, &tot), ge = tot - ex;
+    if (t < NB && ge >= C && ge - v < C) s_thr = t, s_above = ge - v;
+    __syncthreads();
+    int thr = s_thr, quota = C - s_above;
+    // Slots of the earlier blocks scoring > thr (high word) and == thr (low word).
+    unsigned long long acc = 0, acc_tot;
+    for (int jj = t; jj < j; jj += SEL_THREADS) {
+        const int32_t *cb = hh + HIST_BLK0 + (size_t)jj * HIST_BLK;
+        int g1 = cb[thr + 1], g0 = cb[thr];
+        acc += (unsigned long long)g1 << 32 | (unsigned)(g0 - g1);
+    }
+    block_scan(acc, red64, &acc_tot);
+    int Gb = (int)(acc_tot >> 32), Eb = (int)(acc_tot & 0xffffffffu);
+    const uint8_t *sc = a.score + (size_t)h * a.capp;
+    int *cand = a.cand + (size_t)h * a.capp;
+    int S = block_slots(n, a.P), lo = min(j * S, n), hi = min(lo + S, n);
+    const uint32_t thr4 = (uint32_t)thr * 0x01010101u;
+    for (int c0 = lo; c0 < hi; c0 += EMIT_CHUNK) {
+        int i0 = c0 + 16 * t, nv = min(max(hi - i0, 0), 16); // valid scores of this thread's 16
+        uint4 sv = nv ? *(const uint4 *)(sc + i0) : make_uint4(0, 0, 0, 0); // in bounds: capp % 16 == 0
+        const uint32_t sw[4] = {sv.x, sv.y, sv.z, sv.w};
+        // Four scores a word (SIMD within a register): byte masks of > thr and == thr.
+        uint32_t gm[4], em[4];
+        int ng = 0, ne = 0;
+#pragma unroll
+        for (int w = 0; w < 4; w++) {
+            int vb = min(max(nv - 4 * w, 0), 4);
+            uint32_t valid = vb == 4 ? 0xffffffffu : (1u << (8 * vb)) - 1;
+            gm[w] = __vcmpgtu4(sw[w], thr4) & valid, em[w] = __vcmpeq4(sw[w], thr4) & valid;
+            ng += __popc(gm[w]) >> 3, ne += __popc(em[w]) >> 3;
+        }
+        int ptot, pex = block_scan(ng << 16 | ne, red, &ptot); // each sum <= EMIT_CHUNK < 2^16
+        int G = Gb + (pex >> 16), E = Eb + (pex & 0xffff);
+#pragma unroll
+        for (int w = 0; w < 4; w++) {
+            uint32_t m = (gm[w] | em[w]) & 0x01010101u; // one bit a candidate byte, ascending slots
+            while (m) {
+                int bit = __ffs(m) - 1, slot = i0 + 4 * w + (bit >> 3);
+                m &= m - 1;
+                if (gm[w] >> bit & 1) cand[G + min(E, quota)] = slot, G++;
+                else {
+                    if (E < quota) cand[G + E] = slot;
+                    E++;
+                }
+            }
+        }
+        Gb += ptot >> 16, Eb += ptot & 0xffff;
+    }
+    pdl_release();
+}
+
+// Block (r, h): the estimates of candidates [r Cr, (r+1) Cr) of head h (Cr = C / R rounded
+// up), fixed-size shares whatever the scores' spread. Each warp takes U groups of CPW
+// candidates at once: the slots (L2), then all U gathers of codes (16 bytes a lane) and w (8)
+// before any arithmetic, so each lane has 2U loads in flight. 12-bit histogram of the
+// estimates' order-preserving keys for the top-k (shared, then the nonzero bins to global).
+template <int B> static __global__ void __launch_bounds__(SEL_THREADS) pkv_rerank_kernel(PkvSelArgs a) {
+    constexpr int L = B / 4, CPW = 32 / L, NW = SEL_THREADS / 32, U = RERANK_U, STEP = NW * CPW * U;
+    __shared__ int h1[EST_BINS];
+    __shared__ float lev[16];
+    int h = blockIdx.y, r = blockIdx.x, t = threadIdx.x, lane = t & 31, warp = t >> 5;
+    for (int i = t; i < EST_BINS; i += SEL_THREADS) h1[i] = 0;
+    if (t < 16) lev[t] = t & 8 ? c_centers[t & 7] : -c_centers[t & 7]; // pkv_levels
+    pdl_wait();
+    int n, C;
+    sel_setup(a, &n, &C, NULL);
+    if (n <= a.k) return;
+    int part = lane % L, g = lane / L;
+    float q[32];
+#pragma unroll
+    for (int i = 0; i < 32; i++) q[i] = a.qt[(size_t)h * a.D + part * 32 + i];
+    float qn = a.qn[h];
+    const uint8_t *codes = a.codes + (size_t)h * a.cap * B * 4;
+    const uint16_t *w = a.w + (size_t)h * a.cap * B;
+    const int *cand = a.cand + (size_t)h * a.capp;
+    float *est = a.est + (size_t)h * a.capp;
+    int per = (C + a.R - 1) / a.R, c_lo = min(r * per, C), c_hi = min(c_lo + per, C);
+    __syncthreads(); // h1, lev
+    // Software-pipelined over a warp's groups of U x CPW candidates: the codes and w of the next
+    // group and the slots of the one after are in flight while this group is scored. The loop
+    // bound is uniform over the warp (estimate's shuffles need every lane).
+    auto slots = [&](int c, int (&slot)[U]) {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            int idx = c + u * CPW + g;
+            slot[u] = idx < c_hi ? cand[idx] : -1;
+        }
+    };
+    auto gather = [&](const int (&slot)[U], uint4 (&cv)[U], uint2 (&wv)[U]) {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            cv[u] = make_uint4(0, 0, 0, 0), wv[u] = make_uint2(0, 0);
+            if (slot[u] >= 0) {
+                cv[u] = __ldcs((const uint4 *)(codes + (size_t)slot[u] * B * 4) + part);
+                wv[u] = __ldcs((const uint2 *)(w + (size_t)slot[u] * B) + part);
+            }
+        }
+    };
+    int c = c_lo + warp * CPW * U, s_cur[U], s_nxt[U];
+    uint4 cv[U], cv_n[U];
+    uint2 wv[U], wv_n[U];
+    slots(c, s_cur);
+    gather(s_cur, cv, wv);
+    slots(c + STEP, s_nxt);
+    for (; c < c_hi; c += STEP) {
+        gather(s_nxt, cv_n, wv_n);
+        int s_nn[U];
+        slots(c + 2 * STEP, s_nn);
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            float e = estimate<L>(cv[u], wv[u], q, qn, lev);
+            if (part == 0 && s_cur[u] >= 0) {
+                est[c + u * CPW + g] = e;
+                atomicAdd(&h1[fkey(e) >> 20], 1);
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) cv[u] = cv_n[u], wv[u] = wv_n[u], s_cur[u] = s_nxt[u], s_nxt[u] = s_nn[u];
+    }
+    pdl_release();
+    __syncthreads();
+    int32_t *hh = a.hist + (size_t)h * a.hist_stride;
+    for (int i = t; i < EST_BINS; i += SEL_THREADS)
+        if (h1[i]) atomicAdd(&hh[HIST_EST + i], h1[i]);
+}
+
+
+// The bin d of hist (nb bins, nb a multiple of the block size) holding the r-th largest item
+// (r >= 1): the items of the bins above d number *above < r <= *above + hist[d] = *above + *in.
+static __device__ void find_digit(const int *hist, int nb, int r, int *red, int *d, int *above, int *in) {
+    int per = nb / blockDim.x, b0 = threadIdx.x * per, v = 0;
+    for (int i = 0; i < per; i++) v += hist[b0 + i];
+    int tot, ex = block_scan(v, red, &tot);
+    int ab = tot - ex - v; // in the bins of the threads after this one
+    for (int i = per - 1; i >= 0; i--) {
+        int c = hist[b0 + i];
+        if (ab < r && ab + c >= r) *d = b0 + i, *above = ab, *in = c;
+        ab += c;
+    }
+    __syncthreads();
+}
+
+// The sum of bins [0, nb) of hist over the cluster's blocks (ranks in order: every block gets the
+// same), into tot; after a cluster barrier that follows the last write to hist.
+static __device__ __forceinline__ void cluster_hist_sum(cg::cluster_group &cl, int *hist, int *tot, int nb) {
+    for (int b = threadIdx.x; b < nb; b += TOPK_THREADS) {
+        int s = 0;
+#pragma unroll
+        for (int r = 0; r < TOPK_CLUSTER; r++) s += cl.map_shared_rank(hist, r)[b];
+        tot[b] = s;
+    }
+    __syncthreads();
+}
+
+// Cluster (h) of TOPK_CLUSTER blocks per KV head: the k best of the C estimates (ties: the
+// smaller slot) by radix select on their keys, digits of 12, 10 and 10 bits, written to sel in
+// slot order (cand is ascending): the attention needs no sort. Block j takes the candidates
+// [j per, (j+1) per). Digit 1 comes from the rerank's histogram; pass 1 over the block's
+// estimates counts the items above digit 1's bin and histograms digit 2 of those in it, pass 2
+// does the same one digit down; the histograms are summed over the cluster (distributed shared
+// memory). The k-th key T is then known, with the number r of its ties to take: each block
+// counts its items above T and equal to it, and a last ordered pass writes block j's items
+// above T and its share of the first r ties at its offset (the items of blocks before it).
+static __global__ void __cluster_dims__(TOPK_CLUSTER, 1, 1) __launch_bounds__(TOPK_THREADS) pkv_topk_kernel(PkvSelArgs a) {
+    __shared__ int hist[EST_BINS], h2[1024], h3[1024];
+    __shared__ int red[32];
+    __shared__ long long red64[32];
+    __shared__ int s_d, s_above, s_in, s_gt, s_eq;
+    cg::cluster_group cl = cg::this_cluster();
+    pdl_wait();
+    int h = blockIdx.y, j = (int)cl.block_rank(), t = threadIdx.x, k = a.k;
+    int n, C;
+    sel_setup(a, &n, &C, NULL);
+    int *sel = a.sel + (size_t)h * a.kmax;
+    const int *cand = a.cand + (size_t)h * a.capp;
+    if (n <= k || C == k) { // every slot, or every candidate (ascending)
+        for (int i = j * TOPK_THREADS + t; i < (n <= k ? n : k); i += TOPK_CLUSTER * TOPK_THREADS) sel[i] = n <= k ? i : cand[i];
+        if (j == 0 && t == 0) a.nsel[h] = n <= k ? n : k;
+        return;
+    }
+    const float *est = a.est + (size_t)h * a.capp;
+    const int32_t *hh = a.hist + (size_t)h * a.hist_stride;
+    int per = ((C + TOPK_CLUSTER - 1) / TOPK_CLUSTER + 15) & ~15, lo = min(j * per, C), hi = min(lo + per, C);
+    for (int i = t; i < EST_BINS; i += TOPK_THREADS) hist[i] = hh[HIST_EST + i];
+    for (int i = t; i < 1024; i += TOPK_THREADS) h2[i] = 0, h3[i] = 0;
+    __syncthreads();
+    pdl_release();
+    int r = k, gt = 0; // gt: this thread's items above the k-th key
+    find_digit(hist, EST_BINS, r, red, &s_d, &s_above, &s_in);
+    const uint32_t d1 = s_d;
+    r -= s_above;
+    est_pass(est, lo, hi, [&](int, uint32_t key) {
+        if (key >> 20 > d1) gt++;
+        else if (key >> 20 == d1) atomicAdd(&h2[(key >> 10) & 1023], 1);
+    });
+    cl.sync();
+    cluster_hist_sum(cl, h2, hist, 1024);
+    find_digit(hist, 1024, r, red, &s_d, &s_above, &s_in);
+    const uint32_t p22 = d1 << 10 | (uint32_t)s_d; // the k-th key's first 22 bits
+    r -= s_above;
+    est_pass(est, lo, hi, [&](int, uint32_t key) {
+        if (key >> 20 != d1) return;
+        if (key >> 10 > p22) gt++;
+        else if (key >> 10 == p22) atomicAdd(&h3[key & 1023], 1);
+    });
+    cl.sync();
+    cluster_hist_sum(cl, h3, hist, 1024);
+    find_digit(hist, 1024, r, red, &s_d, &s_above, &s_in);
+    const uint32_t T = p22 << 10 | (uint32_t)s_d; // the k-th key
+    r -= s_above;                                  // of its ties, the first r in slot order are taken
+    // This block's items above T and equal to it (its own digit-3 histogram above and at T's bin).
+    for (int b = t; b < 1024; b += TOPK_THREADS) gt += b > s_d ? h3[b] : 0;
+    int tot;
+    block_scan(gt, red, &tot);
+    if (t == 0) s_gt = tot, s_eq = h3[s_d];
+    cl.sync();
+    // Offsets: the items above T and the ties of the blocks before this one.
+    int G0 = 0, E0 = 0;
+    for (int q = 0; q < j; q++) G0 += *cl.map_shared_rank(&s_gt, q), E0 += *cl.map_shared_rank(&s_eq, q);
+    int quota = max(0, r - E0); // ties this block may take, from its first
+    // Ordered pass: an item's place is (items above T before it) + min(ties before it, quota).
+    int gb = 0, eb = 0; // this block's counts before the current chunk
+    for (int c0 = lo; c0 < hi; c0 += 16 * TOPK_THREADS) {
+        int i0 = c0 + 16 * t, g = 0, e = 0;
+        uint32_t key[16];
+#pragma unroll
+        for (int v = 0; v < 4; v++) {
+            float4 e4 = i0 + 4 * v < hi ? *(const float4 *)(est + i0 + 4 * v) : make_float4(0, 0, 0, 0);
+            key[4 * v] = fkey(e4.x), key[4 * v + 1] = fkey(e4.y), key[4 * v + 2] = fkey(e4.z), key[4 * v + 3] = fkey(e4.w);
+        }
+#pragma unroll
+        for (int u = 0; u < 16; u++)
+            if (i0 + u < hi) g += key[u] > T, e += key[u] == T;
+        long long ctot, ex = block_scan((long long)g << 32 | e, red64, &ctot);
+        int gx = gb + (int)(ex >> 32), ex_e = eb + (int)(ex & 0xffffffff);
+#pragma unroll
+        for (int u = 0; u < 16; u++) {
+            if (i0 + u >= hi) continue;
+            if (key[u] > T) sel[G0 + min(E0, r) + gx + min(ex_e, quota)] = cand[i0 + u], gx++;
+            else if (key[u] == T) {
+                if (ex_e < quota) sel[G0 + min(E0, r) + gx + ex_e] = cand[i0 + u];
+                ex_e++;
+            }
+        }
+        gb += (int)(ctot >> 32), eb += (int)(ctot & 0xffffffff);
+    }
+    if (j == 0 && t == 0) a.nsel[h] = k;
+    cl.sync(); // peers may still read s_gt / s_eq
+}
+
+// Blocks of a kernel resident per SM (its registers and shared memory decide), once per kernel.
+template <typename Kernel> static int resident(Kernel k, int fallback) {
+    int b = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, k, SEL_THREADS, 0) != cudaSuccess || b < 1) b = fallback;
+    return b;
+}
+template <int B> static int resident_of(bool rerank) {
+    static const int vote = resident(pkv_vote_kernel<B>, 4), rr = resident(pkv_rerank_kernel<B>, 2);
+    return rerank ? rr : vote;
+}
+
+// Vote / compact (rerank) blocks per KV head: those of all heads in one wave of resident
+// blocks (equal shares: a second, partial wave would add its whole length), at least 256
+// slots (candidates) each at full capacity, the vote's at most MAX_P. hist_stride records the
+// vote's for pkv_gpu_select. The first call (pkv_gpu_scratch_alloc) queries the occupancies,
+// so that none runs inside a stream capture.
+static int blocks_per_head(int n_kv, int B, int cap, bool rerank) {
+    int per_sm = B == 8 ? resident_of<8>(rerank) : B == 16 ? resident_of<16>(rerank) : resident_of<32>(rerank);
+    int p = per_sm * sm_count() / n_kv, most = (cap + 255) / 256;
+    p = p < most ? p : most;
+    if (!rerank) p = p < MAX_P ? p : MAX_P;
+    return p > 0 ? p : 1;
+}
+
+int pkv_staged_vote_blocks(int n_kv, int B, int cap) { return blocks_per_head(n_kv, B, cap, false); }
+
+template <int B> static cudaError_t launch_select(PkvSelArgs a, cudaStream_t st) {
+    a.R = blocks_per_head(a.n_kv, B, a.cap, true);
+    dim3 per_head(a.P, a.n_kv);
+    CU_TRY(launch_pdl(pkv_bonus_kernel, dim3(B, a.n_kv), dim3(SEL_THREADS), 0, st, a));
+    CU_TRY(launch_pdl(pkv_vote_kernel<B>, per_head, dim3(SEL_THREADS), 0, st, a));
+    CU_TRY(launch_pdl(pkv_compact_kernel, per_head, dim3(SEL_THREADS), 0, st, a));
+    CU_TRY(launch_pdl(pkv_rerank_kernel<B>, dim3(a.R, a.n_kv), dim3(SEL_THREADS), 0, st, a));
+    return launch_pdl(pkv_topk_kernel, dim3(TOPK_CLUSTER, a.n_kv), dim3(TOPK_THREADS), 0, st, a);
+}
+
+cudaError_t pkv_select_staged(PkvSelArgs a, cudaStream_t st) {
+    switch (a.B) {
+    case 8: return launch_select<8>(a, st);
+    case 16: return launch_select<16>(a, st);
+    case 32: return launch_select<32>(a, st);
+    }
+    return cudaErrorInvalidValue;
+}
