@@ -165,8 +165,8 @@ static void test_qkv(int hd, int n_heads, int n_kv, int qk_norm, int host, int p
 // ---- attention over sink + selected + window ----
 // Bound, per output element against its own magnitude (pariskv_attend.cu's arithmetic, u =
 // 2^-24): the rows are the same bf16 (fp8-decoded) values on both sides. A row's score is a
-// dot product of hd/8 products a lane, summed in order, then over log2(hd/8) shuffle levels,
-// with q pre-scaled by rsqrtf(hd) log2(e) (2 ulp + 2 roundings): its error is within (hd/8 +
+// dot product of 8 products a lane, summed in order, then over log2(hd/8) shuffle levels, with
+// q pre-scaled by rsqrtf(hd) log2(e) (2 ulp, then 3 roundings): its error is within (8 +
 // log2(hd/8) + 8) u of its sum of |q_j k_j| (in log2 units); exp2f's argument (s - running max)
 // rounds by u |s - max| over the chain, and each exp2f is within 2 ulp (4 u). The sums are
 // chains, not one long sum: a stream takes at most the block's rows of each list (rows / splits,
@@ -189,7 +189,7 @@ static void attend_ref(const float *qh, const std::vector<float> &kr, const std:
                        double *o, double *tol) {
     int m = (int)(kr.size() / hd), n2 = m - n1;
     int depth = (n1 + splits - 1) / splits + (n2 + splits - 1) / splits + 16 + splits + 2;
-    double sc2 = 1.4426950408889634 / sqrt((double)hd), dot_u = (hd / 8 + log2(hd / 8.0) + 8) * U32;
+    double sc2 = 1.4426950408889634 / sqrt((double)hd), dot_u = (16 + log2(hd / 8.0)) * U32;
     std::vector<double> s(m), p(m), th(m);
     double mx = -1e300, P = 0, thmax = 0;
     for (int i = 0; i < m; i++) {
