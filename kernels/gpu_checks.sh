@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the repo root, with binaries from kernels/prepare_device.sh in .dev/:
 # kernel tests against the CPU reference, whole-model GPU vs CPU, and the decode benchmark.
-# Usage: kernels/gpu_checks.sh [kernels|models|smollm2|sampling|quant|quantbench|pkvrand|pkvchat|pkvsmol|pkvfp8|pkvlayer|pkvchunk|pkvdrift|session|sessbench|pkvsan|pkvlong|pkvbench|bench|prefill|peer|hfcheck|all]...
+# Usage: kernels/gpu_checks.sh [kernels|mutants|models|smollm2|sampling|quant|quantbench|pkvrand|pkvchat|pkvsmol|pkvfp8|pkvlayer|pkvchunk|pkvdrift|session|sessbench|pkvsan|pkvlong|pkvbench|bench|prefill|peer|hfcheck|all]...
 # Exits non-zero when any check fails: every command's status counts (pipefail: a `cmd | tee`
 # fails when cmd does), and a GPU/CPU mismatch is a failure, not a note.
 set -uo pipefail
@@ -27,6 +27,29 @@ STEPS=("${@:-all}")
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 if want kernels; then
     for t in $D/test_kernels $D/test_pkv_attend $D/test_pariskv_gpu $D/test_sample; do echo "=== $t"; $t 2>&1 | tee "$OUT/$(basename $t).log" || status=1; done
+fi
+if want mutants; then
+    # The kernel tests' bounds can fail: planted mutants that they must flag. test_pkv_attend
+    # checks every attention output against its own bound and must reject a reference that drops
+    # or duplicates one attended row (always on; here on 10 fresh draws of its cases); with
+    # PKV_TEST_MUTANT=1 the GPU attends one wrong selected row (test_pkv_attend) or has one
+    # selected slot changed on the device after each selection (test_pariskv_gpu), and every
+    # planted case must be flagged: the binary then fails, and its tally line must read
+    # "flagged in N of N" (N > 0).
+    echo "=== mutants"
+    PKV_TEST_QUICK=1 PKV_TEST_TRIALS=10 timeout 280 $D/test_pkv_attend > "$OUT/mutant-trials-test_pkv_attend.log" 2>&1 &&
+        echo "ok   test_pkv_attend, 10 draws of its cases: $(grep -c '^ok   pkv_attend .*mutants of head 0' "$OUT/mutant-trials-test_pkv_attend.log") dropped/duplicated-row mutants rejected, $(tail -n 1 "$OUT/mutant-trials-test_pkv_attend.log")" ||
+        { echo "FAIL test_pkv_attend, 10 draws:"; grep '^FAIL' "$OUT/mutant-trials-test_pkv_attend.log" | head -n 5; status=1; }
+    for t in test_pkv_attend test_pariskv_gpu; do
+        PKV_TEST_MUTANT=1 PKV_TEST_QUICK=1 timeout 280 $D/$t > "$OUT/mutant-$t.log" 2>&1
+        rc=$?
+        tally=$(grep -h '^mutant: flagged in' "$OUT/mutant-$t.log")
+        if [ $rc -ne 0 ] && [[ $tally =~ flagged\ in\ ([0-9]+)\ of\ ([0-9]+) ]] && [ "${BASH_REMATCH[1]}" = "${BASH_REMATCH[2]}" ] && [ "${BASH_REMATCH[2]}" -gt 0 ]; then
+            echo "ok   $t with a planted selection mutant: ${tally#mutant: } (exit $rc, $(grep -c '^FAIL' "$OUT/mutant-$t.log") checks failed)"
+        else
+            echo "FAIL $t with a planted selection mutant: exit $rc, '${tally:-no tally line}'"; grep 'MISSED\|flagged it)' "$OUT/mutant-$t.log" | grep -v ' [1-9][0-9]* selection checks flagged\|this check flagged' | head -n 5; status=1
+        fi
+    done
 fi
 if want models; then
     for d in tiny-llama31 tiny-qwen3 tiny-llama-fp16; do

@@ -2,7 +2,11 @@
 // CPU references on fresh random inputs, then timed: the QKV post-processing with its
 // write-through, the attention over sink + selected + window with the zone in pinned host memory
 // (UVA, bf16 or fp8 rows) or in the device cache, the ring of the device cache past its wrap, the
-// rows of a prompt converted to the host store. Needs a GPU.
+// rows of a prompt converted to the host store. Needs a GPU. Each attention output is checked
+// against its own bound, and a reference that drops or duplicates one selected row must reject
+// the GPU's output (mutants that must fail). PKV_TEST_QUICK=1: no timings; PKV_TEST_TRIALS=N: the
+// attention cases N times on fresh draws; PKV_TEST_MUTANT=1: the GPU attends one wrong selected
+// row in every attention case, and each of those checks must fail (see mutant_mode).
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -159,9 +163,71 @@ static void test_qkv(int hd, int n_heads, int n_kv, int qk_norm, int host, int p
 }
 
 // ---- attention over sink + selected + window ----
-// Tolerance, relative to max|V|: the rows are the same bf16 values on both sides; the device
-// sums m <= ~3000 terms in fp32 in another order (online softmax: m rescalings, each one u32
-// relative): 4 m u32; the output is rounded to bf16: 2^-9 of |out| <= max|V|. Total 2^-9 + 4 m u32.
+// Bound, per output element against its own magnitude (pariskv_attend.cu's arithmetic, u =
+// 2^-24): the rows are the same bf16 (fp8-decoded) values on both sides. A row's score is a
+// dot product of 8 products a lane, summed in order, then over log2(hd/8) shuffle levels, with
+// q pre-scaled by rsqrtf(hd) log2(e) (2 ulp, then 3 roundings): its error is within (8 +
+// log2(hd/8) + 8) u of its sum of |q_j k_j| (in log2 units); exp2f's argument (s - running max)
+// rounds by u |s - max| over the chain, and each exp2f is within 2 ulp (4 u). The sums are
+// chains, not one long sum: a stream takes at most the block's rows of each list (rows / splits,
+// the split's share), the block then combines its <= 16 streams (128 threads, >= 8 lanes a row),
+// the last block merges the splits: depth d = ceil(n1 / splits) + ceil(n2 / splits) + 16 +
+// splits + 2. Each level multiplies by a rescale factor (an exp2f: 4 u, the product: u) and adds
+// (u): 6 u. So row i's weight in the numerator and the denominator is off by at most
+// theta_i = ln 2 (score error + u (max - s_i)) + (6 d + 5) u, and the fp32 output by
+// E_j = sum_i p_i theta_i (|v_ij| + |o_j|) / (sum_i p_i (1 - max theta)) + u |o_j| (the division);
+// the bf16 output rounds by 2^-8 of itself: tol_j = E_j + 2^-8 (|o_j| + E_j). The old bound,
+// 2^-9 + 4 m u against max|V| = 1 (~2.6e-3), was 5-10% of the outputs themselves (~0.02-0.05)
+// and let a dropped or a duplicated row through; this one is ~2^-8 |o| + a few 1e-5 (a row of
+// k = 2048 moves outputs by ~|v - o| / m ~ 2e-4): the two mutants below must fail it.
+static const double U32 = 5.9604644775390625e-8;
+
+// The double reference of one query head qh over rows kr, vr (m rows of hd, the kernel's list
+// order) and each element's bound: n1 of the rows in the first list (sink + window), the rest
+// selected; splits as the kernel's.
+static void attend_ref(const float *qh, const std::vector<float> &kr, const std::vector<float> &vr, int hd, int n1, int splits,
+                       double *o, double *tol) {
+    int m = (int)(kr.size() / hd), n2 = m - n1;
+    int depth = (n1 + splits - 1) / splits + (n2 + splits - 1) / splits + 16 + splits + 2;
+    double sc2 = 1.4426950408889634 / sqrt((double)hd), dot_u = (16 + log2(hd / 8.0)) * U32;
+    std::vector<double> s(m), p(m), th(m);
+    double mx = -1e300, P = 0, thmax = 0;
+    for (int i = 0; i < m; i++) {
+        double d = 0, a = 0;
+        for (int j = 0; j < hd; j++) d += (double)qh[j] * kr[(size_t)i * hd + j], a += fabs((double)qh[j] * kr[(size_t)i * hd + j]);
+        s[i] = d * sc2, th[i] = dot_u * a * sc2; // log2 units
+        mx = fmax(mx, s[i]);
+    }
+    for (int i = 0; i < m; i++) {
+        p[i] = exp2(s[i] - mx), P += p[i];
+        th[i] = log(2.0) * (th[i] + U32 * (mx - s[i])) + (6.0 * depth + 5) * U32;
+        thmax = fmax(thmax, th[i]);
+    }
+    for (int j = 0; j < hd; j++) {
+        double num = 0, e = 0;
+        for (int i = 0; i < m; i++) num += p[i] * vr[(size_t)i * hd + j];
+        o[j] = num / P;
+        for (int i = 0; i < m; i++) e += p[i] * th[i] * (fabs(vr[(size_t)i * hd + j]) + fabs(o[j]));
+        e = e / (P * (1 - thmax)) + U32 * fabs(o[j]);
+        tol[j] = e + (fabs(o[j]) + e) / 256;
+    }
+}
+
+// max over one query head's hd outputs of |got - o| / tol (a non-finite output: infinite).
+static double worst_ratio(const uint16_t *got, const double *o, const double *tol, int hd) {
+    double r = 0;
+    for (int j = 0; j < hd; j++) {
+        double g = bf(got[j]);
+        r = isfinite(g) ? fmax(r, fabs(g - o[j]) / tol[j]) : INFINITY;
+    }
+    return r;
+}
+
+// PKV_TEST_MUTANT=1: each attention case gives the GPU one selected slot of KV head 0 replaced by
+// a slot it did not select (the reference keeps the true selection): every such case must fail.
+static bool mutant_mode;
+static int mutants_planted, mutants_flagged;
+
 struct AttnCase {
     int hd, n_heads, n_kv, k, host, dcap, pos, zone_end;
 };
@@ -216,6 +282,41 @@ static void test_attend(AttnCase c, int timed) {
     }
     std::vector<float> q((size_t)c.n_heads * c.hd);
     for (auto &x : q) x = 2 * frand();
+    // KV head h's rows as the GPU reads them, appended to kr, vr: position p of the device cache,
+    // or zone slot s (the host store's row, or the device cache's).
+    auto cache_row = [&](int h, int p, std::vector<float> &kr, std::vector<float> &vr) {
+        size_t o = (((size_t)layer * c.n_kv + h) * c.dcap + slot_of(p, S, c.dcap)) * c.hd;
+        for (int j = 0; j < c.hd; j++) kr.push_back(bf(kh[o + j])), vr.push_back(bf(vh[o + j]));
+    };
+    auto zone_row = [&](int h, int s, std::vector<float> &kr, std::vector<float> &vr) {
+        if (!c.host) return cache_row(h, S + s, kr, vr);
+        const float *f = &host_f[((((size_t)s * L + layer) * c.n_kv + h) * 2) * c.hd];
+        kr.insert(kr.end(), f, f + c.hd), vr.insert(vr.end(), f + c.hd, f + 2 * c.hd);
+    };
+    // The mutants' row, place im of KV head 0's selection: the middle one, a typical row (K in
+    // [-1, 1]: flat scores, weight ~1/m, it moves outputs by ~|v - o| / m). fp8 rows hold K up to
+    // 3 (peaked scores: a typical row weighs ~1/(7 m), below the bf16 rounding of |o| ~ 0.1 --
+    // no bound on a bf16 output sees it): the selected row of largest weight for query head 0.
+    int im = nsel[0] / 2;
+    if (c.host == 2) {
+        double best = -INFINITY;
+        for (int i = 0; i < nsel[0]; i++) {
+            std::vector<float> kr, vr;
+            zone_row(0, sel[i], kr, vr);
+            double d = 0;
+            for (int j = 0; j < c.hd; j++) d += (double)q[j] * kr[j];
+            if (d > best) best = d, im = i;
+        }
+    }
+    // PKV_TEST_MUTANT: the GPU gets head 0's selected slot im replaced by the first slot it did
+    // not select (the reference keeps the true selection).
+    std::vector<int> sel_gpu(sel);
+    int planted = -1;
+    if (mutant_mode)
+        for (int s = 0, i = 0; s < n_zone && planted < 0; s++) {
+            while (i < nsel[0] && sel[i] < s) i++;
+            if (i == nsel[0] || sel[i] != s) planted = s, sel_gpu[im] = s;
+        }
     int *d_sel = NULL, *d_nsel, *d_pos, *d_meta;
     float *d_q, *partial;
     unsigned *counters;
@@ -230,7 +331,7 @@ static void test_attend(AttnCase c, int timed) {
     CU_CHECK(cudaMalloc(&counters, c.n_kv * 4));
     CU_CHECK(cudaMemset(counters, 0, c.n_kv * 4));
     int meta[2] = {c.zone_end, n_zone};
-    CU_CHECK(cudaMemcpy(d_sel, sel.data(), sel.size() * 4, cudaMemcpyHostToDevice));
+    CU_CHECK(cudaMemcpy(d_sel, sel_gpu.data(), sel.size() * 4, cudaMemcpyHostToDevice));
     CU_CHECK(cudaMemcpy(d_nsel, nsel.data(), nsel.size() * 4, cudaMemcpyHostToDevice));
     CU_CHECK(cudaMemcpy(d_pos, &c.pos, 4, cudaMemcpyHostToDevice));
     CU_CHECK(cudaMemcpy(d_meta, meta, 8, cudaMemcpyHostToDevice));
@@ -240,50 +341,55 @@ static void test_attend(AttnCase c, int timed) {
     CU_CHECK(cudaDeviceSynchronize());
     std::vector<uint16_t> out(q.size());
     CU_CHECK(cudaMemcpy(out.data(), d_out, out.size() * 2, cudaMemcpyDeviceToHost));
-    // reference: rows in the kernel's list order, softmax in double
-    double err_max = 0;
-    int m_rows = 0;
+    // reference: rows in the kernel's list order, softmax in double; each output against its bound
+    int splits = pkv_attend_splits(c.n_kv), m_rows = 0;
+    double worst = 0, err_max = 0, mut[2] = {0, 0};
+    std::vector<double> o(c.hd), tol(c.hd);
     for (int h = 0; h < c.n_kv; h++) {
         std::vector<float> kr, vr; // the rows' values, in the kernel's list order
-        auto cache_row = [&](int p) {
-            size_t o = (((size_t)layer * c.n_kv + h) * c.dcap + slot_of(p, S, c.dcap)) * c.hd;
-            for (int j = 0; j < c.hd; j++) kr.push_back(bf(kh[o + j])), vr.push_back(bf(vh[o + j]));
-        };
-        for (int p = 0; p < S && p <= c.pos; p++) cache_row(p);
-        for (int i = 0; i < nsel[h]; i++) {
-            int s = sel[(size_t)h * kmax + i];
-            if (c.host) {
-                const float *f = &host_f[((((size_t)s * L + layer) * c.n_kv + h) * 2) * c.hd];
-                kr.insert(kr.end(), f, f + c.hd), vr.insert(vr.end(), f + c.hd, f + 2 * c.hd);
-            } else cache_row(S + s);
-        }
-        for (int p = c.zone_end; p <= c.pos; p++) cache_row(p);
-        int m = (int)(kr.size() / c.hd);
+        int ns_rows = 0;
+        for (int p = 0; p < S && p <= c.pos; p++) cache_row(h, p, kr, vr), ns_rows++;
+        for (int i = 0; i < nsel[h]; i++) zone_row(h, sel[(size_t)h * kmax + i], kr, vr);
+        for (int p = c.zone_end; p <= c.pos; p++) cache_row(h, p, kr, vr);
+        int m = (int)(kr.size() / c.hd), n1 = m - nsel[h];
         m_rows = std::max(m_rows, m);
         for (int g = 0; g < G; g++) {
-            const float *qh = &q[(size_t)(h * G + g) * c.hd];
-            std::vector<double> s(m);
-            double mx = -1e300, sum = 0;
-            for (int i = 0; i < m; i++) {
-                double d = 0;
-                for (int j = 0; j < c.hd; j++) d += (double)qh[j] * kr[(size_t)i * c.hd + j];
-                s[i] = d / sqrt((double)c.hd);
-                mx = fmax(mx, s[i]);
-            }
-            for (int i = 0; i < m; i++) s[i] = exp(s[i] - mx), sum += s[i];
-            for (int j = 0; j < c.hd; j++) {
-                double o = 0;
-                for (int i = 0; i < m; i++) o += s[i] / sum * vr[(size_t)i * c.hd + j];
-                double got = bf(out[(size_t)(h * G + g) * c.hd + j]);
-                err_max = isfinite(got) ? fmax(err_max, fabs(got - o)) : INFINITY;
+            const uint16_t *got = &out[(size_t)(h * G + g) * c.hd];
+            attend_ref(&q[(size_t)(h * G + g) * c.hd], kr, vr, c.hd, n1, splits, o.data(), tol.data());
+            worst = fmax(worst, worst_ratio(got, o.data(), tol.data(), c.hd));
+            for (int j = 0; j < c.hd; j++) err_max = isfinite(bf(got[j])) ? fmax(err_max, fabs(bf(got[j]) - o[j])) : INFINITY;
+        }
+        if (h != 0 || mutant_mode) continue;
+        // The mutants: the reference without row im of the selection, then with it twice; each
+        // must reject the GPU's output (some element beyond its bound).
+        size_t r = (size_t)(ns_rows + im) * c.hd;
+        for (int x = 0; x < 2; x++) {
+            std::vector<float> km(kr), vm(vr);
+            if (x == 0) km.erase(km.begin() + r, km.begin() + r + c.hd), vm.erase(vm.begin() + r, vm.begin() + r + c.hd);
+            else km.insert(km.begin() + r, kr.begin() + r, kr.begin() + r + c.hd), vm.insert(vm.begin() + r, vr.begin() + r, vr.begin() + r + c.hd);
+            for (int g = 0; g < G; g++) {
+                attend_ref(&q[(size_t)g * c.hd], km, vm, c.hd, n1, splits, o.data(), tol.data());
+                mut[x] = fmax(mut[x], worst_ratio(&out[(size_t)g * c.hd], o.data(), tol.data(), c.hd));
             }
         }
     }
-    double tol = 1.0 / 512 + 4.0 * m_rows / 16777216.0; // max|V| = 1
-    char what[200];
-    snprintf(what, sizeof what, "pkv_attend hd %d, %d/%d heads, k %d, zone %s, pos %d (device cache %d: %s), up to %d rows: err %%.2e (tol %%.2e)",
-             c.hd, c.n_heads, c.n_kv, c.k, c.host == 2 ? "host fp8" : c.host ? "host" : "gpu", c.pos, c.dcap, c.pos >= c.dcap ? "wrapped" : "no wrap", m_rows);
-    check(err_max <= tol, what, err_max, tol);
+    const char *zone = c.host == 2 ? "host fp8" : c.host ? "host" : "gpu";
+    char what[240];
+    snprintf(what, sizeof what, "pkv_attend hd %d, %d/%d heads, k %d, zone %s, pos %d (device cache %d: %s), up to %d rows: "
+             "max |err| / tol %%.3f per element (max |err| %%.2e)", c.hd, c.n_heads, c.n_kv, c.k, zone, c.pos, c.dcap,
+             c.pos >= c.dcap ? "wrapped" : "no wrap", m_rows);
+    check(worst <= 1.0, what, worst, err_max);
+    if (mutant_mode && planted >= 0) {
+        mutants_planted++, mutants_flagged += !(worst <= 1.0);
+        printf("     (mutant: the GPU read slot %d for head 0's selected slot %d: this check %s)\n", planted, sel[im],
+               !(worst <= 1.0) ? "flagged it" : "MISSED it");
+    }
+    if (!mutant_mode) {
+        snprintf(what, sizeof what, "pkv_attend %s k %d, mutants of head 0's selected row %d (slot %d, %s): the reference without it "
+                 "rejects the GPU output (max |err| / tol %%.2f > 1), with it twice too (%%.2f > 1)", zone, c.k, im, sel[im],
+                 c.host == 2 ? "largest weight" : "the middle one");
+        check(mut[0] > 1.0 && mut[1] > 1.0, what, mut[0], mut[1]);
+    }
     if (timed) {
         cudaEvent_t a, b;
         cudaEventCreate(&a), cudaEventCreate(&b);
@@ -494,7 +600,11 @@ static void time_big_store(int mode) {
 
 int main(void) {
     int quick = getenv("PKV_TEST_QUICK") != NULL;
+    const char *mut = getenv("PKV_TEST_MUTANT"), *tr = getenv("PKV_TEST_TRIALS");
+    mutant_mode = mut && *mut && strcmp(mut, "0");
+    int trials = tr ? std::max(1, atoi(tr)) : 1; // PKV_TEST_TRIALS: the attention cases again on fresh draws
     printf("seed %llu\n", rng);
+    if (mutant_mode) printf("PKV_TEST_MUTANT: the GPU attends one wrong selected row in every pkv_attend case: each of those checks must FAIL\n");
     for (int hd : {64, 128})
         for (int host : {0, 1, 2}) {
             test_qkv(hd, 9, 3, 0, host, 40);  // SmolLM2's grouping, no wrap
@@ -504,15 +614,17 @@ int main(void) {
     test_rows_to_host(1);
     // SmolLM2 (9 / 3 x 64) and Llama-3.1-8B (32 / 8 x 128) groupings; zone in the host store or
     // the device cache; positions before and after the ring wraps.
-    test_attend({64, 9, 3, 100, 1, 1200, 3000, 2600}, 0);
-    test_attend({64, 9, 3, 100, 0, 3001, 3000, 2600}, 0);
-    test_attend({128, 32, 8, 100, 1, 1200, 5000, 4300}, 0);
-    test_attend({128, 32, 8, 2048, 1, 1200, 9000, 8300}, 0);
-    test_attend({128, 32, 8, 100, 0, 5001, 5000, 4300}, 0);
-    test_attend({128, 16, 8, 7, 1, 900, 700, 200}, 0); // few rows, G = 2, no wrap
-    test_attend({64, 9, 3, 100, 2, 1200, 3000, 2600}, 0); // fp8 host rows
-    test_attend({128, 32, 8, 2048, 2, 1200, 9000, 8300}, 0);
-    if (!quick) {
+    for (int t = 0; t < trials; t++) {
+        test_attend({64, 9, 3, 100, 1, 1200, 3000, 2600}, 0);
+        test_attend({64, 9, 3, 100, 0, 3001, 3000, 2600}, 0);
+        test_attend({128, 32, 8, 100, 1, 1200, 5000, 4300}, 0);
+        test_attend({128, 32, 8, 2048, 1, 1200, 9000, 8300}, 0);
+        test_attend({128, 32, 8, 100, 0, 5001, 5000, 4300}, 0);
+        test_attend({128, 16, 8, 7, 1, 900, 700, 200}, 0); // few rows, G = 2, no wrap
+        test_attend({64, 9, 3, 100, 2, 1200, 3000, 2600}, 0); // fp8 host rows
+        test_attend({128, 32, 8, 2048, 2, 1200, 9000, 8300}, 0);
+    }
+    if (!quick && !mutant_mode) {
         printf("-- timing (Llama-3.1-8B shape, one layer)\n");
         test_attend({128, 32, 8, 100, 1, 1300, 20784, 20084}, 1);
         test_attend({128, 32, 8, 2048, 1, 1300, 20784, 20084}, 1);
@@ -521,6 +633,7 @@ int main(void) {
         test_attend({128, 32, 8, 2048, 2, 1300, 20784, 20084}, 1);
         if (getenv("PKV_TEST_BIG_STORE")) time_big_store(2), time_big_store(0), time_big_store(1);
     }
+    if (mutant_mode) printf("mutant: flagged in %d of %d planted cases (every one must be)\n", mutants_flagged, mutants_planted);
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;
 }
