@@ -166,6 +166,38 @@ static __device__ __forceinline__ uint32_t fkey(float f) {
 }
 
 
+// Bitonic sort step over the block's threads, one 64-bit key a thread (thread t holds element
+// t; n = a power of two, a multiple of 32, <= blockDim.x): stages inside a warp by shuffles, the
+// others through xch (n keys of shared memory). Every thread of the block calls it (the
+// barriers); threads t >= n keep their key. Ascending in t.
+static __device__ unsigned long long bitonic_sort(unsigned long long key, int n, unsigned long long *xch) {
+    const int t = threadIdx.x;
+    for (int k = 2; k <= n; k <<= 1)
+        for (int j = k >> 1; j > 0; j >>= 1) {
+            unsigned long long other;
+            if (j >= 32) {
+                __syncthreads(); // the previous stage's reads are done
+                if (t < n) xch[t] = key;
+                __syncthreads();
+                other = t < n ? xch[t ^ j] : key;
+            } else other = __shfl_xor_sync(0xffffffffu, key, j);
+            bool keep_min = ((t & j) == 0) == ((t & k) == 0);
+            unsigned long long lo = key < other ? key : other, hi = key < other ? other : key;
+            if (t < n) key = keep_min ? lo : hi;
+        }
+    return key;
+}
+
+// The 256 patterns of a subspace in rank order, as pkv_bonus ranks them (score descending, the
+// smaller id first among equal scores; fkey orders floats as their comparison does): thread
+// c < 256 passes pattern c's score and gets the pattern of rank c. A sort, where counting each
+// pattern's rank took 256 comparisons a thread. xch: 256 keys of shared memory.
+static __device__ int rank_patterns(float s, unsigned long long *xch) {
+    const int c = threadIdx.x;
+    unsigned long long key = (unsigned long long)(~fkey(s)) << 32 | (unsigned)(c & 255);
+    return (int)(bitonic_sort(key, 256, xch) & 255);
+}
+
 // The vote reads a head's ids in pieces of 16 bytes (8 at B = 8: a head's rows are only 8-byte
 // aligned there), lane l of a warp piece p0 + l: each load instruction reads 512 (256)
 // contiguous bytes. A slot is PPS = 1 piece (B = 8, 16) or 2 (B = 32: lanes 2i, 2i + 1).

@@ -111,31 +111,17 @@ static __device__ void cluster_find(cg::cluster_group &cl, FuShared &sh, const i
 
 // Phase 1's ranking: bonus of subspace b (threads < 256: pattern t), as pkv_bonus_kernel.
 static __device__ void rank_subspace(FuShared &sh, int *scratch, const PkvSelArgs &a, int h, int b, const int T[6]) {
-    float *psc = (float *)scratch;
-    int *perm = scratch + 256, *cnt = scratch + 512;
+    unsigned long long *xch = (unsigned long long *)scratch; // 256 keys
+    int *cnt = scratch + 512;
     const int t = threadIdx.x;
     float s = 0.0f;
     if (t < 256) {
         const float *q = sh.x + b * 8;
 #pragma unroll
         for (int jj = 0; jj < 8; jj++) s = __fadd_rn(s, (t >> jj) & 1 ? q[jj] : -q[jj]);
-        psc[t] = s;
         cnt[t] = a.count[((size_t)h * a.B + b) * 256 + t];
     }
-    __syncthreads();
-    if (t < 256) {
-        int rank = 0;
-        const float4 *s4 = (const float4 *)psc;
-#pragma unroll 8
-        for (int o = 0; o < 256; o += 4) {
-            float4 v = s4[o / 4];
-            rank += (v.x > s || (v.x == s && o < t)) + (v.y > s || (v.y == s && o + 1 < t)) +
-                    (v.z > s || (v.z == s && o + 2 < t)) + (v.w > s || (v.w == s && o + 3 < t));
-        }
-        perm[rank & 255] = t; // a permutation unless qt holds NaN; the mask keeps that in bounds
-    }
-    __syncthreads();
-    int cid = t < 256 ? perm[t] & 255 : 0;
+    int cid = rank_patterns(s, xch) & 255; // its barriers also publish cnt
     long long tot, before = block_scan(t < 256 ? (long long)cnt[cid] : 0LL, sh.red64, &tot);
     if (t < 256) {
         int tiers = 0;
@@ -144,7 +130,7 @@ static __device__ void rank_subspace(FuShared &sh, int *scratch, const PkvSelArg
         sh.braw[b * 256 + cid] = (uint8_t)tiers;
         if (a.keep) a.bonus[((size_t)h * a.B + b) * 256 + cid] = (uint8_t)tiers;
     }
-    __syncthreads(); // psc / perm / cnt are reused by the next subspace
+    __syncthreads(); // xch / cnt are reused by the next subspace
 }
 
 template <int B> static __global__ void __launch_bounds__(FU_THREADS, 1) pkv_fused_kernel(PkvSelArgs a) {

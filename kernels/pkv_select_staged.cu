@@ -33,12 +33,12 @@
 #include "pkv_select.cuh"
 
 
-// Block (b, h): subspace b of KV head h. Thread c scores pattern c (pkv_bonus's sum), counts
-// the patterns ranked before it (better score, or equal and smaller id), and the prefix sum
-// of the counts in rank order gives the keys ranked before each pattern.
+// Block (b, h): subspace b of KV head h. Thread c scores pattern c (pkv_bonus's sum), the
+// patterns are sorted into rank order (better score, or equal and smaller id, first), and the
+// prefix sum of the counts in rank order gives the keys ranked before each pattern.
 static __global__ void __launch_bounds__(SEL_THREADS) pkv_bonus_kernel(PkvSelArgs a) {
-    __shared__ __align__(16) float sc[256];
-    __shared__ int perm[256], cnt[256];
+    __shared__ unsigned long long xch[256];
+    __shared__ int cnt[256];
     __shared__ long long red[32];
     __shared__ float x[PKV_GPU_MAX_D];
     pdl_wait();
@@ -61,20 +61,8 @@ static __global__ void __launch_bounds__(SEL_THREADS) pkv_bonus_kernel(PkvSelArg
     float s = 0.0f;
 #pragma unroll
     for (int j = 0; j < 8; j++) s = __fadd_rn(s, (c >> j) & 1 ? q[j] : -q[j]);
-    sc[c] = s;
-    __syncthreads();
-    int rank = 0;
-    const float4 *s4 = (const float4 *)sc;
-#pragma unroll 8
-    for (int o = 0; o < 256; o += 4) {
-        float4 v = s4[o / 4];
-        rank += (v.x > s || (v.x == s && o < c)) + (v.y > s || (v.y == s && o + 1 < c)) + (v.z > s || (v.z == s && o + 2 < c)) +
-                (v.w > s || (v.w == s && o + 3 < c));
-    }
-    perm[rank & 255] = c; // a permutation unless qt holds NaN; the mask keeps that in bounds
     cnt[c] = my;
-    __syncthreads();
-    int cid = perm[c] & 255; // the pattern of rank c
+    int cid = rank_patterns(s, xch); // the pattern of rank c (its barriers also publish cnt)
     long long tot, before = block_scan((long long)cnt[cid], red, &tot);
     int tiers = 0;
 #pragma unroll
