@@ -26,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -93,11 +94,47 @@ static char *read_file(const char *path, size_t *len) {
         cap *= 2;
         buf = realloc(buf, cap);
     }
-    if (ferror(f)) die("cannot read '%s'", path);
+    if (ferror(f)) die("cannot read '%s': %s", path, strerror(errno));
     fclose(f);
     buf[n] = 0;
     *len = n;
     return buf;
+}
+
+// An input file named by flag, checked before the model loads (seconds to minutes on a big one):
+// it exists, is no directory, and a regular file is readable. A FIFO or a device is left to the
+// read itself (-f <(cmd) works; opening a FIFO here would wait for its writer), unless regular
+// says the reader needs a file it can size (a session).
+static void check_input(const char *flag, const char *path, int regular) {
+    struct stat st;
+    if (!path) return;
+    if (stat(path, &st) != 0) die("%s '%s': %s", flag, path, strerror(errno));
+    if (S_ISDIR(st.st_mode)) die("%s '%s': is a directory, not a file", flag, path);
+    if (regular && !S_ISREG(st.st_mode)) die("%s '%s': not a regular file", flag, path);
+    if (S_ISREG(st.st_mode) && access(path, R_OK) != 0) die("%s '%s': %s", flag, path, strerror(errno));
+}
+
+// An output file: not a directory, and its directory exists (the run would otherwise fail at the
+// end of a prefill that may take minutes).
+static void check_output(const char *flag, const char *path) {
+    struct stat st;
+    if (!path) return;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) die("%s '%s': is a directory, not a file", flag, path);
+    const char *slash = strrchr(path, '/');
+    if (!slash || slash == path) return; // the current directory, or the root
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+    if (stat(dir, &st) != 0) die("%s '%s': its directory '%s': %s", flag, path, dir, strerror(errno));
+    if (!S_ISDIR(st.st_mode)) die("%s '%s': '%s' is not a directory", flag, path, dir);
+}
+
+// Every file a run names, before anything loads.
+static void check_files(const Options *o) {
+    check_input("-f", o->prompt_file, 0);
+    check_input("--score", o->score_file, 0);
+    check_input("--render-chat", o->render_chat, 0);
+    check_input("--load-session", o->load_session, 1);
+    check_output("--save-session", o->save_session);
 }
 
 // Whitespace-separated ids, each checked against the vocabulary.
@@ -1103,6 +1140,7 @@ static int run_synthetic(const Options *o) {
     if (o->model_path) die("give either a model file or --synthetic NAME, not both");
     if (!o->ids) die("--synthetic has no tokenizer: give the prompt as ids (--ids -p \"1 2 3\" or --ids -f FILE)");
     if (o->chat || o->render_chat || o->tokenize) die("--synthetic runs generation, --score (or --bench) only");
+    check_files(o);
     Model m;
     if (model_synthetic(&m, o->synthetic) != 0) die("unknown --synthetic model '%s' (llama3.1-8b, qwen3-8b, qwen3-0.6b)", o->synthetic);
     synthetic_quant(&m, o->quant);
@@ -1144,6 +1182,7 @@ static int run_model_file(Options *o) {
     if (o->prompt && o->prompt_file) die("give either -p or -f, not both");
     if (!o->chat && !o->render_chat && (o->system || o->date || o->think >= 0))
         die("--system, --date, --think and --no-think apply to --chat and --render-chat");
+    check_files(o);
     set_max_threads(o);
     Model m;
     char err[MODEL_ERR_LEN], tok_err[TOK_ERR_LEN];

@@ -151,7 +151,7 @@ def main():
         refused("fp8 zone against a bf16 session", run(qwen, "--load-session", sess, "-n", "4", "--kv-store-dtype", "fp8", *common),
                 "made under other attention settings")
         refused("a model file is not a session", run(qwen, "--load-session", qwen, "-n", "4", *common), "not a session file")
-        refused("a missing session", run(qwen, "--load-session", os.path.join(tmp, "none.bin"), "-n", "4", *common), "cannot open session")
+        refused("a missing session", run(qwen, "--load-session", os.path.join(tmp, "none.bin"), "-n", "4", *common), "--load-session '")
         refused("a context too small for the session", run(qwen, "--load-session", sess, "-n", "4", "--ids", "--temp", "0", "--ctx", "2000"),
                 "leaves no room")
         cut = os.path.join(tmp, "cut.bin")
