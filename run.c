@@ -479,6 +479,7 @@ typedef struct {
     int *hist;             // (ctx) the context so far, for the penalties
     int generated;
     const char *stop;      // why it ended early (NULL: EOS or -n)
+    int eos;               // it ended at the model's end-of-sequence token
     double t_restore, t_prefill, t_decode, first_ms; // first_ms: the first decode step (after a restore it rebuilds the index)
     double *step_ms;       // per decode step, for the TPOT bins of a long run (else NULL)
 } Generation;
@@ -507,6 +508,17 @@ static int *read_prompt(const Tokenizer *tok, const Options *o, int vocab, int *
     free(text);
     *n_out = n;
     return prompt;
+}
+
+// A chat model given plain text continues it as written, and an instruct model often ends it at
+// once (an empty reply): say what --chat would do. Not applied by default: -p stays the exact
+// text (templated by hand, it is left alone).
+static void hint_chat(const Tokenizer *tok, const Options *o, const int *prompt, int n) {
+    if (o->ids || o->load_session || tokenizer_chat(tok) == TOK_CHAT_NONE) return;
+    for (int i = 0; i < n; i++)
+        if (tokenizer_is_special(tok, prompt[i]) && prompt[i] != tokenizer_bos(tok)) return; // already templated
+    fprintf(stderr, "note: the model has a chat template and the prompt is plain text, continued as written; "
+                    "--chat applies the template\n");
 }
 
 // --load-session: its tokens go in front of the prompt's (their ids are read with the K/V).
@@ -581,6 +593,21 @@ static int print_token(const Generation *g, int next, TokDecoder *dec, StopFilte
     return stop_feed(sf, piece, k);
 }
 
+// --echo: the prompt (a session's tokens included) as the generation will continue it: its ids,
+// or its text without the BOS the runner put in front.
+static void echo_prompt(const Generation *g) {
+    if (g->o->ids) {
+        for (int i = 0; i < g->n_prompt; i++) printf("%d ", g->prompt[i]);
+    } else {
+        int skip = g->n_prompt > 0 && g->prompt[0] == tokenizer_bos(g->tok);
+        char *text = tokenizer_decode(g->tok, g->prompt + skip, (size_t)(g->n_prompt - skip));
+        if (!text) die("out of memory");
+        fputs(text, stdout);
+        free(text);
+    }
+    flush_out();
+}
+
 // Samples, prints and runs tokens from the prompt's logits until EOS, -n, a stop string, the end
 // of the context or Ctrl-C.
 static void decode(Generation *g, float *logits) {
@@ -605,7 +632,10 @@ static void decode(Generation *g, float *logits) {
             break;
         }
         flush_out();
-        if (g->tok && tokenizer_is_eos(g->tok, next) && !o->ignore_eos) break;
+        if (g->tok && tokenizer_is_eos(g->tok, next) && !o->ignore_eos) {
+            g->eos = 1;
+            break;
+        }
         if (g->generated == o->steps) break;
         if (pos >= g->ctx) {
             g->stop = "context full";
@@ -631,6 +661,7 @@ static void decode(Generation *g, float *logits) {
 // Why it ended (when not by itself), then the stats line on stderr, then a long run's TPOT bins.
 static void print_generation_stats(Generation *g) {
     const Options *o = g->o;
+    if (g->eos) fprintf(stderr, "[end of text]\n"); // the model's own end: the output is all there is
     if (g->stop && interrupted) fprintf(stderr, "[interrupted]\n");
     else if (g->stop && strcmp(g->stop, "stop string") == 0) g->stop = NULL; // the run's own end
     else if (g->stop) fprintf(stderr, "[stopped: %s at %d tokens; raise --ctx]\n", g->stop, g->ctx);
@@ -641,8 +672,9 @@ static void print_generation_stats(Generation *g) {
                 g->t_restore, n_prompt - g->n_saved, g->t_prefill, g->first_ms);
     else
         fprintf(stderr, "prompt %d token%s | prefill %.1f tok/s", n_prompt, plural(n_prompt), n_prompt / (g->t_prefill > 0 ? g->t_prefill : 1e-9));
-    fprintf(stderr, " | decode %.2f ms/token (TPOT) | generated %d token%s", steps ? 1e3 * g->t_decode / steps : 0.0, g->generated,
-            plural(g->generated));
+    if (steps) fprintf(stderr, " | decode %.2f ms/token (TPOT)", 1e3 * g->t_decode / steps);
+    else fprintf(stderr, " | no decode step"); // 0 or 1 tokens: the first comes from the prefill
+    fprintf(stderr, " | generated %d token%s", g->generated, plural(g->generated));
     if (!g->s.dev) fprintf(stderr, " | threads %d%s", tuner_threads(&g->tt[0]), o->threads ? "" : " (tuned)");
     if (!o->seed_set && o->temperature > 0) fprintf(stderr, " | seed %llu", o->seed); // to repeat the run: --seed
     fprintf(stderr, "\n");
@@ -653,6 +685,7 @@ static void run_generate(const Model *m, const Tokenizer *tok, const Options *o)
     if (o->ids && o->n_stops) die("--stop applies to text output, not --ids");
     Generation g = {.m = m, .tok = tok, .o = o};
     g.prompt = read_prompt(tok, o, (int)m->c.vocab_size, &g.n_prompt);
+    if (tok) hint_chat(tok, o, g.prompt, g.n_prompt);
     SessionHeader sh;
     if (o->load_session) open_prompt_session(&g, &sh);
     g.ctx = generation_ctx(&g);
@@ -669,6 +702,7 @@ static void run_generate(const Model *m, const Tokenizer *tok, const Options *o)
         if (session_check_disk(o->save_session, bytes, serr) != 0) die("--save-session: %s", serr);
     }
     catch_sigint();
+    if (o->echo) echo_prompt(&g);
     float *logits = prefill_prompt(&g, saved_logits);
     g.step_ms = o->steps > TPOT_BINS_FROM ? malloc((size_t)o->steps * sizeof(double)) : NULL;
     decode(&g, logits);
@@ -683,6 +717,23 @@ static void run_generate(const Model *m, const Tokenizer *tok, const Options *o)
 
 // ---- tokenize, render-chat ----
 
+// A token's bytes as a quoted C string: control bytes, quotes, backslashes and, in a piece that
+// is not whole UTF-8 (part of a character), its bytes above 0x7f as escapes.
+static void print_piece(const char *p, size_t len) {
+    int utf8 = tokenizer_utf8_invalid_at(p, len) < 0;
+    putchar('"');
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)p[i];
+        if (c == '"' || c == '\\') printf("\\%c", c);
+        else if (c == '\n') fputs("\\n", stdout);
+        else if (c == '\t') fputs("\\t", stdout);
+        else if (c == '\r') fputs("\\r", stdout);
+        else if (c < 0x20 || c == 0x7f || (c >= 0x80 && !utf8)) printf("\\x%02x", c);
+        else putchar(c);
+    }
+    putchar('"');
+}
+
 static void run_tokenize(const Tokenizer *tok, const Options *o) {
     if (!o->prompt_file && !o->prompt) die("--tokenize needs -f FILE (or -p TEXT)");
     size_t len = 0;
@@ -691,8 +742,15 @@ static void run_tokenize(const Tokenizer *tok, const Options *o) {
     char what[300] = "the text (-p)";
     if (text) snprintf(what, sizeof what, "'%.256s'", o->prompt_file);
     int *ids = encode_text(tok, what, text ? text : o->prompt, text ? len : strlen(o->prompt), &n);
-    for (int i = 0; i < n; i++) printf(i ? " %d" : "%d", ids[i]);
-    printf("\n");
+    for (int i = 0; i < n && o->pieces; i++) { // --pieces: "id<TAB>text" per line
+        size_t k;
+        const char *piece = tokenizer_piece(tok, ids[i], &k);
+        printf("%d\t", ids[i]);
+        print_piece(piece, k);
+        printf("\n");
+    }
+    for (int i = 0; i < n && !o->pieces; i++) printf(i ? " %d" : "%d", ids[i]);
+    if (!o->pieces) printf("\n");
     free(ids);
     free(text);
 }
@@ -1009,6 +1067,7 @@ static void chat_open(Chat *c, ThreadTuner tt[2]) {
     if (!c->cache || !c->piece) die("out of memory");
     if (o->system) chat_push(c, "system", strdup(o->system));
     if (o->load_session) chat_load(c, &sh, o->load_session);
+    if (!o->seed_set && o->temperature > 0) chat_note("seed %llu (--seed %llu repeats these replies)", o->seed, o->seed);
 }
 
 // /reset: the conversation (but --system) and its cache go; the next message is a first turn
@@ -1165,7 +1224,11 @@ static void set_max_threads(Options *o) {
         if (options_parse_long(omp_env, "OMP_NUM_THREADS", 1, POOL_MAX_THREADS, &n, err) != 0) die("%s", err);
         o->threads = (int)n;
     }
-    pool_set_max_threads(o->threads ? o->threads : pool_cpus_available());
+    int cpus = pool_cpus_available();
+    if (o->threads > cpus) // allowed (a test of oversubscription), but rarely meant
+        fprintf(stderr, "warning: %s %d is more than the %d CPU%s this process may use: threads will wait for each other\n",
+                o->threads_set ? "--threads" : "OMP_NUM_THREADS", o->threads, cpus, plural(cpus));
+    pool_set_max_threads(o->threads ? o->threads : cpus);
 }
 
 // The model's generation_config.json supplies the sampling defaults unless the user chose.

@@ -10,7 +10,9 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <time.h>
+#include <unistd.h>
 
 typedef enum {
     ARG_NONE,   // a flag: the int at field set to lo
@@ -66,6 +68,7 @@ static const OptSpec OPTIONS[] = {
     {"--ids", FLAG(ids, 1), .usage = "--ids",
      .help = "the prompt is whitespace-separated token ids (no BOS added) and the\noutput is the generated ids"},
     {"--ignore-eos", FLAG(ignore_eos, 1), .usage = "--ignore-eos", .help = "keep generating past an end-of-sequence token"},
+    {"--echo", FLAG(echo, 1), .usage = "--echo", .help = "print the prompt (its tokens' text, or ids) before the generated text"},
 
     {.section = "sampling (defaults: the model's generation_config.json, else temperature 0.8, top-p 0.95):"},
     {"--temp", FLOAT(temperature, 0, 100), GIVEN(sampling_set), .usage = "--temp T", .help = "temperature; 0 is greedy"},
@@ -73,7 +76,7 @@ static const OptSpec OPTIONS[] = {
     {"--top-p", FLOAT(top_p, 0, 1), GIVEN(sampling_set), .usage = "--top-p P", .help = "nucleus sampling (1: off)"},
     {"--min-p", FLOAT(min_p, 0, 1), GIVEN(sampling_set), .usage = "--min-p P", .help = "drop tokens below P x the top probability (0: off)"},
     {"--seed", CUSTOM(set_seed), GIVEN(seed_set), .lo = 0, .hi = LONG_MAX, .usage = "--seed S",
-     .help = "random seed (default: the time, printed on the stats line)"},
+     .help = "random seed (default: a fresh one each run, printed on the stats line\nand at a chat's start)"},
     {"--repeat-penalty", FLOAT(repeat_penalty, 0.01f, 100), .usage = "--repeat-penalty R",
      .help = "divide a seen token's positive logit by R, multiply a negative\none (CTRL, as transformers; 1: off)"},
     {"--presence-penalty", FLOAT(presence_penalty, -100, 100), .usage = "--presence-penalty P",
@@ -112,11 +115,13 @@ static const OptSpec OPTIONS[] = {
      .help = "its first N tokens are a prompt, attended densely as -p's would be\n(then the attention policy from N on, as for a "
              "generation; default 0)"},
     {"--tokenize", FLAG(tokenize, 1), .usage = "--tokenize -f FILE", .help = "print the token ids of FILE's text (no BOS)"},
+    {"--pieces", FLAG(pieces, 1), .usage = "--pieces",
+     .help = "with --tokenize: one line per token, its id and its text (quoted,\nC escapes for control and non-UTF-8 bytes)"},
 
     {.section = "memory and device:"},
     {"--ctx", INT(ctx, 2, INT_MAX / 2), .usage = "--ctx N", .help = "KV cache positions (default: what the run needs, at most the model's)"},
     {"--device", CHOICE(device, "cpu", "gpu", "auto"), .usage = "--device D", .help = "cpu, gpu or auto (default: the GPU when there is one)"},
-    {"--threads", INT(threads, 1, POOL_MAX_THREADS), .usage = "--threads N",
+    {"--threads", INT(threads, 1, POOL_MAX_THREADS), GIVEN(threads_set), .usage = "--threads N",
      .help = "CPU threads (default: the CPUs this process may use, fewer while that\nmeasures faster, e.g. beside another busy process; "
              "OMP_NUM_THREADS\nfixes the count as --threads does)"},
 
@@ -252,13 +257,27 @@ static const OptSpec *find(const char *name) {
     return NULL;
 }
 
+// A seed no other run shares: the kernel's random bytes, or where those are unavailable the
+// clock's nanoseconds mixed with the process id (the seconds alone repeat for two runs started
+// together). 63 bits, so that --seed takes it back.
+static unsigned long long fresh_seed(void) {
+    unsigned long long x = 0;
+    if (getrandom(&x, sizeof x, GRND_NONBLOCK) != (ssize_t)sizeof x) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        x = (unsigned long long)ts.tv_sec * 1000000000ull + (unsigned long long)ts.tv_nsec;
+        x ^= (unsigned long long)getpid() << 40;
+    }
+    return x & (unsigned long long)LONG_MAX;
+}
+
 static void set_defaults(Options *o) {
     *o = (Options){0};
     o->steps = 256;
     o->repeat_penalty = 1.0f, o->repeat_last_n = 64;
     o->temperature = 0.8f;
     o->top_p = 0.95f;
-    o->seed = (unsigned long long)time(NULL);
+    o->seed = fresh_seed();
     attn_config_default(&o->attn);
     o->think = -1;
 }
@@ -292,6 +311,9 @@ int options_check(const Options *o, char *err) {
     if (o->attn.zone_fp8 && o->attn.method == ATTN_FULL)
         return fail(err, "--kv-store-dtype fp8 applies to a retrieval zone: it needs --attn pariskv (or a peer), not full");
     if (o->score_prompt && !o->score_file) return fail(err, "--score-prompt applies to --score");
+    if (o->pieces && !o->tokenize) return fail(err, "--pieces applies to --tokenize");
+    if (o->echo && (o->chat || o->score_file || o->tokenize || o->render_chat || o->bench))
+        return fail(err, "--echo applies to generation (-p / -f)");
     if (o->save_session && (o->chat || o->render_chat || o->score_file || o->tokenize || o->bench))
         return fail(err, "--save-session applies to generation (-p / -f); in a chat, /save FILE");
     if (o->load_session && (o->render_chat || o->score_file || o->tokenize || o->bench))

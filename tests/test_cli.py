@@ -5,9 +5,15 @@ it), never dropped; a bad id is quoted alone; progress redraws only on a termina
 what it counts; a sampled run without --seed prints its seed, and that seed repeats it; the
 summary line at load; --version; ./export --help on stdout; "1 token"; --threads; --bench
 refuses a method it does not run; --kv-store takes gpu, host or auto; --kv-store-dtype bf16 or fp8
-(fp8 only with a zone, in the host store)."""
+(fp8 only with a zone, in the host store); and what a new user trips on: '[end of text]' when the
+model ends, a hint to use --chat for a plain prompt to a chat model, --echo, --tokenize --pieces, a
+warning for more threads than CPUs, seeds that differ between runs started together and a chat
+that prints its seed."""
+import ast
+import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -175,6 +181,7 @@ def main():
     check("--score-prompt N = the whole text scores as --attn full, without it ParisKV differs",
           full.returncode == 0 and whole.stdout == full.stdout and none.returncode == 0 and none.stdout != full.stdout and b"mean_nll" in full.stdout,
           f"exit {full.returncode} {whole.returncode} {none.returncode}, {whole.stderr[-200:]!r}")
+    new_user_checks(model, tmp)
     # --synthetic outside --bench: generation from ids on the GPU, nothing else.
     refused("--synthetic without --ids is refused", run("--synthetic", "llama3.1-8b", "-p", "1 2"), "--synthetic has no tokenizer")
     refused("--synthetic with a model file is refused", run(model, "--synthetic", "llama3.1-8b", "--ids", "-p", "1 2"),
@@ -184,9 +191,73 @@ def main():
     refused("--synthetic --device cpu is refused", run("--synthetic", "qwen3-8b", "--ids", "-p", "1", "--device", "cpu"),
             "--synthetic runs on the GPU")
 
-    for f in os.listdir(tmp):
-        os.unlink(os.path.join(tmp, f))
-    os.rmdir(tmp)
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def new_user_checks(model, tmp):
+    """What a new user trips on (issue 28, item 5)."""
+    # The end of text is marked: a model whose EOS is the token greedy decoding picks first.
+    first = run(model, "--ids", "-p", "5", "-n", "1", "--temp", "0").stdout.split()
+    eos_dir = os.path.join(tmp, "tiny-eos")
+    shutil.copytree(TINY, eos_dir)
+    gen = json.load(open(os.path.join(eos_dir, "generation_config.json")))
+    gen["eos_token_id"] = gen["eos_token_id"] + [int(first[0])] if first else gen["eos_token_id"]
+    json.dump(gen, open(os.path.join(eos_dir, "generation_config.json"), "w"))
+    eos_model = os.path.join(tmp, "tiny-eos.bin")
+    subprocess.run([EXPORT, eos_dir, eos_model], capture_output=True, timeout=120)
+    p = run(eos_model, "--ids", "-p", "5", "-n", "8", "--temp", "0")
+    err = p.stderr.decode().splitlines()
+    check("EOS at once: '[end of text]', then the stats say no decode step", p.returncode == 0 and "[end of text]" in err
+          and "| no decode step | generated 1 token" in err[-1], f"exit {p.returncode}, {err[-2:]}")
+    p = run(model, "--ids", "-p", "5", "-n", "8", "--temp", "0", "--ignore-eos")
+    check("no '[end of text]' when the run ends at -n", p.returncode == 0 and b"[end of text]" not in p.stderr)
+    # A plain prompt to a model with a chat template gets a hint; a templated prompt or ids do not.
+    hint = b"note: the model has a chat template and the prompt is plain text"
+    p = run(model, "-p", "What is the capital of France?", "-n", "1", "--temp", "0")
+    check("a plain prompt to a chat model: a one-line hint to use --chat", p.returncode == 0 and p.stderr.count(hint) == 1 and b"--chat" in p.stderr)
+    p = run(model, "-p", "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n", "-n", "1", "--temp", "0")
+    q = run(model, "--ids", "-p", "5 6", "-n", "1", "--temp", "0")
+    check("a templated prompt, or ids: no hint", p.returncode == 0 and q.returncode == 0 and hint not in p.stderr and hint not in q.stderr)
+
+    # --echo: the prompt, then exactly what the run without it prints.
+    base = run(model, "-p", "Once upon a time", "-n", "8", "--temp", "0", "--ignore-eos")
+    p = run(model, "-p", "Once upon a time", "-n", "8", "--temp", "0", "--ignore-eos", "--echo")
+    check("--echo prints the prompt's text before the generation", p.returncode == 0 and p.stdout == b"Once upon a time" + base.stdout,
+          f"{p.stdout[:60]!r}")
+    base = run(model, "--ids", "-p", "1 2 3", "-n", "4", "--temp", "0", "--ignore-eos")
+    p = run(model, "--ids", "-p", "1 2 3", "-n", "4", "--temp", "0", "--ignore-eos", "--echo")
+    check("--echo --ids prints the prompt's ids first", p.returncode == 0 and p.stdout == b"1 2 3 " + base.stdout, f"{p.stdout[:60]!r}")
+    refused("--echo with --score is refused", run(model, "--score", os.path.join(tmp, "ids5.txt"), "--ids", "--echo"), "--echo applies to generation")
+
+    # --tokenize --pieces: the same ids, each beside its text; the texts joined are the input.
+    text = 'Hi "there",\n\tcaf\u00e9 \\ done'
+    ids = run(model, "--tokenize", "-p", text).stdout.split()
+    p = run(model, "--tokenize", "--pieces", "-p", text)
+    rows = [l.split("\t", 1) for l in p.stdout.decode().splitlines()]
+    joined = "".join(ast.literal_eval(r[1]) for r in rows if len(r) == 2)
+    check("--tokenize --pieces: 'id<TAB>\"text\"' per token, the ids of --tokenize, the texts joined give the input",
+          p.returncode == 0 and [r[0].encode() for r in rows] == ids and joined == text, f"{p.stdout[:120]!r}")
+    refused("--pieces without --tokenize is refused", run(model, "-p", "Hi", "--pieces"), "--pieces applies to --tokenize")
+
+    # More threads than CPUs: allowed, with a warning; as many as there are CPUs: no warning.
+    cpus = len(os.sched_getaffinity(0))
+    p = run(model, "--ids", "-p", "5", "-n", "1", "--temp", "0", "--threads", str(cpus + 3))
+    q = run(model, "--ids", "-p", "5", "-n", "1", "--temp", "0", "--threads", str(cpus))
+    check("--threads past the CPUs warns (and runs)", p.returncode == 0 and f"warning: --threads {cpus + 3} is more than the {cpus} CPU".encode() in p.stderr
+          and b"warning" not in q.stderr, f"{p.stderr[:200]!r}")
+
+    # Seeds: two sampled runs started together get different seeds (not the clock's second); a chat prints its seed.
+    cmd = [RUN, model, "--ids", "-p", "5", "-n", "2", "--temp", "1"]
+    procs = [subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for _ in range(2)]
+    seeds = [re.search(rb"\| seed (\d+)", pr.communicate(timeout=60)[1]) for pr in procs]
+    check("two runs started together print different seeds", all(seeds) and seeds[0].group(1) != seeds[1].group(1),
+          f"{[s.group(1) if s else None for s in seeds]}")
+    p = subprocess.run([RUN, model, "--chat", "-n", "2", "--temp", "1"], input=b"Hi\n", capture_output=True, timeout=60)
+    m = re.search(rb"\[seed (\d+) \(--seed \1 repeats these replies\)\]", p.stderr)
+    q = subprocess.run([RUN, model, "--chat", "-n", "2", "--temp", "1", "--seed", m.group(1) if m else b"1"], input=b"Hi\n",
+                       capture_output=True, timeout=60)
+    check("a sampled chat prints its seed, and that seed repeats its replies", p.returncode == 0 and m and q.stdout == p.stdout
+          and b"[seed" not in q.stderr, f"{p.stderr[:200]!r}")
 
 
 main()
