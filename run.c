@@ -18,6 +18,9 @@
 #include "tokenizer/tokenizer.h"
 
 #include <cjson/cJSON.h>
+#ifdef HAVE_LIBEDIT // line editing in chat (the Makefile defines it where libedit is installed)
+#include <editline/readline.h>
+#endif
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
@@ -952,6 +955,29 @@ static void chat_turn(Chat *c, const char *text) {
     else if (stop) chat_note("context full: the reply stops here (/reset starts over, --ctx sets the size)");
 }
 
+// One line of stdin into *line (malloc'd, *cap bytes): on a terminal after the prompt, and through
+// libedit where the build has it (arrows, history, Ctrl-R search); -1 at the end of input, or with
+// errno EINTR when Ctrl-C ended the wait.
+static ssize_t read_line(int tty, const char *prompt, char **line, size_t *cap) {
+#ifdef HAVE_LIBEDIT
+    if (tty) {
+        char *r = readline(prompt);
+        if (!r) { // Ctrl-C (our handler ran: no restart) or the end of input
+            errno = interrupted ? EINTR : 0;
+            return -1;
+        }
+        if (*r) add_history(r);
+        size_t n = strlen(r);
+        free(*line);
+        *line = r, *cap = n + 1;
+        return (ssize_t)n;
+    }
+#endif
+    if (tty) fputs(prompt, stdout), fflush(stdout);
+    errno = 0;
+    return getline(line, cap, stdin);
+}
+
 // One user message from stdin, newline removed; on a terminal a line ending in '\' continues on
 // the next. NULL at end of input. Ctrl-C while waiting asks again.
 static char *read_message(int tty, size_t *len) {
@@ -959,9 +985,8 @@ static char *read_message(int tty, size_t *len) {
     size_t cap = 0, n_msg = 0;
     for (;;) {
         interrupted = 0; // a Ctrl-C pressed between turns stopped nothing: forget it
-        if (tty) fputs(msg ? "... " : "> ", stdout), fflush(stdout);
         errno = 0;
-        ssize_t n = getline(&line, &cap, stdin);
+        ssize_t n = read_line(tty, msg ? "... " : "> ", &line, &cap);
         if (n < 0 && errno == EINTR && !feof(stdin)) {
             clearerr(stdin);
             if (tty) fputs("\n(/exit or Ctrl-D quits)\n", stdout);
