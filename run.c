@@ -35,6 +35,14 @@
 
 #define SCORE_CHUNK_GPU 256   // score keeps logits for a whole chunk: (chunk, vocab) floats
 #define CHAT_CTX_DEFAULT 4096 // a chat's KV cache when --ctx is not given (the model's own may be 128K)
+// The default policy's crossover: the sequence length from which ParisKV's decode step is
+// measured faster than dense attention's on the device (below it dense is faster, and exact).
+// GPU (tests/bench/GPU.md, session 11): Qwen3-8B and Llama-3.1-8B cross at ~41K on the H100 and
+// ~48K on the H200; the larger, so the default is never slower than dense. CPU (RESULTS.md,
+// "ParisKV against dense on the CPU"): dense measured faster at 3K and 7.6K on a quiet 2-core
+// machine; twice that until a quiet machine measures further.
+#define PKV_CROSSOVER_CPU 16384
+#define PKV_CROSSOVER_GPU 49152
 
 // One line on stderr (messages quote file contents: control bytes are masked), exit status 1.
 static void die(const char *fmt, ...) {
@@ -138,6 +146,7 @@ static void check_files(const Options *o) {
     check_input("--render-chat", o->render_chat, 0);
     check_input("--load-session", o->load_session, 1);
     check_output("--save-session", o->save_session);
+    check_output("--score-out", o->score_out);
 }
 
 // Whitespace-separated ids, each checked against the vocabulary.
@@ -184,6 +193,26 @@ static int *encode_text(const Tokenizer *tok, const char *what, const char *text
 
 // ---- a run's state ----
 
+// Without --attn (or an option of the policy's) the policy is ParisKV from the device's
+// crossover on; --attn NAME runs NAME from the spec's 2000 tokens; --dense-below D sets the
+// length for either. Called once the device is known.
+static void resolve_attention(Options *o, const Model *m) {
+    if (o->dense_below) o->attn.dense_min = o->dense_below;
+    else if (!o->attn_set && !o->policy_set) o->attn.dense_min = m->be->create ? PKV_CROSSOVER_GPU : PKV_CROSSOVER_CPU, o->attn_crossover = 1;
+}
+
+// "dense" or "pariskv from 2000 tokens" (and why from there): what attends the positions of a
+// sequence of up to len tokens whose first prompt_len are a prompt (attended densely).
+static const char *attn_desc(const Options *o, int len, int prompt_len, char *buf, size_t cap) {
+    const AttnConfig *a = &o->attn;
+    int from = attn_dense_threshold(a), why = o->attn_crossover;
+    if (prompt_len > from - 1) from = prompt_len + 1;
+    if (a->method == ATTN_FULL) snprintf(buf, cap, "dense (--attn full)");
+    else if (len < from) snprintf(buf, cap, "dense (%s from %d tokens%s)", attn_method_name(a->method), from, why ? ", the device's crossover" : "");
+    else snprintf(buf, cap, "%s from %d tokens, top-%d%s", attn_method_name(a->method), from, a->topk, why ? " (the device's crossover)" : "");
+    return buf;
+}
+
 // The run's attention policy: NULL (dense) for full attention, or when no position of the
 // context ever leaves the dense regime. prefill_len: the prompt, attended densely; --score passes
 // 0, so every scored position is a decode step that sees what step-by-step decoding would.
@@ -210,9 +239,10 @@ static void print_summary(const Model *m, const RunState *s, const Options *o) {
     char thr[48] = "";
     if (!s->dev) snprintf(thr, sizeof thr, ", %s%d thread%s%s", o->threads ? "" : "up to ", pool_max_threads(), plural(pool_max_threads()),
                           o->threads ? "" : " (tuned)");
-    char dt[64];
-    fprintf(stderr, "%s, %.1fM parameters, %s weights, context %d (trained %u), %s%s\n", c->arch == ARCH_QWEN3 ? "qwen3" : "llama",
-            params / 1e6, model_weights_desc(m, dt, sizeof dt), s->ctx, c->max_seq_len, s->dev ? "gpu" : "cpu", thr);
+    char dt[64], ad[128];
+    fprintf(stderr, "%s, %.1fM parameters, %s weights, context %d (trained %u), %s%s, attention %s\n", c->arch == ARCH_QWEN3 ? "qwen3" : "llama",
+            params / 1e6, model_weights_desc(m, dt, sizeof dt), s->ctx, c->max_seq_len, s->dev ? "gpu" : "cpu", thr,
+            attn_desc(o, s->ctx, 0, ad, sizeof ad));
 }
 
 // The CPU pass's thread tuners (decode steps, chunks) for a run's state.
@@ -302,8 +332,11 @@ static int pick_ctx(const Options *o, const Config *c, int need) {
 typedef struct {
     const int *tokens;
     int n, vocab;
-    double total;
-    int base; // position of the current prefill call's first token
+    double total, total2; // the NLLs' sum and their squares' (the summary's uncertainty)
+    int count;            // positions scored so far (all n - 1 unless interrupted)
+    int base;             // position of the current prefill call's first token
+    FILE *lines;          // the lines per position: stdout, --score-out's file, or NULL (--summary)
+    const char *out_path; // --score-out's name, for its errors
 } ScoreCtx;
 
 typedef struct {
@@ -337,12 +370,34 @@ static void score_chunk(const float *logits, int first, int T, void *p) {
     ScoreRows r = {logits, sc->tokens + first + 1, sc->vocab, nll, top};
     pool_run(n, score_row, &r);
     for (int t = 0; t < n; t++) {
-        sc->total += nll[t];
-        printf("%d\t%d\t%.6f\t%d\n", first + t, sc->tokens[first + t + 1], nll[t], top[t]);
+        sc->total += nll[t], sc->total2 += nll[t] * nll[t];
+        if (sc->lines) fprintf(sc->lines, "%d\t%d\t%.6f\t%d\n", first + t, sc->tokens[first + t + 1], nll[t], top[t]);
     }
-    flush_out();
+    sc->count += n;
+    if (sc->lines == stdout) flush_out();
+    else if (sc->lines && (fflush(sc->lines) != 0 || ferror(sc->lines))) die("cannot write '%s': %s", sc->out_path, strerror(errno));
     free(nll);
     free(top);
+}
+
+// The mean NLL and perplexity of the positions scored, with llama-perplexity's uncertainty:
+// ppl * sqrt(var(nll) / (N - 1)), var the NLLs' (population) variance.
+static void print_score_summary(const ScoreCtx *sc) {
+    double mean = sc->total / sc->count, var = sc->total2 / sc->count - mean * mean, ppl = exp(mean);
+    double unc = sc->count > 1 && var > 0 ? ppl * sqrt(var / (sc->count - 1)) : 0.0;
+    printf("mean_nll %.6f ppl %.6f +/- %.6f\n", mean, ppl, unc);
+}
+
+// The positions of tokens[from .. n), each line as they come; PKV_RECALL takes those after a
+// --score-prompt one at a time (attention/recall.h: the measurement reads each step's own selection).
+static void score_positions(const Model *m, RunState *s, ScoreCtx *sc, const Options *o) {
+    if (getenv("PKV_RECALL") && o->score_prompt > 0) {
+        prefill(m, s, "score", sc->tokens, o->score_prompt, 0, 1, score_chunk, sc);
+        s->chunk = 1, sc->base = o->score_prompt;
+        prefill(m, s, "score", sc->tokens + o->score_prompt, sc->n - o->score_prompt, o->score_prompt, 1, score_chunk, sc);
+    } else {
+        prefill(m, s, "score", sc->tokens, sc->n, 0, 1, score_chunk, sc);
+    }
 }
 
 static void run_score(const Model *m, const Tokenizer *tok, const Options *o) {
@@ -372,19 +427,18 @@ static void run_score(const Model *m, const Tokenizer *tok, const Options *o) {
     s.attn = make_attn(o, m, &s, o->score_prompt);
     ThreadTuner tt[2];
     start_run(&s, tt, m, o);
-    ScoreCtx sc = {tokens, n, (int)m->c.vocab_size, 0.0, 0};
+    ScoreCtx sc = {.tokens = tokens, .n = n, .vocab = (int)m->c.vocab_size, .lines = o->summary ? NULL : stdout, .out_path = o->score_out};
+    if (o->score_out && !(sc.lines = fopen(o->score_out, "w"))) die("--score-out '%s': %s", o->score_out, strerror(errno));
+    catch_sigint(); // Ctrl-C: the summary of what was scored
     double t0 = now_s();
-    if (getenv("PKV_RECALL") && o->score_prompt > 0) { // the measurement reads each step's own selection
-        prefill(m, &s, "score", tokens, o->score_prompt, 0, 1, score_chunk, &sc);     // (attention/recall.h):
-        s.chunk = 1, sc.base = o->score_prompt;                                         // the positions after
-        prefill(m, &s, "score", tokens + o->score_prompt, n - o->score_prompt, o->score_prompt, 1, score_chunk, &sc); // the prompt one at a time
-    } else {
-        prefill(m, &s, "score", tokens, n, 0, 1, score_chunk, &sc);
-    }
+    score_positions(m, &s, &sc, o);
     double el = now_s() - t0;
-    double mean = sc.total / (n - 1);
-    printf("mean_nll %.6f ppl %.6f\n", mean, exp(mean));
-    fprintf(stderr, "score: %d tokens in %.2f s (%.1f tok/s)\n", n, el, n / el);
+    if (sc.lines && sc.lines != stdout && fclose(sc.lines) != 0) die("cannot write '%s': %s", o->score_out, strerror(errno));
+    if (sc.count > 0) print_score_summary(&sc);
+    if (interrupted) fprintf(stderr, "[interrupted: %d of %d positions scored%s]\n", sc.count, n - 1, sc.count ? "; the summary is theirs" : "");
+    char ad[128];
+    int done = interrupted ? sc.count + 1 : n; // the tokens of the positions scored
+    fprintf(stderr, "score: %d tokens in %.2f s (%.1f tok/s), attention %s\n", done, el, done / el, attn_desc(o, n, o->score_prompt, ad, sizeof ad));
     close_run_state(&s);
     free(tokens);
 }
@@ -1220,7 +1274,7 @@ static int run_bench(const Options *o) {
 // Generation on random weights of a real shape (no tokenizer: --ids), on the GPU: long-context
 // runs of the real path (a prompt of random ids, then -n steps) where no model file of that size
 // is at hand.
-static int run_synthetic(const Options *o) {
+static int run_synthetic(Options *o) {
     if (o->model_path) die("give either a model file or --synthetic NAME, not both");
     if (!o->ids) die("--synthetic has no tokenizer: give the prompt as ids (--ids -p \"1 2 3\" or --ids -f FILE)");
     if (o->chat || o->render_chat || o->tokenize) die("--synthetic runs generation, --score (or --bench) only");
@@ -1230,6 +1284,7 @@ static int run_synthetic(const Options *o) {
     synthetic_quant(&m, o->quant);
     if (o->device && strcmp(o->device, "cpu") == 0) die("--synthetic runs on the GPU (its weights are made there)");
     select_device(&m, "gpu");
+    resolve_attention(o, &m);
     if (o->score_file) run_score(&m, NULL, o);
     else run_generate(&m, NULL, o);
     model_free(&m);
@@ -1276,6 +1331,7 @@ static int run_model_file(Options *o) {
     char err[MODEL_ERR_LEN], tok_err[TOK_ERR_LEN];
     if (model_load(&m, o->model_path, err) != 0) die("%s", err);
     select_device(&m, o->device);
+    resolve_attention(o, &m);
     const FileHeader *h = m.file.header;
     Tokenizer *tok = tokenizer_load(m.file.data + h->tokenizer_offset, h->tokenizer_size, tok_err);
     if (!tok) die("model file '%s': bad tokenizer section: %s", o->model_path, tok_err);

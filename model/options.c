@@ -110,10 +110,14 @@ static const OptSpec OPTIONS[] = {
     {.section = "scoring and tokens:"},
     {"--score", STRING(score_file), .usage = "--score FILE",
      .help = "teacher-forced scoring of FILE's text (no BOS), or of its ids with\n--ids: one line 'i next_id nll top1' per position "
-             "(top1: the most\nlikely next id), then 'mean_nll X ppl Y'"},
+             "(top1: the most\nlikely next id), then 'mean_nll X ppl Y +/- U' (U: llama-perplexity's\nestimate); Ctrl-C prints "
+             "the mean of what was scored"},
     {"--score-prompt", INT(score_prompt, 0, INT_MAX / 2), .usage = "--score-prompt N",
      .help = "its first N tokens are a prompt, attended densely as -p's would be\n(then the attention policy from N on, as for a "
              "generation; default 0)"},
+    {"--summary", FLAG(summary, 1), .usage = "--summary", .help = "with --score: the summary alone, no line per position"},
+    {"--score-out", STRING(score_out), .usage = "--score-out FILE",
+     .help = "with --score: the lines per position into FILE (stdout: the summary)"},
     {"--tokenize", FLAG(tokenize, 1), .usage = "--tokenize -f FILE", .help = "print the token ids of FILE's text (no BOS)"},
     {"--pieces", FLAG(pieces, 1), .usage = "--pieces",
      .help = "with --tokenize: one line per token, its id and its text (quoted,\nC escapes for control and non-UTF-8 bytes)"},
@@ -139,18 +143,21 @@ static const OptSpec OPTIONS[] = {
      .help = "fill by a real prefill of random tokens (timed) instead of random K/V"},
     {.kind = ARG_NOTE, .usage = "--bench --attn pariskv", .help = "the ParisKV step (zone of random K/V, --kv-store, --topk), its\nindex update and its floor"},
 
-    {.section = "attention (dense while the sequence is shorter than max(2000, sink + local + 2 topk)):"},
+    {.section = "attention (dense while the sequence is shorter than max(D, sink + local + 2 topk)):"},
     {"--attn", CUSTOM(set_attn), GIVEN(attn_set), .usage = "--attn A",
      .help = "pariskv (default), full, or a peer (CPU only): streaming, quest, fier, kmeans, oracle"},
-    {"--topk", INT(attn.topk, 1, 1 << 24), .usage = "--topk K", .help = "retrieval-zone keys attended per step and KV head (default 100)"},
-    {"--sink", INT(attn.sink, 0, 1 << 24), .usage = "--sink S", .help = "first tokens, always attended (default 4)"},
-    {"--local", INT(attn.local, 0, 1 << 24), .usage = "--local L", .help = "most recent tokens, always attended (default 256)"},
-    {"--update", INT(attn.update, 1, 1 << 24), .usage = "--update U",
+    {"--dense-below", INT(dense_below, 1, INT_MAX / 2), .usage = "--dense-below D",
+     .help = "D, the length below which attention is dense (default: 2000 with\n--attn; without it, where ParisKV is measured "
+             "faster on the device,\nsaid on the load line)"},
+    {"--topk", INT(attn.topk, 1, 1 << 24), GIVEN(policy_set), .usage = "--topk K", .help = "retrieval-zone keys attended per step and KV head (default 100)"},
+    {"--sink", INT(attn.sink, 0, 1 << 24), GIVEN(policy_set), .usage = "--sink S", .help = "first tokens, always attended (default 4)"},
+    {"--local", INT(attn.local, 0, 1 << 24), GIVEN(policy_set), .usage = "--local L", .help = "most recent tokens, always attended (default 256)"},
+    {"--update", INT(attn.update, 1, 1 << 24), GIVEN(policy_set), .usage = "--update U",
      .help = "update buffer: after U decode steps the oldest U recent tokens join\nthe retrieval zone (default 512)"},
-    {"--kv-store", CHOICE(attn.store, "gpu", "host", "auto"), VALUES(KV_STORE_GPU, KV_STORE_HOST, KV_STORE_AUTO), .usage = "--kv-store S",
+    {"--kv-store", CHOICE(attn.store, "gpu", "host", "auto"), VALUES(KV_STORE_GPU, KV_STORE_HOST, KV_STORE_AUTO), GIVEN(policy_set), .usage = "--kv-store S",
      .help = "GPU, pariskv: the retrieval zone's K/V in gpu memory, in pinned host\nmemory (read through PCIe, top-k rows a step), or auto "
              "(default: gpu\nwhen the whole context fits there, else host)"},
-    {"--kv-store-dtype", CHOICE(attn.zone_fp8, "bf16", "fp8"), VALUES(0, 1), .usage = "--kv-store-dtype T",
+    {"--kv-store-dtype", CHOICE(attn.zone_fp8, "bf16", "fp8"), VALUES(0, 1), GIVEN(policy_set), .usage = "--kv-store-dtype T",
      .help = "the retrieval zone's K/V as bf16 (default) or fp8 (e4m3 with a\nscale per row: half the host memory and PCIe bytes; GPU: "
              "host store\nonly; the CPU path rounds those rows the same way)"},
     {"--version", ACTION(OPTIONS_VERSION), .usage = "--version", .help = "the version, and whether this build has the CUDA backend"},
@@ -312,6 +319,9 @@ int options_check(const Options *o, char *err) {
         return fail(err, "--kv-store-dtype fp8 applies to a retrieval zone: it needs --attn pariskv (or a peer), not full");
     if (o->score_prompt && !o->score_file) return fail(err, "--score-prompt applies to --score");
     if (o->pieces && !o->tokenize) return fail(err, "--pieces applies to --tokenize");
+    if ((o->summary || o->score_out) && !o->score_file) return fail(err, "--summary and --score-out apply to --score");
+    if (o->summary && o->score_out) return fail(err, "give --summary (no lines per position) or --score-out FILE (them into FILE), not both");
+    if (o->dense_below && o->attn_set && o->attn.method == ATTN_FULL) return fail(err, "--dense-below applies to a policy, not --attn full");
     if (o->echo && (o->chat || o->score_file || o->tokenize || o->render_chat || o->bench))
         return fail(err, "--echo applies to generation (-p / -f)");
     if (o->save_session && (o->chat || o->render_chat || o->score_file || o->tokenize || o->bench))

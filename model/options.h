@@ -16,6 +16,8 @@ typedef struct {
     const char *prompt_file;  // -f
     const char *score_file;   // --score
     int score_prompt;         // --score-prompt: its first N tokens are a prompt (attended densely)
+    int summary;              // --summary: --score prints its summary alone, no line per position
+    const char *score_out;    // --score-out FILE: --score's lines per position into FILE
     const char *save_session; // --save-session FILE: after the prompt
     const char *load_session; // --load-session FILE: resume from it instead of prefilling
     int tokenize;             // --tokenize
@@ -45,6 +47,9 @@ typedef struct {
     int bench_prefill;
     AttnConfig attn;          // --attn --topk --sink --local --update --kv-store --kv-store-dtype
     int attn_set;             // --attn given
+    int policy_set;           // --topk, --sink, --local, --update, --kv-store or --kv-store-dtype given: a policy is asked for
+    int dense_below;          // --dense-below N (0: not given): attn.dense_min, whatever the method
+    int attn_crossover;       // attn.dense_min is the device's crossover (the default policy), set at load
     int steps_set;            // -n given (a chat reply otherwise runs to its end)
     int chat;                 // --chat
     const char *system;       // --system

@@ -168,8 +168,8 @@ def test_long_first_message(tiny):
     if len(ids) < 2100:
         check(f"the long message renders to >= 2100 tokens ({len(ids)})", False)
         return
-    r = chat(tiny, (words + "\n").encode(), "-n", "8", "--ctx", "3000", "--ignore-eos", timeout=300)
-    want = decode(TINY, generate_ids(tiny, ids, "-n", "8", "--ctx", "3000", "--ignore-eos"))
+    r = chat(tiny, (words + "\n").encode(), "-n", "8", "--ctx", "3000", "--ignore-eos", "--attn", "pariskv", timeout=300)
+    want = decode(TINY, generate_ids(tiny, ids, "-n", "8", "--ctx", "3000", "--ignore-eos", "--attn", "pariskv"))
     check(f"a {len(ids)}-token first message under ParisKV: the chat's reply equals ./run -p of the rendered prompt",
           r.clean and r.out[:-1] == want, f"{r} chat {r.out!r} vs run {want!r}")
 
