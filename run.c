@@ -2,7 +2,7 @@
 // run to its mode: generate (the default), --chat, --render-chat, --score, --tokenize, --bench,
 // --synthetic. Each mode reads the Options, makes the run's state and prints; errors are one line
 // on stderr and exit status 1 (die).
-// Why one file of ~1,200 lines: each mode is a few short functions, but they share die(), the
+// Why one file of ~1,400 lines: each mode is a few short functions, but they share die(), the
 // interrupt flag, the output and stop-string helpers and the run-state set-up; and the chat loop
 // exits through die(), which the render-chat fuzz harness catches only inside this file (a mode
 // moved under model/ would also be linked into every test and fuzz program).
@@ -388,8 +388,8 @@ static void print_score_summary(const ScoreCtx *sc) {
     printf("mean_nll %.6f ppl %.6f +/- %.6f\n", mean, ppl, unc);
 }
 
-// The positions of tokens[from .. n), each line as they come; PKV_RECALL takes those after a
-// --score-prompt one at a time (attention/recall.h: the measurement reads each step's own selection).
+// Every position of the text through score_chunk, a chunk at a time; under PKV_RECALL those after
+// a --score-prompt one at a time (attention/recall.h: the measurement reads each step's own selection).
 static void score_positions(const Model *m, RunState *s, ScoreCtx *sc, const Options *o) {
     if (getenv("PKV_RECALL") && o->score_prompt > 0) {
         prefill(m, s, "score", sc->tokens, o->score_prompt, 0, 1, score_chunk, sc);
