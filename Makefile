@@ -45,7 +45,23 @@ CUDA_LIBS =
 endif
 
 # What `make deps` installs (Debian; apt needs root).
-DEB_DEPS = gcc g++ make clang valgrind libcjson-dev libutf8proc-dev libsentencepiece-dev sentencepiece libopenblas-openmp-dev python3 python3-pip
+DEB_DEPS = gcc g++ make clang valgrind libcjson-dev libutf8proc-dev libsentencepiece-dev sentencepiece libopenblas-openmp-dev libedit-dev python3 python3-pip
+
+# Line editing in ./run --chat on a terminal (arrows, history, Ctrl-R) through libedit, where its
+# header is installed (make deps installs it); without it (or with NO_LIBEDIT=1) chat reads plain
+# lines. Only run.o and ./run use it: the tests and fuzz programs that include run.c read plainly.
+ifneq ($(NO_LIBEDIT),1)
+HAVE_LIBEDIT := $(shell printf '\043include <stdio.h>\n\043include <editline/readline.h>\n' | $(CC) -E -x c - >/dev/null 2>&1 && echo 1)
+endif
+ifeq ($(HAVE_LIBEDIT),1)
+EDIT_CFLAGS = -DHAVE_LIBEDIT
+EDITLIBS = -ledit
+endif
+$(BUILD)/run.o: CFLAGS += $(EDIT_CFLAGS)
+# run.o recompiles when the choice changes (a stamp rewritten only then, as commit.h is).
+$(shell mkdir -p $(BUILD) && echo '$(EDIT_CFLAGS)' > $(BUILD)/libedit.new && \
+	{ cmp -s $(BUILD)/libedit.new $(BUILD)/libedit.stamp && rm -f $(BUILD)/libedit.new || mv $(BUILD)/libedit.new $(BUILD)/libedit.stamp; })
+$(BUILD)/run.o: $(BUILD)/libedit.stamp
 
 # The C libraries the build needs (make deps installs them): say so before the first compile fails.
 # Checked by the make a user runs, not again by each make it runs in turn.
@@ -64,7 +80,7 @@ WEIGHTS_SRC = $(wildcard weights/*.c)
 
 obj = $(patsubst %.cc,$(BUILD)/%.o,$(patsubst %.c,$(BUILD)/%.o,$(1)))
 RUN_OBJ    = $(call obj,run.c $(MODEL_SRC) $(TOK_SRC) $(ATTN_SRC)) $(CUDA_OBJ)
-EXPORT_OBJ = $(call obj,$(WEIGHTS_SRC) $(TOK_SRC) model/modelfile.c model/guard.c model/quant.c)
+EXPORT_OBJ = $(call obj,$(WEIGHTS_SRC) $(TOK_SRC) model/modelfile.c model/guard.c model/quant.c model/quant_q45.c)
 LIB_OBJ    = $(call obj,$(MODEL_SRC) $(TOK_SRC) $(ATTN_SRC) $(filter-out weights/export.c,$(WEIGHTS_SRC))) $(CUDA_OBJ)
 
 TEST_SRC  = $(wildcard tests/test_*.c)
@@ -74,14 +90,14 @@ TEST_BIN  = $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
 all: run export
 
 run: $(RUN_OBJ)
-	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(TOKLIBS) $(JSONLIBS) $(CUDA_LIBS)
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(TOKLIBS) $(JSONLIBS) $(EDITLIBS) $(CUDA_LIBS)
 
 export: $(EXPORT_OBJ)
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(TOKLIBS) $(JSONLIBS)
 
 # The same two programs inside a build directory (the sanitizer build's; see test-asan).
 $(BUILD)/run: $(RUN_OBJ)
-	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(TOKLIBS) $(JSONLIBS) $(CUDA_LIBS)
+	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(TOKLIBS) $(JSONLIBS) $(EDITLIBS) $(CUDA_LIBS)
 $(BUILD)/export: $(EXPORT_OBJ)
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS) $(TOKLIBS) $(JSONLIBS)
 
@@ -186,10 +202,14 @@ $(SMOL_BIN): $(SMOL_GGUF) export
 
 smollm2: $(SMOL_BIN)
 
-# The README's two commands.
+# The README's two commands. Without a GPU (nvidia-smi lists none) the demo builds the CPU path
+# alone: compiling CUDA would take most of its time there, for a ./run that maps ~200 MB of CUDA
+# libraries into every run (`make` and CI still compile the CUDA path). Expanded by demo only.
+DEMO_BUILD = $(if $(shell nvidia-smi -L 2>/dev/null | grep -m1 GPU),,NO_CUDA=1)
 demo: deps
-	$(MAKE) all smollm2
+	$(MAKE) $(DEMO_BUILD) all smollm2
 	./run $(SMOL_BIN) -p "$$(printf '$(DEMO_PROMPT)')" -n 200 --temp 0.7 --seed 42
+	@echo "demo: the model is $(SMOL_BIN) (./run $(SMOL_BIN) --chat to talk to it)$(if $(DEMO_BUILD),; no GPU here: ./run is the CPU-only build)"
 
 check: deps
 	$(MAKE) all $(SMOL_GGUF)

@@ -2,7 +2,7 @@
 // run to its mode: generate (the default), --chat, --render-chat, --score, --tokenize, --bench,
 // --synthetic. Each mode reads the Options, makes the run's state and prints; errors are one line
 // on stderr and exit status 1 (die).
-// Why one file of ~1,200 lines: each mode is a few short functions, but they share die(), the
+// Why one file of ~1,400 lines: each mode is a few short functions, but they share die(), the
 // interrupt flag, the output and stop-string helpers and the run-state set-up; and the chat loop
 // exits through die(), which the render-chat fuzz harness catches only inside this file (a mode
 // moved under model/ would also be linked into every test and fuzz program).
@@ -18,6 +18,9 @@
 #include "tokenizer/tokenizer.h"
 
 #include <cjson/cJSON.h>
+#ifdef HAVE_LIBEDIT // line editing in chat (the Makefile defines it where libedit is installed)
+#include <editline/readline.h>
+#endif
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
@@ -26,11 +29,20 @@
 #include <stdlib.h>
 #include <string.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 #define SCORE_CHUNK_GPU 256   // score keeps logits for a whole chunk: (chunk, vocab) floats
 #define CHAT_CTX_DEFAULT 4096 // a chat's KV cache when --ctx is not given (the model's own may be 128K)
+// The default policy's crossover: the sequence length from which ParisKV's decode step is
+// measured faster than dense attention's on the device (below it dense is faster, and exact).
+// GPU (tests/bench/GPU.md, session 11): Qwen3-8B and Llama-3.1-8B cross at ~41K on the H100 and
+// ~48K on the H200; the larger, so the default is never slower than dense. CPU (RESULTS.md,
+// "ParisKV against dense on the CPU"): dense measured faster at 3K and 7.6K on a quiet 2-core
+// machine; twice that until a quiet machine measures further.
+#define PKV_CROSSOVER_CPU 16384
+#define PKV_CROSSOVER_GPU 49152
 
 // One line on stderr (messages quote file contents: control bytes are masked), exit status 1.
 static void die(const char *fmt, ...) {
@@ -93,11 +105,48 @@ static char *read_file(const char *path, size_t *len) {
         cap *= 2;
         buf = realloc(buf, cap);
     }
-    if (ferror(f)) die("cannot read '%s'", path);
+    if (ferror(f)) die("cannot read '%s': %s", path, strerror(errno));
     fclose(f);
     buf[n] = 0;
     *len = n;
     return buf;
+}
+
+// An input file named by flag, checked before the model loads (seconds to minutes on a big one):
+// it exists, is no directory, and a regular file is readable. A FIFO or a device is left to the
+// read itself (-f <(cmd) works; opening a FIFO here would wait for its writer), unless regular
+// says the reader needs a file it can size (a session).
+static void check_input(const char *flag, const char *path, int regular) {
+    struct stat st;
+    if (!path) return;
+    if (stat(path, &st) != 0) die("%s '%s': %s", flag, path, strerror(errno));
+    if (S_ISDIR(st.st_mode)) die("%s '%s': is a directory, not a file", flag, path);
+    if (regular && !S_ISREG(st.st_mode)) die("%s '%s': not a regular file", flag, path);
+    if (S_ISREG(st.st_mode) && access(path, R_OK) != 0) die("%s '%s': %s", flag, path, strerror(errno));
+}
+
+// An output file: not a directory, and its directory exists (the run would otherwise fail at the
+// end of a prefill that may take minutes).
+static void check_output(const char *flag, const char *path) {
+    struct stat st;
+    if (!path) return;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) die("%s '%s': is a directory, not a file", flag, path);
+    const char *slash = strrchr(path, '/');
+    if (!slash || slash == path) return; // the current directory, or the root
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+    if (stat(dir, &st) != 0) die("%s '%s': its directory '%s': %s", flag, path, dir, strerror(errno));
+    if (!S_ISDIR(st.st_mode)) die("%s '%s': '%s' is not a directory", flag, path, dir);
+}
+
+// Every file a run names, before anything loads.
+static void check_files(const Options *o) {
+    check_input("-f", o->prompt_file, 0);
+    check_input("--score", o->score_file, 0);
+    check_input("--render-chat", o->render_chat, 0);
+    check_input("--load-session", o->load_session, 1);
+    check_output("--save-session", o->save_session);
+    check_output("--score-out", o->score_out);
 }
 
 // Whitespace-separated ids, each checked against the vocabulary.
@@ -144,6 +193,26 @@ static int *encode_text(const Tokenizer *tok, const char *what, const char *text
 
 // ---- a run's state ----
 
+// Without --attn (or an option of the policy's) the policy is ParisKV from the device's
+// crossover on; --attn NAME runs NAME from the spec's 2000 tokens; --dense-below D sets the
+// length for either. Called once the device is known.
+static void resolve_attention(Options *o, const Model *m) {
+    if (o->dense_below) o->attn.dense_min = o->dense_below;
+    else if (!o->attn_set && !o->policy_set) o->attn.dense_min = m->be->create ? PKV_CROSSOVER_GPU : PKV_CROSSOVER_CPU, o->attn_crossover = 1;
+}
+
+// "dense" or "pariskv from 2000 tokens" (and why from there): what attends the positions of a
+// sequence of up to len tokens whose first prompt_len are a prompt (attended densely).
+static const char *attn_desc(const Options *o, int len, int prompt_len, char *buf, size_t cap) {
+    const AttnConfig *a = &o->attn;
+    int from = attn_dense_threshold(a), why = o->attn_crossover;
+    if (prompt_len > from - 1) from = prompt_len + 1;
+    if (a->method == ATTN_FULL) snprintf(buf, cap, "dense (--attn full)");
+    else if (len < from) snprintf(buf, cap, "dense (%s from %d tokens%s)", attn_method_name(a->method), from, why ? ", the device's crossover" : "");
+    else snprintf(buf, cap, "%s from %d tokens, top-%d%s", attn_method_name(a->method), from, a->topk, why ? " (the device's crossover)" : "");
+    return buf;
+}
+
 // The run's attention policy: NULL (dense) for full attention, or when no position of the
 // context ever leaves the dense regime. prefill_len: the prompt, attended densely; --score passes
 // 0, so every scored position is a decode step that sees what step-by-step decoding would.
@@ -170,9 +239,10 @@ static void print_summary(const Model *m, const RunState *s, const Options *o) {
     char thr[48] = "";
     if (!s->dev) snprintf(thr, sizeof thr, ", %s%d thread%s%s", o->threads ? "" : "up to ", pool_max_threads(), plural(pool_max_threads()),
                           o->threads ? "" : " (tuned)");
-    char dt[64];
-    fprintf(stderr, "%s, %.1fM parameters, %s weights, context %d (trained %u), %s%s\n", c->arch == ARCH_QWEN3 ? "qwen3" : "llama",
-            params / 1e6, model_weights_desc(m, dt, sizeof dt), s->ctx, c->max_seq_len, s->dev ? "gpu" : "cpu", thr);
+    char dt[64], ad[128];
+    fprintf(stderr, "%s, %.1fM parameters, %s weights, context %d (trained %u), %s%s, attention %s\n", c->arch == ARCH_QWEN3 ? "qwen3" : "llama",
+            params / 1e6, model_weights_desc(m, dt, sizeof dt), s->ctx, c->max_seq_len, s->dev ? "gpu" : "cpu", thr,
+            attn_desc(o, s->ctx, 0, ad, sizeof ad));
 }
 
 // The CPU pass's thread tuners (decode steps, chunks) for a run's state.
@@ -262,8 +332,11 @@ static int pick_ctx(const Options *o, const Config *c, int need) {
 typedef struct {
     const int *tokens;
     int n, vocab;
-    double total;
-    int base; // position of the current prefill call's first token
+    double total, total2; // the NLLs' sum and their squares' (the summary's uncertainty)
+    int count;            // positions scored so far (all n - 1 unless interrupted)
+    int base;             // position of the current prefill call's first token
+    FILE *lines;          // the lines per position: stdout, --score-out's file, or NULL (--summary)
+    const char *out_path; // --score-out's name, for its errors
 } ScoreCtx;
 
 typedef struct {
@@ -297,12 +370,34 @@ static void score_chunk(const float *logits, int first, int T, void *p) {
     ScoreRows r = {logits, sc->tokens + first + 1, sc->vocab, nll, top};
     pool_run(n, score_row, &r);
     for (int t = 0; t < n; t++) {
-        sc->total += nll[t];
-        printf("%d\t%d\t%.6f\t%d\n", first + t, sc->tokens[first + t + 1], nll[t], top[t]);
+        sc->total += nll[t], sc->total2 += nll[t] * nll[t];
+        if (sc->lines) fprintf(sc->lines, "%d\t%d\t%.6f\t%d\n", first + t, sc->tokens[first + t + 1], nll[t], top[t]);
     }
-    flush_out();
+    sc->count += n;
+    if (sc->lines == stdout) flush_out();
+    else if (sc->lines && (fflush(sc->lines) != 0 || ferror(sc->lines))) die("cannot write '%s': %s", sc->out_path, strerror(errno));
     free(nll);
     free(top);
+}
+
+// The mean NLL and perplexity of the positions scored, with llama-perplexity's uncertainty:
+// ppl * sqrt(var(nll) / (N - 1)), var the NLLs' (population) variance.
+static void print_score_summary(const ScoreCtx *sc) {
+    double mean = sc->total / sc->count, var = sc->total2 / sc->count - mean * mean, ppl = exp(mean);
+    double unc = sc->count > 1 && var > 0 ? ppl * sqrt(var / (sc->count - 1)) : 0.0;
+    printf("mean_nll %.6f ppl %.6f +/- %.6f\n", mean, ppl, unc);
+}
+
+// Every position of the text through score_chunk, a chunk at a time; under PKV_RECALL those after
+// a --score-prompt one at a time (attention/recall.h: the measurement reads each step's own selection).
+static void score_positions(const Model *m, RunState *s, ScoreCtx *sc, const Options *o) {
+    if (getenv("PKV_RECALL") && o->score_prompt > 0) {
+        prefill(m, s, "score", sc->tokens, o->score_prompt, 0, 1, score_chunk, sc);
+        s->chunk = 1, sc->base = o->score_prompt;
+        prefill(m, s, "score", sc->tokens + o->score_prompt, sc->n - o->score_prompt, o->score_prompt, 1, score_chunk, sc);
+    } else {
+        prefill(m, s, "score", sc->tokens, sc->n, 0, 1, score_chunk, sc);
+    }
 }
 
 static void run_score(const Model *m, const Tokenizer *tok, const Options *o) {
@@ -332,19 +427,18 @@ static void run_score(const Model *m, const Tokenizer *tok, const Options *o) {
     s.attn = make_attn(o, m, &s, o->score_prompt);
     ThreadTuner tt[2];
     start_run(&s, tt, m, o);
-    ScoreCtx sc = {tokens, n, (int)m->c.vocab_size, 0.0, 0};
+    ScoreCtx sc = {.tokens = tokens, .n = n, .vocab = (int)m->c.vocab_size, .lines = o->summary ? NULL : stdout, .out_path = o->score_out};
+    if (o->score_out && !(sc.lines = fopen(o->score_out, "w"))) die("--score-out '%s': %s", o->score_out, strerror(errno));
+    catch_sigint(); // Ctrl-C: the summary of what was scored
     double t0 = now_s();
-    if (getenv("PKV_RECALL") && o->score_prompt > 0) { // the measurement reads each step's own selection
-        prefill(m, &s, "score", tokens, o->score_prompt, 0, 1, score_chunk, &sc);     // (attention/recall.h):
-        s.chunk = 1, sc.base = o->score_prompt;                                         // the positions after
-        prefill(m, &s, "score", tokens + o->score_prompt, n - o->score_prompt, o->score_prompt, 1, score_chunk, &sc); // the prompt one at a time
-    } else {
-        prefill(m, &s, "score", tokens, n, 0, 1, score_chunk, &sc);
-    }
+    score_positions(m, &s, &sc, o);
     double el = now_s() - t0;
-    double mean = sc.total / (n - 1);
-    printf("mean_nll %.6f ppl %.6f\n", mean, exp(mean));
-    fprintf(stderr, "score: %d tokens in %.2f s (%.1f tok/s)\n", n, el, n / el);
+    if (sc.lines && sc.lines != stdout && fclose(sc.lines) != 0) die("cannot write '%s': %s", o->score_out, strerror(errno));
+    if (sc.count > 0) print_score_summary(&sc);
+    if (interrupted) fprintf(stderr, "[interrupted: %d of %d positions scored%s]\n", sc.count, n - 1, sc.count ? "; the summary is theirs" : "");
+    char ad[128];
+    int done = interrupted ? sc.count + 1 : n; // the tokens of the positions scored
+    fprintf(stderr, "score: %d tokens in %.2f s (%.1f tok/s), attention %s\n", done, el, done / el, attn_desc(o, n, o->score_prompt, ad, sizeof ad));
     close_run_state(&s);
     free(tokens);
 }
@@ -442,6 +536,7 @@ typedef struct {
     int *hist;             // (ctx) the context so far, for the penalties
     int generated;
     const char *stop;      // why it ended early (NULL: EOS or -n)
+    int eos;               // it ended at the model's end-of-sequence token
     double t_restore, t_prefill, t_decode, first_ms; // first_ms: the first decode step (after a restore it rebuilds the index)
     double *step_ms;       // per decode step, for the TPOT bins of a long run (else NULL)
 } Generation;
@@ -470,6 +565,17 @@ static int *read_prompt(const Tokenizer *tok, const Options *o, int vocab, int *
     free(text);
     *n_out = n;
     return prompt;
+}
+
+// A chat model given plain text continues it as written, and an instruct model often ends it at
+// once (an empty reply): say what --chat would do. Not applied by default: -p stays the exact
+// text (templated by hand, it is left alone).
+static void hint_chat(const Tokenizer *tok, const Options *o, const int *prompt, int n) {
+    if (o->ids || o->load_session || tokenizer_chat(tok) == TOK_CHAT_NONE) return;
+    for (int i = 0; i < n; i++)
+        if (tokenizer_is_special(tok, prompt[i]) && prompt[i] != tokenizer_bos(tok)) return; // already templated
+    fprintf(stderr, "note: the model has a chat template and the prompt is plain text, continued as written; "
+                    "--chat applies the template\n");
 }
 
 // --load-session: its tokens go in front of the prompt's (their ids are read with the K/V).
@@ -544,6 +650,21 @@ static int print_token(const Generation *g, int next, TokDecoder *dec, StopFilte
     return stop_feed(sf, piece, k);
 }
 
+// --echo: the prompt (a session's tokens included) as the generation will continue it: its ids,
+// or its text without the BOS the runner put in front.
+static void echo_prompt(const Generation *g) {
+    if (g->o->ids) {
+        for (int i = 0; i < g->n_prompt; i++) printf("%d ", g->prompt[i]);
+    } else {
+        int skip = g->n_prompt > 0 && g->prompt[0] == tokenizer_bos(g->tok);
+        char *text = tokenizer_decode(g->tok, g->prompt + skip, (size_t)(g->n_prompt - skip));
+        if (!text) die("out of memory");
+        fputs(text, stdout);
+        free(text);
+    }
+    flush_out();
+}
+
 // Samples, prints and runs tokens from the prompt's logits until EOS, -n, a stop string, the end
 // of the context or Ctrl-C.
 static void decode(Generation *g, float *logits) {
@@ -568,7 +689,10 @@ static void decode(Generation *g, float *logits) {
             break;
         }
         flush_out();
-        if (g->tok && tokenizer_is_eos(g->tok, next) && !o->ignore_eos) break;
+        if (g->tok && tokenizer_is_eos(g->tok, next) && !o->ignore_eos) {
+            g->eos = 1;
+            break;
+        }
         if (g->generated == o->steps) break;
         if (pos >= g->ctx) {
             g->stop = "context full";
@@ -594,6 +718,7 @@ static void decode(Generation *g, float *logits) {
 // Why it ended (when not by itself), then the stats line on stderr, then a long run's TPOT bins.
 static void print_generation_stats(Generation *g) {
     const Options *o = g->o;
+    if (g->eos) fprintf(stderr, "[end of text]\n"); // the model's own end: the output is all there is
     if (g->stop && interrupted) fprintf(stderr, "[interrupted]\n");
     else if (g->stop && strcmp(g->stop, "stop string") == 0) g->stop = NULL; // the run's own end
     else if (g->stop) fprintf(stderr, "[stopped: %s at %d tokens; raise --ctx]\n", g->stop, g->ctx);
@@ -604,8 +729,9 @@ static void print_generation_stats(Generation *g) {
                 g->t_restore, n_prompt - g->n_saved, g->t_prefill, g->first_ms);
     else
         fprintf(stderr, "prompt %d token%s | prefill %.1f tok/s", n_prompt, plural(n_prompt), n_prompt / (g->t_prefill > 0 ? g->t_prefill : 1e-9));
-    fprintf(stderr, " | decode %.2f ms/token (TPOT) | generated %d token%s", steps ? 1e3 * g->t_decode / steps : 0.0, g->generated,
-            plural(g->generated));
+    if (steps) fprintf(stderr, " | decode %.2f ms/token (TPOT)", 1e3 * g->t_decode / steps);
+    else fprintf(stderr, " | no decode step"); // 0 or 1 tokens: the first comes from the prefill
+    fprintf(stderr, " | generated %d token%s", g->generated, plural(g->generated));
     if (!g->s.dev) fprintf(stderr, " | threads %d%s", tuner_threads(&g->tt[0]), o->threads ? "" : " (tuned)");
     if (!o->seed_set && o->temperature > 0) fprintf(stderr, " | seed %llu", o->seed); // to repeat the run: --seed
     fprintf(stderr, "\n");
@@ -616,6 +742,7 @@ static void run_generate(const Model *m, const Tokenizer *tok, const Options *o)
     if (o->ids && o->n_stops) die("--stop applies to text output, not --ids");
     Generation g = {.m = m, .tok = tok, .o = o};
     g.prompt = read_prompt(tok, o, (int)m->c.vocab_size, &g.n_prompt);
+    if (tok) hint_chat(tok, o, g.prompt, g.n_prompt);
     SessionHeader sh;
     if (o->load_session) open_prompt_session(&g, &sh);
     g.ctx = generation_ctx(&g);
@@ -632,6 +759,7 @@ static void run_generate(const Model *m, const Tokenizer *tok, const Options *o)
         if (session_check_disk(o->save_session, bytes, serr) != 0) die("--save-session: %s", serr);
     }
     catch_sigint();
+    if (o->echo) echo_prompt(&g);
     float *logits = prefill_prompt(&g, saved_logits);
     g.step_ms = o->steps > TPOT_BINS_FROM ? malloc((size_t)o->steps * sizeof(double)) : NULL;
     decode(&g, logits);
@@ -646,6 +774,23 @@ static void run_generate(const Model *m, const Tokenizer *tok, const Options *o)
 
 // ---- tokenize, render-chat ----
 
+// A token's bytes as a quoted C string: control bytes, quotes, backslashes and, in a piece that
+// is not whole UTF-8 (part of a character), its bytes above 0x7f as escapes.
+static void print_piece(const char *p, size_t len) {
+    int utf8 = tokenizer_utf8_invalid_at(p, len) < 0;
+    putchar('"');
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)p[i];
+        if (c == '"' || c == '\\') printf("\\%c", c);
+        else if (c == '\n') fputs("\\n", stdout);
+        else if (c == '\t') fputs("\\t", stdout);
+        else if (c == '\r') fputs("\\r", stdout);
+        else if (c < 0x20 || c == 0x7f || (c >= 0x80 && !utf8)) printf("\\x%02x", c);
+        else putchar(c);
+    }
+    putchar('"');
+}
+
 static void run_tokenize(const Tokenizer *tok, const Options *o) {
     if (!o->prompt_file && !o->prompt) die("--tokenize needs -f FILE (or -p TEXT)");
     size_t len = 0;
@@ -654,8 +799,15 @@ static void run_tokenize(const Tokenizer *tok, const Options *o) {
     char what[300] = "the text (-p)";
     if (text) snprintf(what, sizeof what, "'%.256s'", o->prompt_file);
     int *ids = encode_text(tok, what, text ? text : o->prompt, text ? len : strlen(o->prompt), &n);
-    for (int i = 0; i < n; i++) printf(i ? " %d" : "%d", ids[i]);
-    printf("\n");
+    for (int i = 0; i < n && o->pieces; i++) { // --pieces: "id<TAB>text" per line
+        size_t k;
+        const char *piece = tokenizer_piece(tok, ids[i], &k);
+        printf("%d\t", ids[i]);
+        print_piece(piece, k);
+        printf("\n");
+    }
+    for (int i = 0; i < n && !o->pieces; i++) printf(i ? " %d" : "%d", ids[i]);
+    if (!o->pieces) printf("\n");
     free(ids);
     free(text);
 }
@@ -857,6 +1009,29 @@ static void chat_turn(Chat *c, const char *text) {
     else if (stop) chat_note("context full: the reply stops here (/reset starts over, --ctx sets the size)");
 }
 
+// One line of stdin into *line (malloc'd, *cap bytes): on a terminal after the prompt, and through
+// libedit where the build has it (arrows, history, Ctrl-R search); -1 at the end of input, or with
+// errno EINTR when Ctrl-C ended the wait.
+static ssize_t read_line(int tty, const char *prompt, char **line, size_t *cap) {
+#ifdef HAVE_LIBEDIT
+    if (tty) {
+        char *r = readline(prompt);
+        if (!r) { // Ctrl-C (our handler ran: no restart) or the end of input
+            errno = interrupted ? EINTR : 0;
+            return -1;
+        }
+        if (*r) add_history(r);
+        size_t n = strlen(r);
+        free(*line);
+        *line = r, *cap = n + 1;
+        return (ssize_t)n;
+    }
+#endif
+    if (tty) fputs(prompt, stdout), fflush(stdout);
+    errno = 0;
+    return getline(line, cap, stdin);
+}
+
 // One user message from stdin, newline removed; on a terminal a line ending in '\' continues on
 // the next. NULL at end of input. Ctrl-C while waiting asks again.
 static char *read_message(int tty, size_t *len) {
@@ -864,9 +1039,8 @@ static char *read_message(int tty, size_t *len) {
     size_t cap = 0, n_msg = 0;
     for (;;) {
         interrupted = 0; // a Ctrl-C pressed between turns stopped nothing: forget it
-        if (tty) fputs(msg ? "... " : "> ", stdout), fflush(stdout);
         errno = 0;
-        ssize_t n = getline(&line, &cap, stdin);
+        ssize_t n = read_line(tty, msg ? "... " : "> ", &line, &cap);
         if (n < 0 && errno == EINTR && !feof(stdin)) {
             clearerr(stdin);
             if (tty) fputs("\n(/exit or Ctrl-D quits)\n", stdout);
@@ -972,6 +1146,7 @@ static void chat_open(Chat *c, ThreadTuner tt[2]) {
     if (!c->cache || !c->piece) die("out of memory");
     if (o->system) chat_push(c, "system", strdup(o->system));
     if (o->load_session) chat_load(c, &sh, o->load_session);
+    if (!o->seed_set && o->temperature > 0) chat_note("seed %llu (--seed %llu repeats these replies)", o->seed, o->seed);
 }
 
 // /reset: the conversation (but --system) and its cache go; the next message is a first turn
@@ -1099,15 +1274,17 @@ static int run_bench(const Options *o) {
 // Generation on random weights of a real shape (no tokenizer: --ids), on the GPU: long-context
 // runs of the real path (a prompt of random ids, then -n steps) where no model file of that size
 // is at hand.
-static int run_synthetic(const Options *o) {
+static int run_synthetic(Options *o) {
     if (o->model_path) die("give either a model file or --synthetic NAME, not both");
     if (!o->ids) die("--synthetic has no tokenizer: give the prompt as ids (--ids -p \"1 2 3\" or --ids -f FILE)");
     if (o->chat || o->render_chat || o->tokenize) die("--synthetic runs generation, --score (or --bench) only");
+    check_files(o);
     Model m;
     if (model_synthetic(&m, o->synthetic) != 0) die("unknown --synthetic model '%s' (llama3.1-8b, qwen3-8b, qwen3-0.6b)", o->synthetic);
     synthetic_quant(&m, o->quant);
     if (o->device && strcmp(o->device, "cpu") == 0) die("--synthetic runs on the GPU (its weights are made there)");
     select_device(&m, "gpu");
+    resolve_attention(o, &m);
     if (o->score_file) run_score(&m, NULL, o);
     else run_generate(&m, NULL, o);
     model_free(&m);
@@ -1127,7 +1304,11 @@ static void set_max_threads(Options *o) {
         if (options_parse_long(omp_env, "OMP_NUM_THREADS", 1, POOL_MAX_THREADS, &n, err) != 0) die("%s", err);
         o->threads = (int)n;
     }
-    pool_set_max_threads(o->threads ? o->threads : pool_cpus_available());
+    int cpus = pool_cpus_available();
+    if (o->threads > cpus) // allowed (a test of oversubscription), but rarely meant
+        fprintf(stderr, "warning: %s %d is more than the %d CPU%s this process may use: threads will wait for each other\n",
+                o->threads_set ? "--threads" : "OMP_NUM_THREADS", o->threads, cpus, plural(cpus));
+    pool_set_max_threads(o->threads ? o->threads : cpus);
 }
 
 // The model's generation_config.json supplies the sampling defaults unless the user chose.
@@ -1144,11 +1325,13 @@ static int run_model_file(Options *o) {
     if (o->prompt && o->prompt_file) die("give either -p or -f, not both");
     if (!o->chat && !o->render_chat && (o->system || o->date || o->think >= 0))
         die("--system, --date, --think and --no-think apply to --chat and --render-chat");
+    check_files(o);
     set_max_threads(o);
     Model m;
     char err[MODEL_ERR_LEN], tok_err[TOK_ERR_LEN];
     if (model_load(&m, o->model_path, err) != 0) die("%s", err);
     select_device(&m, o->device);
+    resolve_attention(o, &m);
     const FileHeader *h = m.file.header;
     Tokenizer *tok = tokenizer_load(m.file.data + h->tokenizer_offset, h->tokenizer_size, tok_err);
     if (!tok) die("model file '%s': bad tokenizer section: %s", o->model_path, tok_err);

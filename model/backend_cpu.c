@@ -38,6 +38,8 @@ static float dot_row(const void *w, uint32_t dtype, size_t i, const float *x, in
     case DTYPE_Q4_K: return dot_q4_k((const uint8_t *)w + i * dtype_row_bytes(dtype, (uint64_t)n), x, n);
     case DTYPE_Q4_0: return dot_q4_0((const uint8_t *)w + i * dtype_row_bytes(dtype, (uint64_t)n), x, n);
     case DTYPE_Q6_K: return dot_q6_k((const uint8_t *)w + i * dtype_row_bytes(dtype, (uint64_t)n), x, n);
+    case DTYPE_Q4_1: case DTYPE_Q5_0: case DTYPE_Q5_1: case DTYPE_Q5_K:
+        return dot_q45((const uint8_t *)w + i * dtype_row_bytes(dtype, (uint64_t)n), dtype, x, n);
     default: return dot_f32((const float *)w + i * n, x, n);
     }
 }

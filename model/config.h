@@ -13,10 +13,14 @@ enum RopeScaling {
     ROPE_SCALING_FREQ_FACTORS = 2, // per-frequency divisors stored as tensor "rope_freqs" (GGUF)
 };
 
-// Q8_0, Q4_K, Q4_0 and Q6_K are GGML's blocks (model/quant.h); a format-2 file may hold any matrix
-// in one of them, whatever weight_dtype says (the dtype of the matrices that are not quantized).
-enum DType { DTYPE_F32 = 0, DTYPE_BF16 = 1, DTYPE_Q8_0 = 2, DTYPE_Q4_K = 3, DTYPE_Q4_0 = 4, DTYPE_Q6_K = 5 };
-#define DTYPE_COUNT 6
+// Q8_0, Q4_K, Q4_0, Q6_K, Q4_1, Q5_0, Q5_1 and Q5_K are GGML's blocks (model/quant.h); a format-2
+// file may hold any matrix in one of them, whatever weight_dtype says (the dtype of the matrices
+// that are not quantized).
+enum DType {
+    DTYPE_F32 = 0, DTYPE_BF16 = 1, DTYPE_Q8_0 = 2, DTYPE_Q4_K = 3, DTYPE_Q4_0 = 4, DTYPE_Q6_K = 5,
+    DTYPE_Q4_1 = 6, DTYPE_Q5_0 = 7, DTYPE_Q5_1 = 8, DTYPE_Q5_K = 9
+};
+#define DTYPE_COUNT 10
 
 typedef struct {
     uint32_t arch;            // Arch

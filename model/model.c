@@ -120,7 +120,8 @@ const char *model_weights_desc(const Model *m, char *buf, size_t n) {
     if (!f->header) return snprintf(buf, n, "%s", dtype_name(m->c.weight_dtype)), buf;
     for (uint32_t i = 0; i < f->header->n_tensors; i++)
         if (f->tensors[i].ndim == 2 && f->tensors[i].dtype < DTYPE_COUNT) kinds += count[f->tensors[i].dtype]++ == 0;
-    static const uint32_t order[] = {DTYPE_Q4_K, DTYPE_Q4_0, DTYPE_Q6_K, DTYPE_Q8_0, DTYPE_BF16, DTYPE_F32}; // what the file is, first
+    static const uint32_t order[] = {DTYPE_Q4_K, DTYPE_Q4_0, DTYPE_Q4_1, DTYPE_Q5_K, DTYPE_Q5_0, DTYPE_Q5_1, // what the file is, first
+                                     DTYPE_Q6_K, DTYPE_Q8_0, DTYPE_BF16, DTYPE_F32};
     size_t at = 0;
     buf[0] = 0;
     for (int i = 0; i < DTYPE_COUNT; i++) {

@@ -113,7 +113,7 @@ static void check_tensor(const char *name, uint32_t dtype, uint32_t ndim, uint64
     if (!dtype_allowed(version, dtype, t->dtype, ndim, want_cols) || t->ndim != ndim || t->shape[0] != rows ||
         (ndim == 2 && t->shape[1] != want_cols)) {
         char alt[64] = "";
-        if (version >= 2 && ndim == 2) snprintf(alt, sizeof alt, " (or q8_0, q4_k, q4_0, q6_k with whole blocks)");
+        if (version >= 2 && ndim == 2) snprintf(alt, sizeof alt, " (or a quantized dtype with whole blocks)");
         cc->bad = fail(cc->err, "tensor '%s': expected dtype %s%s shape [%llu, %llu], found dtype %u (%s) shape [%llu, %llu]",
                        name, dtype_name(dtype), alt, (unsigned long long)rows, (unsigned long long)want_cols, t->dtype,
                        dtype_name(t->dtype), (unsigned long long)t->shape[0], (unsigned long long)(t->ndim == 2 ? t->shape[1] : 1));
@@ -360,7 +360,7 @@ static int add_quantized(ModelWriter *w, const TensorEntry *t, const float *data
         fail(err, "out of memory quantizing '%s'", t->name);
         goto out;
     }
-    if (t->dtype == DTYPE_Q4_0 || t->dtype == DTYPE_Q6_K) { // kept from a GGUF (modelwriter_add_raw) only
+    if (t->dtype != DTYPE_Q8_0 && t->dtype != DTYPE_Q4_K) { // the others are kept from a GGUF (modelwriter_add_raw) only
         fail(err, "internal: no %s quantizer for '%s'", dtype_name(t->dtype), t->name);
         goto out;
     }

@@ -10,7 +10,9 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <time.h>
+#include <unistd.h>
 
 typedef enum {
     ARG_NONE,   // a flag: the int at field set to lo
@@ -66,6 +68,7 @@ static const OptSpec OPTIONS[] = {
     {"--ids", FLAG(ids, 1), .usage = "--ids",
      .help = "the prompt is whitespace-separated token ids (no BOS added) and the\noutput is the generated ids"},
     {"--ignore-eos", FLAG(ignore_eos, 1), .usage = "--ignore-eos", .help = "keep generating past an end-of-sequence token"},
+    {"--echo", FLAG(echo, 1), .usage = "--echo", .help = "print the prompt (its tokens' text, or ids) before the generated text"},
 
     {.section = "sampling (defaults: the model's generation_config.json, else temperature 0.8, top-p 0.95):"},
     {"--temp", FLOAT(temperature, 0, 100), GIVEN(sampling_set), .usage = "--temp T", .help = "temperature; 0 is greedy"},
@@ -73,7 +76,7 @@ static const OptSpec OPTIONS[] = {
     {"--top-p", FLOAT(top_p, 0, 1), GIVEN(sampling_set), .usage = "--top-p P", .help = "nucleus sampling (1: off)"},
     {"--min-p", FLOAT(min_p, 0, 1), GIVEN(sampling_set), .usage = "--min-p P", .help = "drop tokens below P x the top probability (0: off)"},
     {"--seed", CUSTOM(set_seed), GIVEN(seed_set), .lo = 0, .hi = LONG_MAX, .usage = "--seed S",
-     .help = "random seed (default: the time, printed on the stats line)"},
+     .help = "random seed (default: a fresh one each run, printed on the stats line\nand at a chat's start)"},
     {"--repeat-penalty", FLOAT(repeat_penalty, 0.01f, 100), .usage = "--repeat-penalty R",
      .help = "divide a seen token's positive logit by R, multiply a negative\none (CTRL, as transformers; 1: off)"},
     {"--presence-penalty", FLOAT(presence_penalty, -100, 100), .usage = "--presence-penalty P",
@@ -107,16 +110,22 @@ static const OptSpec OPTIONS[] = {
     {.section = "scoring and tokens:"},
     {"--score", STRING(score_file), .usage = "--score FILE",
      .help = "teacher-forced scoring of FILE's text (no BOS), or of its ids with\n--ids: one line 'i next_id nll top1' per position "
-             "(top1: the most\nlikely next id), then 'mean_nll X ppl Y'"},
+             "(top1: the most\nlikely next id), then 'mean_nll X ppl Y +/- U' (U: llama-perplexity's\nestimate); Ctrl-C prints "
+             "the mean of what was scored"},
     {"--score-prompt", INT(score_prompt, 0, INT_MAX / 2), .usage = "--score-prompt N",
      .help = "its first N tokens are a prompt, attended densely as -p's would be\n(then the attention policy from N on, as for a "
              "generation; default 0)"},
+    {"--summary", FLAG(summary, 1), .usage = "--summary", .help = "with --score: the summary alone, no line per position"},
+    {"--score-out", STRING(score_out), .usage = "--score-out FILE",
+     .help = "with --score: the lines per position into FILE (stdout: the summary)"},
     {"--tokenize", FLAG(tokenize, 1), .usage = "--tokenize -f FILE", .help = "print the token ids of FILE's text (no BOS)"},
+    {"--pieces", FLAG(pieces, 1), .usage = "--pieces",
+     .help = "with --tokenize: one line per token, its id and its text (quoted,\nC escapes for control and non-UTF-8 bytes)"},
 
     {.section = "memory and device:"},
     {"--ctx", INT(ctx, 2, INT_MAX / 2), .usage = "--ctx N", .help = "KV cache positions (default: what the run needs, at most the model's)"},
     {"--device", CHOICE(device, "cpu", "gpu", "auto"), .usage = "--device D", .help = "cpu, gpu or auto (default: the GPU when there is one)"},
-    {"--threads", INT(threads, 1, POOL_MAX_THREADS), .usage = "--threads N",
+    {"--threads", INT(threads, 1, POOL_MAX_THREADS), GIVEN(threads_set), .usage = "--threads N",
      .help = "CPU threads (default: the CPUs this process may use, fewer while that\nmeasures faster, e.g. beside another busy process; "
              "OMP_NUM_THREADS\nfixes the count as --threads does)"},
 
@@ -134,18 +143,21 @@ static const OptSpec OPTIONS[] = {
      .help = "fill by a real prefill of random tokens (timed) instead of random K/V"},
     {.kind = ARG_NOTE, .usage = "--bench --attn pariskv", .help = "the ParisKV step (zone of random K/V, --kv-store, --topk), its\nindex update and its floor"},
 
-    {.section = "attention (dense while the sequence is shorter than max(2000, sink + local + 2 topk)):"},
+    {.section = "attention (dense while the sequence is shorter than max(D, sink + local + 2 topk)):"},
     {"--attn", CUSTOM(set_attn), GIVEN(attn_set), .usage = "--attn A",
      .help = "pariskv (default), full, or a peer (CPU only): streaming, quest, fier, kmeans, oracle"},
-    {"--topk", INT(attn.topk, 1, 1 << 24), .usage = "--topk K", .help = "retrieval-zone keys attended per step and KV head (default 100)"},
-    {"--sink", INT(attn.sink, 0, 1 << 24), .usage = "--sink S", .help = "first tokens, always attended (default 4)"},
-    {"--local", INT(attn.local, 0, 1 << 24), .usage = "--local L", .help = "most recent tokens, always attended (default 256)"},
-    {"--update", INT(attn.update, 1, 1 << 24), .usage = "--update U",
+    {"--dense-below", INT(dense_below, 1, INT_MAX / 2), .usage = "--dense-below D",
+     .help = "D, the length below which attention is dense (default: 2000 with\n--attn; without it, where ParisKV is measured "
+             "faster on the device,\nsaid on the load line)"},
+    {"--topk", INT(attn.topk, 1, 1 << 24), GIVEN(policy_set), .usage = "--topk K", .help = "retrieval-zone keys attended per step and KV head (default 100)"},
+    {"--sink", INT(attn.sink, 0, 1 << 24), GIVEN(policy_set), .usage = "--sink S", .help = "first tokens, always attended (default 4)"},
+    {"--local", INT(attn.local, 0, 1 << 24), GIVEN(policy_set), .usage = "--local L", .help = "most recent tokens, always attended (default 256)"},
+    {"--update", INT(attn.update, 1, 1 << 24), GIVEN(policy_set), .usage = "--update U",
      .help = "update buffer: after U decode steps the oldest U recent tokens join\nthe retrieval zone (default 512)"},
-    {"--kv-store", CHOICE(attn.store, "gpu", "host", "auto"), VALUES(KV_STORE_GPU, KV_STORE_HOST, KV_STORE_AUTO), .usage = "--kv-store S",
+    {"--kv-store", CHOICE(attn.store, "gpu", "host", "auto"), VALUES(KV_STORE_GPU, KV_STORE_HOST, KV_STORE_AUTO), GIVEN(policy_set), .usage = "--kv-store S",
      .help = "GPU, pariskv: the retrieval zone's K/V in gpu memory, in pinned host\nmemory (read through PCIe, top-k rows a step), or auto "
              "(default: gpu\nwhen the whole context fits there, else host)"},
-    {"--kv-store-dtype", CHOICE(attn.zone_fp8, "bf16", "fp8"), VALUES(0, 1), .usage = "--kv-store-dtype T",
+    {"--kv-store-dtype", CHOICE(attn.zone_fp8, "bf16", "fp8"), VALUES(0, 1), GIVEN(policy_set), .usage = "--kv-store-dtype T",
      .help = "the retrieval zone's K/V as bf16 (default) or fp8 (e4m3 with a\nscale per row: half the host memory and PCIe bytes; GPU: "
              "host store\nonly; the CPU path rounds those rows the same way)"},
     {"--version", ACTION(OPTIONS_VERSION), .usage = "--version", .help = "the version, and whether this build has the CUDA backend"},
@@ -252,13 +264,27 @@ static const OptSpec *find(const char *name) {
     return NULL;
 }
 
+// A seed no other run shares: the kernel's random bytes, or where those are unavailable the
+// clock's nanoseconds mixed with the process id (the seconds alone repeat for two runs started
+// together). 63 bits, so that --seed takes it back.
+static unsigned long long fresh_seed(void) {
+    unsigned long long x = 0;
+    if (getrandom(&x, sizeof x, GRND_NONBLOCK) != (ssize_t)sizeof x) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        x = (unsigned long long)ts.tv_sec * 1000000000ull + (unsigned long long)ts.tv_nsec;
+        x ^= (unsigned long long)getpid() << 40;
+    }
+    return x & (unsigned long long)LONG_MAX;
+}
+
 static void set_defaults(Options *o) {
     *o = (Options){0};
     o->steps = 256;
     o->repeat_penalty = 1.0f, o->repeat_last_n = 64;
     o->temperature = 0.8f;
     o->top_p = 0.95f;
-    o->seed = (unsigned long long)time(NULL);
+    o->seed = fresh_seed();
     attn_config_default(&o->attn);
     o->think = -1;
 }
@@ -292,6 +318,12 @@ int options_check(const Options *o, char *err) {
     if (o->attn.zone_fp8 && o->attn.method == ATTN_FULL)
         return fail(err, "--kv-store-dtype fp8 applies to a retrieval zone: it needs --attn pariskv (or a peer), not full");
     if (o->score_prompt && !o->score_file) return fail(err, "--score-prompt applies to --score");
+    if (o->pieces && !o->tokenize) return fail(err, "--pieces applies to --tokenize");
+    if ((o->summary || o->score_out) && !o->score_file) return fail(err, "--summary and --score-out apply to --score");
+    if (o->summary && o->score_out) return fail(err, "give --summary (no lines per position) or --score-out FILE (them into FILE), not both");
+    if (o->dense_below && o->attn_set && o->attn.method == ATTN_FULL) return fail(err, "--dense-below applies to a policy, not --attn full");
+    if (o->echo && (o->chat || o->score_file || o->tokenize || o->render_chat || o->bench))
+        return fail(err, "--echo applies to generation (-p / -f)");
     if (o->save_session && (o->chat || o->render_chat || o->score_file || o->tokenize || o->bench))
         return fail(err, "--save-session applies to generation (-p / -f); in a chat, /save FILE");
     if (o->load_session && (o->render_chat || o->score_file || o->tokenize || o->bench))

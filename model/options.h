@@ -16,24 +16,29 @@ typedef struct {
     const char *prompt_file;  // -f
     const char *score_file;   // --score
     int score_prompt;         // --score-prompt: its first N tokens are a prompt (attended densely)
+    int summary;              // --summary: --score prints its summary alone, no line per position
+    const char *score_out;    // --score-out FILE: --score's lines per position into FILE
     const char *save_session; // --save-session FILE: after the prompt
     const char *load_session; // --load-session FILE: resume from it instead of prefilling
     int tokenize;             // --tokenize
+    int pieces;               // --pieces: --tokenize prints each token's text beside its id
     int ids;                  // --ids: prompts and outputs are token ids
     int steps;                // -n
     int ctx;                  // --ctx (0: fit the run)
     int ignore_eos;
+    int echo;                 // --echo: print the prompt before the generated text
     float temperature, top_p, min_p;
     int top_k;
     int sampling_set;         // any sampling flag given: generation_config.json defaults are off
     unsigned long long seed;
-    int seed_set;             // --seed given (else the time, printed on the stats line)
+    int seed_set;             // --seed given (else a fresh one, printed on the stats line)
     float repeat_penalty, presence_penalty, frequency_penalty; // 1, 0, 0: off
     int repeat_last_n;        // the penalties' window (-1: the whole context)
     const char *stops[OPTIONS_MAX_STOPS]; // --stop STR: generation ends before the first occurrence
     int n_stops;
     const char *device;       // --device cpu|gpu|auto
     int threads;              // --threads N, or OMP_NUM_THREADS (0: tuned, at most the CPUs we may use)
+    int threads_set;          // --threads given (not OMP_NUM_THREADS)
     int bench;                // --bench
     const char *synthetic;    // --synthetic NAME
     const char *quant;        // --quant q8_0|q4_k|q4_0: a synthetic model's matrices
@@ -42,6 +47,9 @@ typedef struct {
     int bench_prefill;
     AttnConfig attn;          // --attn --topk --sink --local --update --kv-store --kv-store-dtype
     int attn_set;             // --attn given
+    int policy_set;           // --topk, --sink, --local, --update, --kv-store or --kv-store-dtype given: a policy is asked for
+    int dense_below;          // --dense-below N (0: not given): attn.dense_min, whatever the method
+    int attn_crossover;       // attn.dense_min is the device's crossover (the default policy), set at load
     int steps_set;            // -n given (a chat reply otherwise runs to its end)
     int chat;                 // --chat
     const char *system;       // --system
@@ -52,7 +60,7 @@ typedef struct {
 
 enum { OPTIONS_RUN, OPTIONS_HELP, OPTIONS_VERSION, OPTIONS_ERROR };
 
-// The defaults (seed: the time), then argv in order: OPTIONS_HELP or OPTIONS_VERSION at the first
+// The defaults (seed: a fresh one), then argv in order: OPTIONS_HELP or OPTIONS_VERSION at the first
 // -h / --help / --version, OPTIONS_ERROR with err filled at the first bad argument, else
 // OPTIONS_RUN.
 int options_parse(Options *o, int argc, char **argv, char *err);

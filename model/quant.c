@@ -14,7 +14,9 @@
 #pragma STDC FP_CONTRACT OFF
 #endif
 
-int dtype_is_quant(uint32_t dtype) { return dtype == DTYPE_Q8_0 || dtype == DTYPE_Q4_K || dtype == DTYPE_Q4_0 || dtype == DTYPE_Q6_K; }
+int dtype_is_quant(uint32_t dtype) {
+    return dtype == DTYPE_Q8_0 || dtype == DTYPE_Q4_K || dtype == DTYPE_Q4_0 || dtype == DTYPE_Q6_K || dtype_is_q45(dtype);
+}
 
 const char *dtype_name(uint32_t dtype) {
     switch (dtype) {
@@ -24,6 +26,10 @@ const char *dtype_name(uint32_t dtype) {
     case DTYPE_Q4_K: return "q4_k";
     case DTYPE_Q4_0: return "q4_0";
     case DTYPE_Q6_K: return "q6_k";
+    case DTYPE_Q4_1: return "q4_1";
+    case DTYPE_Q5_0: return "q5_0";
+    case DTYPE_Q5_1: return "q5_1";
+    case DTYPE_Q5_K: return "q5_k";
     default: return "?";
     }
 }
@@ -34,7 +40,8 @@ uint32_t dtype_block_elems(uint32_t dtype) {
     case DTYPE_Q8_0: return QK8_0;
     case DTYPE_Q4_K: return QK_K;
     case DTYPE_Q4_0: return QK4_0;
-    case DTYPE_Q6_K: return QK_K;
+    case DTYPE_Q6_K: case DTYPE_Q5_K: return QK_K;
+    case DTYPE_Q4_1: case DTYPE_Q5_0: case DTYPE_Q5_1: return 32;
     default: return 0;
     }
 }
@@ -48,6 +55,10 @@ uint64_t dtype_row_bytes(uint32_t dtype, uint64_t cols) {
     case DTYPE_Q8_0: return cols / QK8_0 * Q8_0_BYTES;
     case DTYPE_Q4_0: return cols / QK4_0 * Q4_0_BYTES;
     case DTYPE_Q6_K: return cols / QK_K * Q6_K_BYTES;
+    case DTYPE_Q4_1: return cols / 32 * Q4_1_BYTES;
+    case DTYPE_Q5_0: return cols / 32 * Q5_0_BYTES;
+    case DTYPE_Q5_1: return cols / 32 * Q5_1_BYTES;
+    case DTYPE_Q5_K: return cols / QK_K * Q5_K_BYTES;
     default: return cols / QK_K * Q4_K_BYTES;
     }
 }
@@ -457,7 +468,8 @@ float dot_act(const uint8_t *w, uint32_t dtype, const ActQ8 *a) {
     case DTYPE_Q8_0: return dot_q8_0_act(w, a);
     case DTYPE_Q4_K: return dot_q4_k_act(w, a);
     case DTYPE_Q4_0: return dot_q4_0_act(w, a);
-    default: return dot_q6_k_act(w, a);
+    case DTYPE_Q6_K: return dot_q6_k_act(w, a);
+    default: return dot_q45_act(w, dtype, a);
     }
 }
 
@@ -482,6 +494,9 @@ void weights_rows_to_f32(const void *src, uint32_t dtype, size_t row0, size_t n_
         break;
     case DTYPE_Q6_K:
         for (size_t b = 0; b < n / QK_K; b++, p += Q6_K_BYTES, out += QK_K) dequantize_block_q6_k(p, out);
+        break;
+    case DTYPE_Q4_1: case DTYPE_Q5_0: case DTYPE_Q5_1: case DTYPE_Q5_K:
+        dequantize_q45(p, dtype, n, out);
         break;
     case DTYPE_Q4_0: // GGML's dequantize_row_q4_0: (q - 8) d, one exact product
         for (size_t b = 0; b < n / QK4_0; b++, p += Q4_0_BYTES, out += QK4_0) {

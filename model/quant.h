@@ -6,6 +6,12 @@
 //         weight 16 + j in its high one); w = d (q - 8). Read from GGUF files only (no quantizer).
 //   Q6_K  256 weights in 210 bytes: ql[128] (low 4 bits), qh[64] (high 2), int8 scales[16] (one
 //         per 16 weights), fp16 d last; w = d sc (q - 32). From GGUF files only; the GPU widens it.
+//   Q4_1  32 weights in 20 bytes: fp16 d, fp16 m, qs[16] as Q4_0's; w = d q + m
+//   Q5_0  32 weights in 22 bytes: fp16 d, qh[4] (bit j: weight j's fifth bit), qs[16]; w = d (q - 16)
+//   Q5_1  32 weights in 24 bytes: fp16 d, fp16 m, qh[4], qs[16]; w = d q + m
+//   Q5_K  256 weights in 176 bytes: Q4_K's d, dmin and scales, qh[32] (bit s of qh[l]: weight
+//         32s + l's fifth bit), qs[128]; w = d sc_s q - dmin m_s
+//         These four from GGUF files only (quant_q45.c); the GPU widens them to bf16.
 // A row of a matrix is whole blocks (its length a multiple of 32 or 256), so rows never share a
 // block. Also the sizes of every dtype (f32, bf16 too), quantization (./export), dequantization
 // and the dot products the CPU path multiplies with.
@@ -23,9 +29,13 @@
 #define QK4_0 32
 #define Q4_0_BYTES 18
 #define Q6_K_BYTES 210
+#define Q4_1_BYTES 20
+#define Q5_0_BYTES 22
+#define Q5_1_BYTES 24
+#define Q5_K_BYTES 176
 
 int dtype_is_quant(uint32_t dtype);
-const char *dtype_name(uint32_t dtype); // "f32", "bf16", "q8_0", "q4_k", "q4_0", "q6_k", or "?"
+const char *dtype_name(uint32_t dtype); // "f32", "bf16", "q8_0", "q4_k", "q4_0", "q6_k", "q4_1", ..., or "?"
 uint32_t dtype_block_elems(uint32_t dtype); // 1 for f32 / bf16; 0 for an unknown dtype
 // Bytes of one row of cols weights; 0 for an unknown dtype or a row that is not whole blocks.
 uint64_t dtype_row_bytes(uint32_t dtype, uint64_t cols);
@@ -73,5 +83,13 @@ float dot_q4_0_act(const uint8_t *w, const ActQ8 *a);
 float dot_q6_k_act(const uint8_t *w, const ActQ8 *a);
 // The one of the above for a quantized dtype (w: one row of it).
 float dot_act(const uint8_t *w, uint32_t dtype, const ActQ8 *a);
+
+// Q4_1, Q5_0, Q5_1, Q5_K (quant_q45.c): n weights from p dequantized into out; a row's dot product
+// with fp32 x (over the dequantized weights) and with decode activations (Q4_1 / Q5_1: sum_b (d dx
+// sum_j q_j qx_j + m dx sum_j qx_j); Q5_0: sum_b d dx (sum_j q_j qx_j - 16 sum_j qx_j); Q5_K as Q4_K).
+int dtype_is_q45(uint32_t dtype);
+void dequantize_q45(const uint8_t *p, uint32_t dtype, size_t n, float *out);
+float dot_q45(const uint8_t *w, uint32_t dtype, const float *x, int n);
+float dot_q45_act(const uint8_t *w, uint32_t dtype, const ActQ8 *a);
 
 #endif

@@ -125,7 +125,19 @@ def main():
         check_error("non-numeric token id", [RUN, good, "--ids", "-p", "1 x", "-n", "1"], "token id")
         check_error("prompt longer than context", [RUN, good, "--ids", "-p", "1 2 3 4 5 6 7 8", "--ctx", "4", "-n", "1"], "context")
         check_error("score longer than context", [RUN, good, "--score", ids, "--ids", "--ctx", "3"], "context")
-        check_error("missing prompt file", [RUN, good, "-f", os.path.join(tmp, "none.txt")], "cannot open")
+        check_error("missing prompt file", [RUN, good, "-f", os.path.join(tmp, "none.txt")], "No such file or directory")
+        # Input files are checked before the model loads, with the reason: the model named here
+        # does not exist, so only a check made before loading it can name the directory.
+        nomodel = os.path.join(tmp, "no-model.bin")
+        for flags, want in ((["-f", tmp], "-f '"), (["--score", tmp], "--score '"), (["--chat", "-f", tmp], "-f '"),
+                            (["--render-chat", tmp], "--render-chat '"), (["-p", "hi", "--load-session", tmp], "--load-session '")):
+            check_error(f"{flags[-2]} DIR: refused before the model loads", [RUN, nomodel, *flags], want + tmp + "': is a directory")
+        check_error("--save-session into a missing directory: refused before the model loads",
+                    [RUN, nomodel, "-p", "hi", "--save-session", os.path.join(tmp, "nodir", "s.session")], "its directory")
+        check_error("--save-session DIR: refused before the model loads", [RUN, nomodel, "-p", "hi", "--save-session", tmp], "is a directory")
+        fifo = os.path.join(tmp, "fifo")
+        os.mkfifo(fifo)
+        check_error("--load-session FIFO: not a regular file", [RUN, nomodel, "-p", "hi", "--load-session", fifo], "not a regular file")
         check_error("bad -n", [RUN, good, "-p", "hi", "-n", "-5"], "-n")
         check_error("bad --temp", [RUN, good, "-p", "hi", "--temp", "abc"], "--temp")
         check_error("unknown option", [RUN, good, "--frobnicate"], "unknown option")

@@ -13,7 +13,7 @@
     message is refused, the cache untouched); /reset then works again;
   - Ctrl-C (SIGINT) during a reply stops the reply, not the program, twice in a row;
   - on a terminal (a pty): prompts, a line ending in '\\' continues the message, Ctrl-C at the
-    prompt asks again, Ctrl-D quits;
+    prompt asks again, Ctrl-D quits; with libedit, arrows, history and Ctrl-R edit the line;
   - invalid UTF-8, a NUL byte, empty lines and a 10 MB message: a clear note, never a crash;
   - a first message past the dense threshold: the first turn is a prefill under ParisKV, as in
     ./run -p (the same reply).
@@ -42,6 +42,7 @@ SHARED = os.path.join(ROOT, "..", "shared", "tokenizers")
 STATS = re.compile(r"^\[prefill (\d+) tokens \((\d+) cached\).*context (\d+)/(\d+)\]$")
 
 passed = failed = 0
+skipped = False
 
 
 def status(rc):
@@ -167,8 +168,8 @@ def test_long_first_message(tiny):
     if len(ids) < 2100:
         check(f"the long message renders to >= 2100 tokens ({len(ids)})", False)
         return
-    r = chat(tiny, (words + "\n").encode(), "-n", "8", "--ctx", "3000", "--ignore-eos", timeout=300)
-    want = decode(TINY, generate_ids(tiny, ids, "-n", "8", "--ctx", "3000", "--ignore-eos"))
+    r = chat(tiny, (words + "\n").encode(), "-n", "8", "--ctx", "3000", "--ignore-eos", "--attn", "pariskv", timeout=300)
+    want = decode(TINY, generate_ids(tiny, ids, "-n", "8", "--ctx", "3000", "--ignore-eos", "--attn", "pariskv"))
     check(f"a {len(ids)}-token first message under ParisKV: the chat's reply equals ./run -p of the rendered prompt",
           r.clean and r.out[:-1] == want, f"{r} chat {r.out!r} vs run {want!r}")
 
@@ -360,6 +361,64 @@ def test_terminal(tiny):
           ok and rc == 0 and m and int(m.group(1)) == len(want), f"{status(rc)}, output {seen[-400:]!r}")
 
 
+def links_libedit():
+    p = subprocess.run(["ldd", RUN], capture_output=True, text=True)
+    return "libedit" in p.stdout
+
+
+def test_line_editing(tiny):
+    """On a terminal, with libedit: a line edited with the arrow keys, the history (Up) and its
+    search (Ctrl-R) give the edited command; without line editing the escape bytes would reach the
+    model as a message (a reply, a '[prefill' line) and /exit would not be read."""
+    global skipped
+    if not links_libedit():
+        print("SKIP line editing in chat (./run was built without libedit: make deps installs libedit-dev)")
+        skipped = True
+        return
+    pid, fd = pty.fork()
+    if pid == 0:
+        try:
+            os.execv(RUN, [RUN, tiny, "--chat", "--temp", "0", "-n", "3"])
+        finally:
+            os._exit(127)
+    seen = b""
+
+    def expect(what, count=1, timeout=30):
+        nonlocal seen
+        end = time.time() + timeout
+        while seen.count(what) < count and time.time() < end:
+            if select.select([fd], [], [], 0.2)[0]:
+                try:
+                    seen += os.read(fd, 4096)
+                except OSError:
+                    break
+        return seen.count(what) >= count
+
+    cleared = b"[conversation cleared]"
+    ok = expect(b"> ")
+    os.write(fd, b"/reset\r")
+    ok &= expect(cleared, 1)
+    os.write(fd, b"\x1b[A\r")  # Up: the last line again
+    ok &= expect(cleared, 2)
+    os.write(fd, b"\x12res")  # Ctrl-R: the history searched for "res"
+    time.sleep(0.5)
+    os.write(fd, b"\r")
+    ok &= expect(cleared, 3)
+    os.write(fd, b"/ext\x1b[Di\r")  # Left, then 'i': "/exit"
+    for _ in range(300):
+        done, wstatus = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(pid, signal.SIGKILL)
+        _, wstatus = os.waitpid(pid, 0)
+    rc = os.waitstatus_to_exitcode(wstatus)
+    os.close(fd)
+    check("line editing on a terminal: Up recalls, Ctrl-R searches, Left edits ('/ext' <- 'i' is /exit); no message reached the model",
+          ok and rc == 0 and b"[prefill" not in seen, f"{status(rc)}, output {seen[-400:]!r}")
+
+
 def test_bad_input(tiny):
     r = chat(tiny, b"\xff\xfe bad bytes\n\n\nok then\n", "-n", "3")
     check("invalid UTF-8 is refused with a note, empty lines are skipped, the chat goes on",
@@ -383,7 +442,7 @@ def main():
             check("export of the tiny model", False, p.stderr)
         else:
             for test in (test_turns, test_long_first_message, test_context_full, test_sigint, test_terminal,
-                         test_bad_input):
+                         test_line_editing, test_bad_input):
                 try:
                     test(tiny)
                 except (OSError, RuntimeError, subprocess.TimeoutExpired, UnicodeDecodeError) as e:
@@ -393,7 +452,7 @@ def main():
             except (OSError, RuntimeError, subprocess.TimeoutExpired, UnicodeDecodeError) as e:
                 check("test_real_templates ran to the end", False, e)
     print(f"{passed} passed, {failed} failed")
-    return 1 if failed else 0
+    return 1 if failed else 77 if skipped else 0
 
 
 if __name__ == "__main__":

@@ -89,7 +89,7 @@ def test_errors(tmp):
              ("a NUL byte in the file", b'[{"role": "user", "content": "a"}]\x00', "not valid JSON"),
              ("truncated UTF-8 at the end", b'[{"role": "user", "content": "\xe6\x97"}]', "not valid UTF-8")]
     path = os.path.join(tmp, "bad.json")
-    for name, data, want in cases + [("a missing file", None, "cannot open")]:
+    for name, data, want in cases + [("a missing file", None, "No such file or directory")]:
         if data is not None:
             with open(path, "wb") as f:
                 f.write(data)

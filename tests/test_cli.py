@@ -5,9 +5,17 @@ it), never dropped; a bad id is quoted alone; progress redraws only on a termina
 what it counts; a sampled run without --seed prints its seed, and that seed repeats it; the
 summary line at load; --version; ./export --help on stdout; "1 token"; --threads; --bench
 refuses a method it does not run; --kv-store takes gpu, host or auto; --kv-store-dtype bf16 or fp8
-(fp8 only with a zone, in the host store)."""
+(fp8 only with a zone, in the host store); and what a new user trips on: '[end of text]' when the
+model ends, a hint to use --chat for a plain prompt to a chat model, --echo, --tokenize --pieces, a
+warning for more threads than CPUs, seeds that differ between runs started together and a chat
+that prints its seed."""
+import ast
+import json
+import math
 import os
 import re
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -92,8 +100,9 @@ def main():
     # The summary line at load, and "1 token".
     p = run(model, "--ids", "-p", "5", "-n", "1", "--temp", "0", "--threads", "1")
     err = p.stderr.decode()
-    check("summary line: architecture, parameters, dtype, context, device, threads",
-          p.returncode == 0 and re.search(r"^qwen3, [0-9.]+M parameters, bf16 weights, context \d+ \(trained \d+\), cpu, 1 thread$", err, re.M),
+    check("summary line: architecture, parameters, dtype, context, device, threads, attention",
+          p.returncode == 0 and re.search(r"^qwen3, [0-9.]+M parameters, bf16 weights, context \d+ \(trained \d+\), cpu, 1 thread, attention dense "
+                                          r"\(pariskv from \d+ tokens, the device's crossover\)$", err, re.M),
           err.strip().splitlines()[:1])
     check("'1 token', not '1 tokens'", "prompt 1 token |" in err and "generated 1 token" in err and "tokens" not in err.splitlines()[-1],
           err.strip().splitlines()[-1:])
@@ -170,11 +179,13 @@ def main():
     with open(long_ids, "w") as f:
         f.write(" ".join(str((i * 7919) % 97 + 3) for i in range(2500)))
     full = run(model, "--score", long_ids, "--ids", "--ctx", "2600", "--attn", "full")
-    whole = run(model, "--score", long_ids, "--ids", "--ctx", "2600", "--score-prompt", "2500")
-    none = run(model, "--score", long_ids, "--ids", "--ctx", "2600")
+    whole = run(model, "--score", long_ids, "--ids", "--ctx", "2600", "--attn", "pariskv", "--score-prompt", "2500")
+    none = run(model, "--score", long_ids, "--ids", "--ctx", "2600", "--attn", "pariskv")
     check("--score-prompt N = the whole text scores as --attn full, without it ParisKV differs",
           full.returncode == 0 and whole.stdout == full.stdout and none.returncode == 0 and none.stdout != full.stdout and b"mean_nll" in full.stdout,
           f"exit {full.returncode} {whole.returncode} {none.returncode}, {whole.stderr[-200:]!r}")
+    score_checks(model, tmp, long_ids, full, none)
+    new_user_checks(model, tmp)
     # --synthetic outside --bench: generation from ids on the GPU, nothing else.
     refused("--synthetic without --ids is refused", run("--synthetic", "llama3.1-8b", "-p", "1 2"), "--synthetic has no tokenizer")
     refused("--synthetic with a model file is refused", run(model, "--synthetic", "llama3.1-8b", "--ids", "-p", "1 2"),
@@ -184,9 +195,146 @@ def main():
     refused("--synthetic --device cpu is refused", run("--synthetic", "qwen3-8b", "--ids", "-p", "1", "--device", "cpu"),
             "--synthetic runs on the GPU")
 
-    for f in os.listdir(tmp):
-        os.unlink(os.path.join(tmp, f))
-    os.rmdir(tmp)
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def score_checks(model, tmp, long_ids, full, pkv):
+    """--score's summary: llama-perplexity's uncertainty, the policy that scored, --summary,
+    --score-out, Ctrl-C; and the default policy (dense below the device's crossover)."""
+    rows = [l.split() for l in full.stdout.decode().splitlines() if l[:1].isdigit()]
+    nll = [float(r[2]) for r in rows]
+    mean = sum(nll) / len(nll)
+    var = sum(x * x for x in nll) / len(nll) - mean * mean
+    unc = math.exp(mean) * math.sqrt(var / (len(nll) - 1))
+    last = full.stdout.decode().splitlines()[-1].split()
+    check("the summary: mean_nll X ppl Y +/- U, U = ppl * sqrt(var(nll) / (N - 1)) as llama-perplexity prints",
+          last[:3] == ["mean_nll", f"{mean:.6f}", "ppl"] and last[4] == "+/-" and abs(float(last[5]) - unc) <= 1e-5 * unc + 2e-6,
+          f"{last} vs {unc:.6f}")
+    check("--score says which policy scored: dense for --attn full, pariskv from 2000 for --attn pariskv",
+          b"attention dense (--attn full)" in full.stderr and b"attention pariskv from 2000 tokens, top-100" in pkv.stderr,
+          f"{full.stderr[-120:]!r} / {pkv.stderr[-120:]!r}")
+    # The default policy: dense below the device's crossover (said on the load line and in the
+    # summary), so it scores as --attn full; --dense-below D moves it.
+    dflt = run(model, "--score", long_ids, "--ids", "--ctx", "2600")
+    low = run(model, "--score", long_ids, "--ids", "--ctx", "2600", "--dense-below", "2000")
+    check("default attention: dense below the device's crossover (scores = --attn full), the load line and summary say so",
+          dflt.returncode == 0 and dflt.stdout == full.stdout and dflt.stderr.count(b"the device's crossover") == 2, dflt.stderr[-300:])
+    check("--dense-below 2000 without --attn: ParisKV from there (scores = --attn pariskv)", low.returncode == 0 and low.stdout == pkv.stdout
+          and b"attention pariskv from 2000 tokens" in low.stderr, low.stderr[-200:])
+    refused("--dense-below with --attn full is refused", run(model, "--score", long_ids, "--ids", "--attn", "full", "--dense-below", "9"),
+            "--dense-below applies to a policy")
+    # --summary: the summary alone; --score-out FILE: the lines there, the summary on stdout.
+    summ = run(model, "--score", long_ids, "--ids", "--ctx", "2600", "--attn", "full", "--summary")
+    out = os.path.join(tmp, "lines.txt")
+    sout = run(model, "--score", long_ids, "--ids", "--ctx", "2600", "--attn", "full", "--score-out", out)
+    body = full.stdout.decode().splitlines()
+    check("--summary prints the summary line alone", summ.returncode == 0 and summ.stdout.decode().splitlines() == body[-1:], summ.stdout[:100])
+    check("--score-out FILE: the lines per position in FILE, the summary on stdout", sout.returncode == 0
+          and sout.stdout.decode().splitlines() == body[-1:] and open(out).read().splitlines() == body[:-1])
+    refused("--summary without --score is refused", run(model, "-p", "hi", "--summary"), "--summary and --score-out apply to --score")
+    # Ctrl-C: the summary of the positions scored so far, then exit 130.
+    big = os.path.join(tmp, "ids30k.txt")
+    with open(big, "w") as f:
+        f.write(" ".join(str((i * 7919) % 97 + 3) for i in range(30000)))
+    p = subprocess.Popen([RUN, model, "--score", big, "--ids", "--attn", "full", "--ctx", "30000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    first = p.stdout.readline()  # a position scored: now interrupt
+    p.send_signal(signal.SIGINT)
+    rest, err = p.stdout.read(), p.stderr.read()  # not communicate(): it would skip what readline buffered
+    p.wait(timeout=120)
+    lines = (first + rest).decode().splitlines()
+    n_rows = sum(1 for l in lines if l[:1].isdigit())
+    m = re.search(rb"\[interrupted: (\d+) of 29999 positions scored; the summary is theirs\]", err)
+    sub = [float(l.split()[2]) for l in lines if l[:1].isdigit()]
+    check("Ctrl-C during --score: the mean of what was scored, then exit 130", p.returncode == 130 and m and int(m.group(1)) == n_rows
+          and lines[-1].startswith("mean_nll ") and abs(float(lines[-1].split()[1]) - sum(sub) / len(sub)) <= 1e-6,
+          f"exit {p.returncode}, {err[-200:]!r}, {lines[-1:]}, {n_rows} rows")
+
+
+def demo_build_checks(tmp):
+    """make demo builds the CPU path alone where nvidia-smi lists no GPU, and says where the model is.
+    Read from `make -n demo` (nothing is built): a stub nvidia-smi first on PATH plays each machine."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MAKE") and k != "MFLAGS"}
+    lines = {}
+    for name, body in (("none", "exit 9"), ("gpu", "echo 'GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-0)'")):
+        stub = os.path.join(tmp, "stub-" + name)
+        os.makedirs(stub, exist_ok=True)
+        with open(os.path.join(stub, "nvidia-smi"), "w") as f:
+            f.write("#!/bin/sh\n" + body + "\n")
+        os.chmod(os.path.join(stub, "nvidia-smi"), 0o755)
+        p = subprocess.run(["make", "-n", "demo"], cwd=ROOT, env={**env, "PATH": stub + os.pathsep + env["PATH"]},
+                           capture_output=True, text=True, timeout=300)
+        lines[name] = [l for l in p.stdout.splitlines() if re.match(r"^make(\[\d+\])? .*\ball smollm2$", l) or "demo: the model is" in l]
+    check("make demo without a GPU builds the CPU-only ./run (NO_CUDA=1); with one, the CUDA build",
+          any("NO_CUDA=1" in l for l in lines["none"]) and any(l.endswith("all smollm2") and "NO_CUDA" not in l for l in lines["gpu"]),
+          lines)
+    check("make demo says where its model.bin is", any("build/smollm2/model.bin" in l for l in lines["none"]), lines["none"])
+
+
+def new_user_checks(model, tmp):
+    """What a new user trips on (issue 28, item 5)."""
+    demo_build_checks(tmp)
+    # The end of text is marked: a model whose EOS is the token greedy decoding picks first.
+    first = run(model, "--ids", "-p", "5", "-n", "1", "--temp", "0").stdout.split()
+    eos_dir = os.path.join(tmp, "tiny-eos")
+    shutil.copytree(TINY, eos_dir)
+    gen = json.load(open(os.path.join(eos_dir, "generation_config.json")))
+    gen["eos_token_id"] = gen["eos_token_id"] + [int(first[0])] if first else gen["eos_token_id"]
+    json.dump(gen, open(os.path.join(eos_dir, "generation_config.json"), "w"))
+    eos_model = os.path.join(tmp, "tiny-eos.bin")
+    subprocess.run([EXPORT, eos_dir, eos_model], capture_output=True, timeout=120)
+    p = run(eos_model, "--ids", "-p", "5", "-n", "8", "--temp", "0")
+    err = p.stderr.decode().splitlines()
+    check("EOS at once: '[end of text]', then the stats say no decode step", p.returncode == 0 and "[end of text]" in err
+          and "| no decode step | generated 1 token" in err[-1], f"exit {p.returncode}, {err[-2:]}")
+    p = run(model, "--ids", "-p", "5", "-n", "8", "--temp", "0", "--ignore-eos")
+    check("no '[end of text]' when the run ends at -n", p.returncode == 0 and b"[end of text]" not in p.stderr)
+    # A plain prompt to a model with a chat template gets a hint; a templated prompt or ids do not.
+    hint = b"note: the model has a chat template and the prompt is plain text"
+    p = run(model, "-p", "What is the capital of France?", "-n", "1", "--temp", "0")
+    check("a plain prompt to a chat model: a one-line hint to use --chat", p.returncode == 0 and p.stderr.count(hint) == 1 and b"--chat" in p.stderr)
+    p = run(model, "-p", "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n", "-n", "1", "--temp", "0")
+    q = run(model, "--ids", "-p", "5 6", "-n", "1", "--temp", "0")
+    check("a templated prompt, or ids: no hint", p.returncode == 0 and q.returncode == 0 and hint not in p.stderr and hint not in q.stderr)
+
+    # --echo: the prompt, then exactly what the run without it prints.
+    base = run(model, "-p", "Once upon a time", "-n", "8", "--temp", "0", "--ignore-eos")
+    p = run(model, "-p", "Once upon a time", "-n", "8", "--temp", "0", "--ignore-eos", "--echo")
+    check("--echo prints the prompt's text before the generation", p.returncode == 0 and p.stdout == b"Once upon a time" + base.stdout,
+          f"{p.stdout[:60]!r}")
+    base = run(model, "--ids", "-p", "1 2 3", "-n", "4", "--temp", "0", "--ignore-eos")
+    p = run(model, "--ids", "-p", "1 2 3", "-n", "4", "--temp", "0", "--ignore-eos", "--echo")
+    check("--echo --ids prints the prompt's ids first", p.returncode == 0 and p.stdout == b"1 2 3 " + base.stdout, f"{p.stdout[:60]!r}")
+    refused("--echo with --score is refused", run(model, "--score", os.path.join(tmp, "ids5.txt"), "--ids", "--echo"), "--echo applies to generation")
+
+    # --tokenize --pieces: the same ids, each beside its text; the texts joined are the input.
+    text = 'Hi "there",\n\tcaf\u00e9 \\ done'
+    ids = run(model, "--tokenize", "-p", text).stdout.split()
+    p = run(model, "--tokenize", "--pieces", "-p", text)
+    rows = [l.split("\t", 1) for l in p.stdout.decode().splitlines()]
+    joined = "".join(ast.literal_eval(r[1]) for r in rows if len(r) == 2)
+    check("--tokenize --pieces: 'id<TAB>\"text\"' per token, the ids of --tokenize, the texts joined give the input",
+          p.returncode == 0 and [r[0].encode() for r in rows] == ids and joined == text, f"{p.stdout[:120]!r}")
+    refused("--pieces without --tokenize is refused", run(model, "-p", "Hi", "--pieces"), "--pieces applies to --tokenize")
+
+    # More threads than CPUs: allowed, with a warning; as many as there are CPUs: no warning.
+    cpus = len(os.sched_getaffinity(0))
+    p = run(model, "--ids", "-p", "5", "-n", "1", "--temp", "0", "--threads", str(cpus + 3))
+    q = run(model, "--ids", "-p", "5", "-n", "1", "--temp", "0", "--threads", str(cpus))
+    check("--threads past the CPUs warns (and runs)", p.returncode == 0 and f"warning: --threads {cpus + 3} is more than the {cpus} CPU".encode() in p.stderr
+          and b"warning" not in q.stderr, f"{p.stderr[:200]!r}")
+
+    # Seeds: two sampled runs started together get different seeds (not the clock's second); a chat prints its seed.
+    cmd = [RUN, model, "--ids", "-p", "5", "-n", "2", "--temp", "1"]
+    procs = [subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE) for _ in range(2)]
+    seeds = [re.search(rb"\| seed (\d+)", pr.communicate(timeout=60)[1]) for pr in procs]
+    check("two runs started together print different seeds", all(seeds) and seeds[0].group(1) != seeds[1].group(1),
+          f"{[s.group(1) if s else None for s in seeds]}")
+    p = subprocess.run([RUN, model, "--chat", "-n", "2", "--temp", "1"], input=b"Hi\n", capture_output=True, timeout=60)
+    m = re.search(rb"\[seed (\d+) \(--seed \1 repeats these replies\)\]", p.stderr)
+    q = subprocess.run([RUN, model, "--chat", "-n", "2", "--temp", "1", "--seed", m.group(1) if m else b"1"], input=b"Hi\n",
+                       capture_output=True, timeout=60)
+    check("a sampled chat prints its seed, and that seed repeats its replies", p.returncode == 0 and m and q.stdout == p.stdout
+          and b"[seed" not in q.stderr, f"{p.stderr[:200]!r}")
 
 
 main()

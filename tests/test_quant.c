@@ -1,6 +1,6 @@
 // Quantized weights (model/quant.h) on the CPU path.
 //
-// 1. weights_rows_to_f32 on random Q8_0 / Q4_K / Q4_0 / Q6_K blocks (random bytes, finite fp16 scales of
+// 1. weights_rows_to_f32 on random Q8_0 / Q4_K / Q4_0 / Q6_K / Q4_1 / Q5_0 / Q5_1 / Q5_K blocks (random bytes, finite fp16 scales of
 //    either sign, subnormals and zeros among them) equals weights/gguf.c's dequantization bit for bit:
 //    that one is checked against gguf-py's in tests/test_kquants.py, and both form each value
 //    with one rounding at most (the products are exact in fp32), so they must agree exactly.
@@ -39,14 +39,14 @@ static void random_blocks(Rng *r, uint32_t dtype, uint8_t *p, size_t n_blocks) {
     for (size_t b = 0; b < n_blocks; b++) {
         uint16_t d = random_f16(r), m = random_f16(r);
         memcpy(p + b * bb + at, &d, 2);
-        if (dtype == DTYPE_Q4_K) memcpy(p + b * bb + 2, &m, 2);
+        if (dtype == DTYPE_Q4_K || dtype == DTYPE_Q5_K || dtype == DTYPE_Q4_1 || dtype == DTYPE_Q5_1) memcpy(p + b * bb + 2, &m, 2);
     }
 }
 
 static void test_dequantize(Rng *r) {
-    static const uint32_t dts[4] = {DTYPE_Q8_0, DTYPE_Q4_K, DTYPE_Q4_0, DTYPE_Q6_K};
-    static const uint32_t types[4] = {GGML_Q8_0, GGML_Q4_K, GGML_Q4_0, GGML_Q6_K};
-    for (int k = 0; k < 4; k++) {
+    static const uint32_t dts[8] = {DTYPE_Q8_0, DTYPE_Q4_K, DTYPE_Q4_0, DTYPE_Q6_K, DTYPE_Q4_1, DTYPE_Q5_0, DTYPE_Q5_1, DTYPE_Q5_K};
+    static const uint32_t types[8] = {GGML_Q8_0, GGML_Q4_K, GGML_Q4_0, GGML_Q6_K, GGML_Q4_1, GGML_Q5_0, GGML_Q5_1, GGML_Q5_K};
+    for (int k = 0; k < 8; k++) {
         uint32_t dt = dts[k];
         size_t rows = 7, cols = dtype_block_elems(dt) == 256 ? 512 : 96, rb = dtype_row_bytes(dt, cols), n = rows * cols;
         uint8_t *blk = malloc(rows * rb);
@@ -131,12 +131,24 @@ static void test_quantize_error(Rng *r) {
 }
 
 // Per weight, the magnitude its term's roundings scale with: |w| (Q8_0), |d sc q| + |dmin m| (Q4_K,
-// whose decode product sums d sc q x and dmin m x apart).
+// Q5_K, whose decode products sum d sc q x and dmin m x apart), |d q| + |m| (Q4_1, Q5_1 likewise).
 static void weight_mags(const uint8_t *q, uint32_t dt, int rows, int n, const float *w, double *mag) {
     size_t rb = dtype_row_bytes(dt, (uint64_t)n);
     for (int i = 0; i < rows; i++)
         for (int j = 0; j < n; j++) {
             size_t k = (size_t)i * n + j;
+            if (dt == DTYPE_Q4_1 || dt == DTYPE_Q5_1 || dt == DTYPE_Q5_K) { // |w - offset| + |offset|
+                size_t be = dtype_block_elems(dt);
+                const uint8_t *blk = q + i * rb + (size_t)(j / be) * dtype_row_bytes(dt, be);
+                double off = f16_to_f32(*(const uint16_t *)(blk + 2));
+                if (dt == DTYPE_Q5_K) {
+                    int sc, m;
+                    q4_k_scale_min(j % 256 / 32, blk + 4, &sc, &m);
+                    off = -off * m;
+                }
+                mag[k] = fabs(w[k] - off) + fabs(off);
+                continue;
+            }
             if (dt != DTYPE_Q4_K) {
                 mag[k] = fabs(w[k]);
                 continue;
@@ -188,12 +200,15 @@ static void test_matmul(Rng *r, uint32_t dt, int T, int n, int d) {
     for (int i = 0; i < d; i++) {
         if (dt == DTYPE_Q8_0) quantize_row_q8_0(src + (size_t)i * n, q + i * rb, (size_t)n);
         else if (dt == DTYPE_Q4_K) quantize_row_q4_k(src + (size_t)i * n, q + i * rb, (size_t)n);
-        else { // Q4_0, Q6_K (no quantizer: GGUF files only): random quants, scales of real weights' size
+        else { // Q4_0, Q6_K, Q4_1, Q5_* (no quantizer: GGUF files only): random quants, scales of real weights' size
             size_t be = dtype_block_elems(dt), bb = dtype_row_bytes(dt, be);
             random_blocks(r, dt, q + i * rb, (size_t)n / be);
             for (size_t b = 0; b < (size_t)n / be; b++) {
-                uint16_t h = f32_to_f16((dt == DTYPE_Q6_K ? 0.0005f : 0.01f) * (1.0f + (float)uniform(r)));
+                float scale = dt == DTYPE_Q6_K ? 0.0005f : dt == DTYPE_Q5_K ? 0.0002f : dt == DTYPE_Q5_0 || dt == DTYPE_Q5_1 ? 0.005f : 0.01f;
+                uint16_t h = f32_to_f16(scale * (1.0f + (float)uniform(r))), m = f32_to_f16(-0.08f * (float)uniform(r));
                 memcpy(q + i * rb + b * bb + (dt == DTYPE_Q6_K ? 208 : 0), &h, 2);
+                if (dt == DTYPE_Q4_1 || dt == DTYPE_Q5_1) memcpy(q + i * rb + b * bb + 2, &m, 2); // w = d q + m, m < 0
+                if (dt == DTYPE_Q5_K) m = f32_to_f16(0.0002f * (float)uniform(r)), memcpy(q + i * rb + b * bb + 2, &m, 2);
             }
         }
     }
@@ -254,8 +269,12 @@ static void test_sizes(void) {
               dtype_row_bytes(DTYPE_Q4_0, 576) == 18 * 18 && dtype_row_bytes(DTYPE_Q4_0, 48) == 0 &&
               dtype_row_bytes(DTYPE_Q6_K, 512) == 2 * 210 && dtype_row_bytes(DTYPE_Q6_K, 576) == 0 &&
               dtype_row_bytes(DTYPE_Q4_K, 576) == 0 && dtype_row_bytes(DTYPE_Q8_0, 33) == 0 &&
-              dtype_row_bytes(DTYPE_BF16, 3) == 6 && dtype_row_bytes(DTYPE_F32, 3) == 12 && dtype_row_bytes(7, 256) == 0,
-          "row sizes: q8_0 34 B / 32, q4_k 144 B / 256, q4_0 18 B / 32, q6_k 210 B / 256, partial blocks and unknown dtypes 0");
+              dtype_row_bytes(DTYPE_BF16, 3) == 6 && dtype_row_bytes(DTYPE_F32, 3) == 12 && dtype_row_bytes(DTYPE_COUNT, 256) == 0 &&
+              dtype_row_bytes(DTYPE_Q4_1, 576) == 18 * 20 && dtype_row_bytes(DTYPE_Q5_0, 576) == 18 * 22 &&
+              dtype_row_bytes(DTYPE_Q5_1, 576) == 18 * 24 && dtype_row_bytes(DTYPE_Q5_K, 512) == 2 * 176 &&
+              dtype_row_bytes(DTYPE_Q5_K, 576) == 0 && dtype_row_bytes(DTYPE_Q4_1, 48) == 0,
+          "row sizes: q8_0 34 B / 32, q4_k 144 B / 256, q4_0 18 B / 32, q6_k 210 B / 256, q4_1 20 B / 32, q5_0 22 B / 32, "
+          "q5_1 24 B / 32, q5_k 176 B / 256, partial blocks and unknown dtypes 0");
 }
 
 int main(void) {
@@ -264,8 +283,9 @@ int main(void) {
     test_dequantize(&r);
     test_quantize_error(&r);
     test_act_quantize(&r);
-    for (int k = 0; k < 4; k++) {
-        uint32_t dt = k == 3 ? DTYPE_Q6_K : k == 2 ? DTYPE_Q4_0 : k ? DTYPE_Q4_K : DTYPE_Q8_0;
+    static const uint32_t dts[8] = {DTYPE_Q8_0, DTYPE_Q4_K, DTYPE_Q4_0, DTYPE_Q6_K, DTYPE_Q4_1, DTYPE_Q5_0, DTYPE_Q5_1, DTYPE_Q5_K};
+    for (int k = 0; k < 8; k++) {
+        uint32_t dt = dts[k];
         test_matmul(&r, dt, 1, 1536, 300);  // decode: the block dot products
         test_matmul(&r, dt, 5, 512, 200);   // prefill: dequantized panels (sgemm, or row by row)
         test_matmul(&r, dt, 1, 4096, 64);   // a long row

@@ -14,8 +14,8 @@ llama.cpp ships), which quantizes Q8_0 as GGML's reference C does and dequantize
    our blocks must lie within half a quantization step of the source wherever the level is not
    clamped (and 0.1 of the rows' rms overall).
 3. --dtype keep: a llama GGUF of random Q8_0, Q4_K, Q4_0 and Q6_K blocks (Q4_0 by gguf-py's
-   quantizer, Q6_K random bytes with a small scale) keeps them byte for byte (Q and K rows un-permuted as whole rows of blocks); other types are
-   dequantized to bf16 as before.
+   quantizer, Q6_K random bytes with a small scale) keeps them byte for byte (Q and K rows un-permuted as whole rows of blocks);
+   so does one of Q4_1, Q5_0, Q5_1 (gguf-py's quantizers) and Q5_K (random bytes, small scales).
 4. The CPU path on those blocks: ./run --score of the kept model equals the --dtype f32 export of
    the same GGUF (the same weight values, multiplied block by block instead of from fp32 rows)
    within 2e-4 per position: both are fp32 evaluations of one function in different summation
@@ -49,9 +49,18 @@ except ImportError as e:
 passed = failed = 0
 Q = gguf.GGMLQuantizationType
 DTYPE_F32, DTYPE_BF16, DTYPE_Q8_0, DTYPE_Q4_K, DTYPE_Q4_0, DTYPE_Q6_K = 0, 1, 2, 3, 4, 5
+DTYPE_Q4_1, DTYPE_Q5_0, DTYPE_Q5_1, DTYPE_Q5_K = 6, 7, 8, 9
 ROW_BYTES = {DTYPE_F32: lambda c: 4 * c, DTYPE_BF16: lambda c: 2 * c, DTYPE_Q8_0: lambda c: c // 32 * 34,
-             DTYPE_Q4_K: lambda c: c // 256 * 144, DTYPE_Q4_0: lambda c: c // 32 * 18, DTYPE_Q6_K: lambda c: c // 256 * 210}
-KEPT = {Q.Q8_0: DTYPE_Q8_0, Q.Q4_K: DTYPE_Q4_K, Q.Q4_0: DTYPE_Q4_0, Q.Q6_K: DTYPE_Q6_K}
+             DTYPE_Q4_K: lambda c: c // 256 * 144, DTYPE_Q4_0: lambda c: c // 32 * 18, DTYPE_Q6_K: lambda c: c // 256 * 210,
+             DTYPE_Q4_1: lambda c: c // 32 * 20, DTYPE_Q5_0: lambda c: c // 32 * 22, DTYPE_Q5_1: lambda c: c // 32 * 24,
+             DTYPE_Q5_K: lambda c: c // 256 * 176}
+KEPT = {Q.Q8_0: DTYPE_Q8_0, Q.Q4_K: DTYPE_Q4_K, Q.Q4_0: DTYPE_Q4_0, Q.Q6_K: DTYPE_Q6_K,
+        Q.Q4_1: DTYPE_Q4_1, Q.Q5_0: DTYPE_Q5_0, Q.Q5_1: DTYPE_Q5_1, Q.Q5_K: DTYPE_Q5_K}
+# Which blocks each matrix of the keep GGUFs holds: kind 0 Q8_0 / Q4_K, kind 1 with Q4_0 and Q6_K,
+# kind 2 the types kept since issue 28 (Q4_1 and Q5_0 are what SmolLM2's Q4_1 and Q4_K_M files hold).
+KINDS = [{"attn_k": Q.Q8_0, "attn_output": Q.Q8_0, "ffn_down": Q.Q4_K, "ffn_up": Q.Q8_0, "attn_v": Q.Q4_K},
+         {"attn_k": Q.Q4_0, "attn_output": Q.Q4_0, "ffn_down": Q.Q6_K, "ffn_up": Q.Q8_0, "attn_v": Q.Q4_K},
+         {"attn_k": Q.Q4_1, "attn_output": Q.Q5_0, "ffn_down": Q.Q5_K, "ffn_up": Q.Q5_1, "attn_v": Q.Q4_1}]
 f32 = np.float32
 
 
@@ -215,9 +224,10 @@ def random_blocks(rng, qt, rows, cols):
     return quants.quantize(x, qt) if qt == Q.Q8_0 else quantize_q4_k(x)
 
 
-def write_block_gguf(path, rng, legacy):
-    """A llama GGUF whose matrices are Q8_0 or Q4_K blocks (legacy: attn_k and attn_output Q4_0, by gguf-py,
-    ffn_down Q6_K: random quants and scales, a small d, as gguf-py has no Q6_K quantizer)."""
+def write_block_gguf(path, rng, kind):
+    """A llama GGUF whose matrices are blocks of the types KINDS[kind] names (Q4_0, Q4_1, Q5_0, Q5_1 by
+    gguf-py's quantizers; Q6_K and Q5_K random quants and scales, a small d, as gguf-py has no
+    quantizer for them), the others Q8_0 or Q4_K."""
     dim, heads, kv, hd, hidden, layers = shape = 256, 4, 2, 64, 512, 1
     w, tokens, _ = gguf_writer(path, "llama", os.path.join(DATA, "tiny-llama31"), "llama-bpe", shape, 5e5)
     raw = {}
@@ -227,8 +237,13 @@ def write_block_gguf(path, rng, legacy):
             blk = rng.integers(0, 256, (rows * cols // 256, 210), dtype=np.uint8)
             blk[:, 208:210] = np.frombuffer(np.float16(0.0005).tobytes(), dtype=np.uint8)
             raw[name] = (qt, blk.reshape(rows, cols // 256 * 210))
+        elif qt == Q.Q5_K:  # d, dmin small: weights within about +-0.01
+            blk = rng.integers(0, 256, (rows * cols // 256, 176), dtype=np.uint8)
+            blk[:, 0:2] = np.frombuffer(np.float16(0.00001).tobytes(), dtype=np.uint8)
+            blk[:, 2:4] = np.frombuffer(np.float16(0.0001).tobytes(), dtype=np.uint8)
+            raw[name] = (qt, blk.reshape(rows, cols // 256 * 176))
         else:
-            raw[name] = (qt, random_blocks(rng, qt, rows, cols) if qt != Q.Q4_0 else
+            raw[name] = (qt, random_blocks(rng, qt, rows, cols) if qt in (Q.Q8_0, Q.Q4_K) else
                          quants.quantize((rng.standard_normal((rows, cols)) * 0.05).astype(f32), qt))
         w.add_tensor(name + ".weight", raw[name][1], raw_dtype=qt)
 
@@ -238,13 +253,14 @@ def write_block_gguf(path, rng, legacy):
     mat("token_embd", len(tokens), dim, Q.Q8_0)
     vec("blk.0.attn_norm", dim)
     mat("blk.0.attn_q", heads * hd, dim, Q.Q4_K)
-    mat("blk.0.attn_k", kv * hd, dim, Q.Q4_0 if legacy else Q.Q8_0)
-    mat("blk.0.attn_v", kv * hd, dim, Q.Q4_K)
-    mat("blk.0.attn_output", dim, heads * hd, Q.Q4_0 if legacy else Q.Q8_0)
+    k = KINDS[kind]
+    mat("blk.0.attn_k", kv * hd, dim, k["attn_k"])
+    mat("blk.0.attn_v", kv * hd, dim, k["attn_v"])
+    mat("blk.0.attn_output", dim, heads * hd, k["attn_output"])
     vec("blk.0.ffn_norm", dim)
     mat("blk.0.ffn_gate", hidden, dim, Q.Q4_K)
-    mat("blk.0.ffn_up", hidden, dim, Q.Q8_0)
-    mat("blk.0.ffn_down", dim, hidden, Q.Q6_K if legacy else Q.Q4_K)
+    mat("blk.0.ffn_up", hidden, dim, k["ffn_up"])
+    mat("blk.0.ffn_down", dim, hidden, k["ffn_down"])
     vec("output_norm", dim)
     mat("output", len(tokens), dim, Q.Q8_0)
     w.write_header_to_file()
@@ -324,66 +340,75 @@ def main():
                   "all %d unclamped weights (%d outside)" % (unclamped, over))
             check((se / sx) ** 0.5 < 0.1, "q4_k: rms error %.4f of the source's rms (< 0.1)" % (se / sx) ** 0.5)
 
-        # 3. --dtype keep: blocks as they are
-        gb = os.path.join(tmp, "b.gguf")
-        raw, vocab_b, hd = write_block_gguf(gb, rng, True)
-        keep = os.path.join(tmp, "keep.bin")
-        p = export(gb, keep, "--dtype", "keep")
-        check(p.returncode == 0, "export --dtype keep of Q8_0 / Q4_K / Q4_0 / Q6_K matrices (%s)" % p.last)
-        if p.returncode == 0:
-            ours, version = read_modelbin(keep)
-            bad = []
-            for n, (qt, blocks) in raw.items():
-                dt, want = ours[n][0], blocks
-                if n.endswith("attn_q") or n.endswith("attn_k"):
-                    want = unpermute(blocks, hd)
-                ok = dt == KEPT[qt] and ours[n][3] == want.tobytes()
-                if not ok:
-                    bad.append(n)
-            check(not bad and version == 2, "keep: Q8_0, Q4_K, Q4_0 and Q6_K blocks byte for byte (Q/K rows un-permuted)%s" %
-                  (": differ in " + ", ".join(bad) if bad else ""))
-            p = export(gb, os.path.join(tmp, "bad.bin"), "--dtype", "keep", "--quant", "q8_0")
-            check(p.returncode == 1 and "give one" in p.stderr, "--dtype keep with --quant is refused")
+        for kind in (1, 2):
+            check_keep(tmp, rng, kind)
 
-        # 4. the CPU path on the kept blocks equals the f32 export of the same values
-        gb = os.path.join(tmp, "b2.gguf")
-        write_block_gguf(gb, rng, True)
-        keep, f32bin = os.path.join(tmp, "keep2.bin"), os.path.join(tmp, "f32.bin")
-        p, p2 = export(gb, keep, "--dtype", "keep"), export(gb, f32bin, "--dtype", "f32")
-        ids = os.path.join(tmp, "ids.txt")
-        with open(ids, "w") as f:
-            f.write(" ".join(str(int(i)) for i in rng.integers(0, vocab_b, 300)))
-        rc_q, nll_q, err_q = score(keep, ids)
-        rc_f, nll_f, err_f = score(f32bin, ids)
-        ok = p.returncode == 0 and p2.returncode == 0 and rc_q == 0 and rc_f == 0 and len(nll_q) == len(nll_f) == 299
-        worst = max((abs(a - b) for a, b in zip(nll_q, nll_f)), default=float("nan"))
-        check(ok and worst <= 2e-4, "--score (chunks: dequantized panels through sgemm) on kept Q8_0 / Q4_K blocks equals "
-              "the f32 export within 2e-4 per position (299 positions, worst %.2e)%s"
-              % (worst, "" if ok else ": " + (err_q + err_f).strip()[-200:]))
-        # decode steps: the block dot products on activations quantized per 32 (quant.h's ActQ8),
-        # against fp32 activations in the f32 export: greedy ids equal, or where they part, the kept
-        # model's choice a near-tie under the f32 model (its NLL within 0.1 nats of the f32 choice's;
-        # the activations' rounding moves a product by up to ~0.2% of its magnitude, test_quant.c,
-        # which moves these logits by hundredths of a nat)
-        gen = [subprocess.run([RUN, m, "--ids", "-p", "1 2 3 4", "-n", "48", "--temp", "0", "--ignore-eos"],
-                              capture_output=True, text=True, timeout=300) for m in (keep, f32bin)]
-        gk, gf = gen[0].stdout.split(), gen[1].stdout.split()
-        ok = all(g.returncode == 0 for g in gen) and len(gk) == len(gf) == 48
-        part, margin = next((i for i in range(len(gk)) if gk[i] != gf[i]), None) if ok else None, 0.0
-        if ok and part is not None:
-            nll = []
-            for tok in (gk[part], gf[part]):
-                with open(ids, "w") as f:
-                    f.write(" ".join(["1", "2", "3", "4"] + gf[:part] + [tok]))
-                rc, v, _ = score(f32bin, ids)
-                ok &= rc == 0 and len(v) > 0
-                nll.append(v[-1] if v else float("nan"))
-            margin = nll[0] - nll[1]
-            ok &= margin < 0.1
-        check(ok, "greedy decode (block dot products, activations quantized per 32) on the kept blocks: the f32 export's 48 ids%s"
-              % ("" if part is None else ", up to a near-tie at step %d (%.4f nats under the f32 model, bound 0.1)" % (part, margin)))
-        check("q4_k x" in err_q and "q8_0 x" in err_q, "the load line names the dtypes (%s)" %
-              next((l for l in err_q.splitlines() if "weights" in l), "?"))
+
+def types_of(kind):
+    return " / ".join(sorted({t.name for t in KINDS[kind].values()} | {"Q8_0", "Q4_K"}))
+
+
+def check_keep(tmp, rng, kind):
+    """3. --dtype keep: blocks as they are; 4. the CPU path on them against the f32 export."""
+    gb = os.path.join(tmp, "b.gguf")
+    raw, vocab_b, hd = write_block_gguf(gb, rng, kind)
+    keep = os.path.join(tmp, "keep.bin")
+    p = export(gb, keep, "--dtype", "keep")
+    check(p.returncode == 0, "export --dtype keep of %s matrices (%s)" % (types_of(kind), p.last))
+    if p.returncode == 0:
+        ours, version = read_modelbin(keep)
+        bad = []
+        for n, (qt, blocks) in raw.items():
+            dt, want = ours[n][0], blocks
+            if n.endswith("attn_q") or n.endswith("attn_k"):
+                want = unpermute(blocks, hd)
+            ok = dt == KEPT[qt] and ours[n][3] == want.tobytes()
+            if not ok:
+                bad.append(n)
+        check(not bad and version == 2, "keep: %s blocks byte for byte (Q/K rows un-permuted)%s" %
+              (types_of(kind), ": differ in " + ", ".join(bad) if bad else ""))
+        p = export(gb, os.path.join(tmp, "bad.bin"), "--dtype", "keep", "--quant", "q8_0")
+        check(p.returncode == 1 and "give one" in p.stderr, "--dtype keep with --quant is refused")
+
+    # 4. the CPU path on the kept blocks equals the f32 export of the same values
+    gb = os.path.join(tmp, "b2.gguf")
+    write_block_gguf(gb, rng, kind)
+    keep, f32bin = os.path.join(tmp, "keep2.bin"), os.path.join(tmp, "f32.bin")
+    p, p2 = export(gb, keep, "--dtype", "keep"), export(gb, f32bin, "--dtype", "f32")
+    ids = os.path.join(tmp, "ids.txt")
+    with open(ids, "w") as f:
+        f.write(" ".join(str(int(i)) for i in rng.integers(0, vocab_b, 300)))
+    rc_q, nll_q, err_q = score(keep, ids)
+    rc_f, nll_f, err_f = score(f32bin, ids)
+    ok = p.returncode == 0 and p2.returncode == 0 and rc_q == 0 and rc_f == 0 and len(nll_q) == len(nll_f) == 299
+    worst = max((abs(a - b) for a, b in zip(nll_q, nll_f)), default=float("nan"))
+    check(ok and worst <= 2e-4, "--score (chunks: dequantized panels through sgemm) on kept %s blocks equals "
+          "the f32 export within 2e-4 per position (299 positions, worst %.2e)%s"
+          % (types_of(kind), worst, "" if ok else ": " + (err_q + err_f).strip()[-200:]))
+    # decode steps: the block dot products on activations quantized per 32 (quant.h's ActQ8),
+    # against fp32 activations in the f32 export: greedy ids equal, or where they part, the kept
+    # model's choice a near-tie under the f32 model (its NLL within 0.1 nats of the f32 choice's;
+    # the activations' rounding moves a product by up to ~0.2% of its magnitude, test_quant.c,
+    # which moves these logits by hundredths of a nat)
+    gen = [subprocess.run([RUN, m, "--ids", "-p", "1 2 3 4", "-n", "48", "--temp", "0", "--ignore-eos"],
+                          capture_output=True, text=True, timeout=300) for m in (keep, f32bin)]
+    gk, gf = gen[0].stdout.split(), gen[1].stdout.split()
+    ok = all(g.returncode == 0 for g in gen) and len(gk) == len(gf) == 48
+    part, margin = next((i for i in range(len(gk)) if gk[i] != gf[i]), None) if ok else None, 0.0
+    if ok and part is not None:
+        nll = []
+        for tok in (gk[part], gf[part]):
+            with open(ids, "w") as f:
+                f.write(" ".join(["1", "2", "3", "4"] + gf[:part] + [tok]))
+            rc, v, _ = score(f32bin, ids)
+            ok &= rc == 0 and len(v) > 0
+            nll.append(v[-1] if v else float("nan"))
+        margin = nll[0] - nll[1]
+        ok &= margin < 0.1
+    check(ok, "greedy decode (block dot products, activations quantized per 32) on the kept %s blocks: the f32 export's 48 ids%s"
+          % (types_of(kind), "" if part is None else ", up to a near-tie at step %d (%.4f nats under the f32 model, bound 0.1)" % (part, margin)))
+    check("q4_k x" in err_q and "q8_0 x" in err_q, "the load line names the dtypes (%s)" %
+          next((l for l in err_q.splitlines() if "weights" in l), "?"))
 
 
 if __name__ == "__main__":

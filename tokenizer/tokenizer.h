@@ -68,6 +68,7 @@ int tokenizer_n_tokens(const Tokenizer *t);
 int tokenizer_bos(const Tokenizer *t);        // -1 if none
 int tokenizer_add_bos(const Tokenizer *t);
 int tokenizer_is_eos(const Tokenizer *t, int id);
+int tokenizer_is_special(const Tokenizer *t, int id); // a control token (TOK_TYPE_SPECIAL: <|im_start|>, <|eot_id|>, ...)
 int tokenizer_chat(const Tokenizer *t);        // TokChat
 const char *tokenizer_chat_template(const Tokenizer *t); // NULL if none
 int tokenizer_token_id(const Tokenizer *t, const char *bytes, size_t len); // exact vocabulary lookup, -1 if absent

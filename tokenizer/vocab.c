@@ -189,6 +189,8 @@ int tokenizer_is_eos(const Tokenizer *t, int id) {
     return 0;
 }
 
+int tokenizer_is_special(const Tokenizer *t, int id) { return id >= 0 && id < t->n_tokens && t->type[id] == TOK_TYPE_SPECIAL; }
+
 int tokenizer_token_id(const Tokenizer *t, const char *bytes, size_t len) {
     return strmap_get(&t->vocab, (const uint8_t *)bytes, len);
 }

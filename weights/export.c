@@ -131,6 +131,10 @@ static int kept_dtype(uint32_t ggml_type) {
     case GGML_Q4_K: return DTYPE_Q4_K;
     case GGML_Q4_0: return DTYPE_Q4_0;
     case GGML_Q6_K: return DTYPE_Q6_K;
+    case GGML_Q4_1: return DTYPE_Q4_1;
+    case GGML_Q5_0: return DTYPE_Q5_0;
+    case GGML_Q5_1: return DTYPE_Q5_1;
+    case GGML_Q5_K: return DTYPE_Q5_K;
     default: return -1;
     }
 }
@@ -269,10 +273,10 @@ out:
 // ---- writing ----
 
 // What each tensor is stored as: the configuration's dtype (f32 vectors, bf16 / f32 matrices),
-// or, for a matrix, Q8_0 / Q4_K blocks (--quant, or a GGUF's own, Q4_0 and Q6_K too, under --dtype keep).
+// or, for a matrix, Q8_0 / Q4_K blocks (--quant, or a GGUF's own, of any type but Q2_K / Q3_K, under --dtype keep).
 typedef struct {
     const Source *src;
-    int keep;      // --dtype keep: a GGUF's Q8_0, Q4_K, Q4_0 and Q6_K matrices stay as they are
+    int keep;      // --dtype keep: a GGUF's Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K matrices stay as they are
     int quant;     // --quant: DTYPE_Q8_0 or DTYPE_Q4_K, or -1
     uint32_t *dtypes;
     int i;
@@ -379,10 +383,10 @@ static void write_one(const char *name, uint32_t dtype, uint32_t ndim, uint64_t 
 // "q4_k x30 + q8_0 x155" for the closing line.
 static const char *quant_census(const uint32_t *dtypes, int n) {
     static char buf[96];
-    static const uint32_t order[] = {DTYPE_Q4_K, DTYPE_Q4_0, DTYPE_Q6_K, DTYPE_Q8_0};
+    static const uint32_t order[] = {DTYPE_Q4_K, DTYPE_Q4_0, DTYPE_Q4_1, DTYPE_Q5_K, DTYPE_Q5_0, DTYPE_Q5_1, DTYPE_Q6_K, DTYPE_Q8_0};
     size_t at = 0;
     buf[0] = 0;
-    for (int k = 0; k < 4; k++) {
+    for (int k = 0; k < (int)(sizeof order / sizeof order[0]); k++) {
         int c = 0;
         for (int i = 0; i < n; i++) c += dtypes[i] == order[k];
         if (c && at < sizeof buf) at += (size_t)snprintf(buf + at, sizeof buf - at, "%s%s x%d", at ? " + " : "", dtype_name(order[k]), c);
@@ -397,11 +401,13 @@ static void usage(FILE *f) {
             "       or a GGUF v3 file (llama or qwen3; F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,\n"
             "       Q2_K..Q6_K tensors)\n"
             "  --dtype: how matrices are stored (default bf16; norms are always f32); keep: a GGUF's\n"
-            "           Q8_0, Q4_K, Q4_0 and Q6_K matrices stay as they are (quantized), the others bf16\n"
+            "           Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K and Q6_K matrices stay as they are\n"
+            "           (quantized), Q2_K and Q3_K ones become bf16\n"
             "  --quant: matrices quantized to Q8_0, or Q4_K (the embedding / LM head and rows that are\n"
             "           not whole 256-weight blocks: Q8_0); a GGUF's tensors already so are copied\n"
             "  Quantized matrices run as blocks on the CPU and the GPU (decode multiplies them by\n"
-            "  activations quantized per 32, as llama.cpp does); the GPU widens Q6_K to bf16.\n"
+            "  activations quantized per 32, as llama.cpp does); the GPU widens Q6_K, Q4_1, Q5_0,\n"
+            "  Q5_1 and Q5_K to bf16.\n"
             "  --version, -h/--help\n");
 }
 
