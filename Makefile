@@ -16,6 +16,7 @@ TOKLIBS  = -lutf8proc -lsentencepiece -lstdc++
 JSONLIBS = -lcjson
 
 BUILD = build
+.DEFAULT_GOAL := all # rules below come before `all` (run.o's libedit flags)
 
 # Which commit a binary was built from (and whether the tree had changes), for ./run --version
 # and the benchmark tables: $(BUILD)/commit.h, rewritten only when it changes, so only the files
