@@ -197,6 +197,8 @@ static void start_run(RunState *s, ThreadTuner tt[2], const Model *m, const Opti
 }
 
 static void close_run_state(RunState *s) {
+    if (s->attn) attn_policy_report(s->attn, stderr); // --profile's findings, if any
+    if (s->dev && s->be->profile) s->be->profile(s->dev, stderr);
     if (s->attn) s->attn->destroy(s->attn);
     run_state_free(s);
 }

@@ -8,6 +8,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 struct Model;
 struct AttnConfig;
@@ -71,6 +72,9 @@ typedef struct Backend {
     // -1 with err filled (a non-finite logit says so as model_forward does).
     int (*sample_config)(void *dev, const struct Sampler *s, char *err);
     int (*decode_sample)(void *dev, int token, int pos, float u, const int *pen_ids, const int *pen_counts, int n_pen, char *err);
+    // --profile (AttnConfig.profile): what the run's ParisKV steps measured, printed on f when the
+    // run ends (nothing without --profile). NULL: nothing to print.
+    void (*profile)(void *dev, FILE *f);
 } Backend;
 
 extern const Backend backend_cpu;

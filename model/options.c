@@ -56,6 +56,7 @@ static int fail(char *err, const char *fmt, ...) __attribute__((format(printf, 2
 static int set_seed(Options *o, const OptSpec *s, const char *v, char *err);
 static int add_stop(Options *o, const OptSpec *s, const char *v, char *err);
 static int set_attn(Options *o, const OptSpec *s, const char *v, char *err);
+static int set_cache_rows(Options *o, const OptSpec *s, const char *v, char *err);
 _Static_assert(offsetof(Options, model_path) == 0, "NOT_GIVEN is model_path's offset");
 
 static const OptSpec OPTIONS[] = {
@@ -148,6 +149,12 @@ static const OptSpec OPTIONS[] = {
     {"--kv-store-dtype", CHOICE(attn.zone_fp8, "bf16", "fp8"), VALUES(0, 1), .usage = "--kv-store-dtype T",
      .help = "the retrieval zone's K/V as bf16 (default) or fp8 (e4m3 with a\nscale per row: half the host memory and PCIe bytes; GPU: "
              "host store\nonly; the CPU path rounds those rows the same way)"},
+    {"--pkv-cache-rows", CUSTOM(set_cache_rows), .lo = 0, .hi = 1 << 16, .usage = "--pkv-cache-rows N",
+     .help = "GPU, zone in the host store: keep recently selected zone rows in GPU\nmemory, N rows per layer and KV head (a power of "
+             "two; 0: off; default:\n8 topk rounded up, 1024 to 16384), printed at load"},
+    {"--profile", FLAG(attn.profile, 1), .usage = "--profile",
+     .help = "at the end, where ParisKV's work went: CPU, how much of each decode\nstep's top-k the step before selected too; GPU, "
+             "the row cache's hit rate"},
     {"--version", ACTION(OPTIONS_VERSION), .usage = "--version", .help = "the version, and whether this build has the CUDA backend"},
     {"-h", ACTION(OPTIONS_HELP), .usage = "-h, --help", .help = "this text"},
     {"--help", ACTION(OPTIONS_HELP)},
@@ -185,6 +192,14 @@ static int set_seed(Options *o, const OptSpec *s, const char *v, char *err) {
     long seed = 0;
     if (options_parse_long(v, s->name, s->lo, s->hi, &seed, err) != 0) return -1;
     o->seed = (unsigned long long)seed;
+    return 0;
+}
+
+static int set_cache_rows(Options *o, const OptSpec *s, const char *v, char *err) {
+    long n = 0;
+    if (options_parse_long(v, s->name, s->lo, s->hi, &n, err) != 0) return -1;
+    if (n & (n - 1)) return fail(err, "%s needs 0 or a power of two, got %ld", s->name, n);
+    o->attn.cache_rows = (int)n;
     return 0;
 }
 
