@@ -1092,7 +1092,8 @@ static int run_bench(const Options *o) {
     sampling_defaults(&so, &m.c);
     Sampler smp;
     make_sampler(&smp, &m, NULL, &so);
-    int rc = m.be->bench(&m, ctxs, n, o->bench_steps ? o->bench_steps : 64, o->bench_prefill, m.be->max_chunk, pkv ? &o->attn : NULL, &smp);
+    int rc = m.be->bench(&m, ctxs, n, o->bench_steps ? o->bench_steps : 64, o->bench_prefill, m.be->max_chunk, pkv ? &o->attn : NULL, &smp,
+                         o->bench_overlap);
     sampler_free(&smp);
     model_free(&m);
     return rc;

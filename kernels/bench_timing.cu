@@ -3,6 +3,7 @@
 // read bandwidth (the floor's denominator), the bytes a ParisKV step reads, and the per-stage
 // breakdown.
 #include <stdlib.h>
+#include <string.h>
 
 #include "gpu_state.h"
 #include "kernels.h"
@@ -135,17 +136,97 @@ extern "C" cudaError_t gpu_pkv_fill(void *dev, int n, double *fill_s, double *in
     return cudaSuccess;
 }
 
+// ---- the top-k locality stream (gpu_pkv_stream) ----
+
+static unsigned long long stream_u64(Pkv *p) { // xorshift64
+    unsigned long long x = p->stream_rng;
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    return p->stream_rng = x;
+}
+
+static int cmp_int(const void *a, const void *b) { return (*(const int *)a > *(const int *)b) - (*(const int *)a < *(const int *)b); }
+
+// One head's next top-k in place: sel[0, *cnt) the step before's (ascending), kept each with
+// probability keep; then uniform slots of the zone [0, n) until k distinct, ascending.
+static void stream_head(Pkv *p, int *sel, int *cnt, int n, int k) {
+    int m = 0;
+    for (int i = 0; i < *cnt; i++)
+        if (sel[i] < n && (double)(stream_u64(p) >> 11) * (1.0 / 9007199254740992.0) < p->stream_keep) sel[m++] = sel[i];
+    while (m < k) { // draw what is missing, then drop repeats: a few rounds
+        for (int want = k - m; want > 0; want--) sel[m++] = (int)(stream_u64(p) % (unsigned long long)n);
+        qsort(sel, (size_t)m, sizeof(int), cmp_int);
+        int u = 0;
+        for (int i = 0; i < m; i++)
+            if (u == 0 || sel[i] != sel[u - 1]) sel[u++] = sel[i];
+        m = u;
+    }
+    *cnt = m;
+}
+
+// The stream's top-k for the step at pos, every layer and KV head, into stream_h.
+static void stream_step(GpuState *g, int pos) {
+    Pkv *p = &g->pkv;
+    int n = attn_zone_end(&p->cfg, pos) - p->cfg.sink, k = p->cfg.topk < n ? p->cfg.topk : n, nkv = (int)g->c.n_kv_heads, kmax = p->sc.kmax;
+    for (uint32_t l = 0; l < g->c.n_layers; l++) {
+        int *layer = p->stream_h + (size_t)l * nkv * (kmax + 1);
+        for (int h = 0; h < nkv; h++) stream_head(p, layer + (size_t)h * kmax, layer + (size_t)nkv * kmax + h, n, k);
+    }
+}
+
+extern "C" cudaError_t gpu_pkv_stream(void *dev, double keep, char *err) {
+    GpuState *g = (GpuState *)dev;
+    Pkv *p = &g->pkv;
+    CU_TRY(cudaStreamSynchronize(g->st));
+    gpu_drop_graphs(g); // captured reading the selection's top-k, or the stream's
+    if (keep <= 0) {
+        cudaFree(p->stream_d), cudaFreeHost(p->stream_h);
+        p->stream_d = p->stream_h = NULL;
+        return cudaSuccess;
+    }
+    size_t bytes = pkv_stream_bytes(g);
+    if (!p->stream_d) {
+        CU_TRY(cudaMalloc((void **)&p->stream_d, bytes));
+        cudaError_t e = cudaMallocHost((void **)&p->stream_h, bytes);
+        if (e != cudaSuccess) {
+            cudaFree(p->stream_d), p->stream_d = NULL;
+            gpu_set_err(err, "the top-k stream's pinned buffer (%zu bytes)", bytes);
+            return e;
+        }
+    }
+    memset(p->stream_h, 0, bytes); // no step before: the first step's top-k all drawn
+    p->stream_keep = keep, p->stream_rng = 0x9E3779B97F4A7C15ull;
+    return cudaSuccess;
+}
+
+extern "C" int gpu_pkv_cache_lines(void *dev, double *bytes) {
+    GpuState *g = (GpuState *)dev;
+    const Config *c = &g->c;
+    int n = g->pkv.on ? g->pkv.rc.n : 0;
+    *bytes = n ? (double)pkv_row_cache_bytes(c->n_layers, c->n_kv_heads, c->head_dim, g->pkv.kv.fp8, n) : 0;
+    return n;
+}
+
+extern "C" cudaError_t gpu_pkv_cache_stats(void *dev, double *hits, double *rows, int reset) {
+    return pkv_cache_stats((GpuState *)dev, NULL, hits, rows, reset);
+}
+
 // Times steps at positions pos0, pos0 + 1, ... (each with the index update it needs, outside
 // its graph but inside its timing): ms_out[i], and updated[i] = 1 where step i updated the index.
+// Going back (pos0 below the last step's end) empties the row cache as a rewind does -- the
+// selection at a repeated position repeats itself, which a warm cache would flatter -- except
+// under the locality stream, which sets the overlap itself (and is drawn before each step,
+// outside its timing).
 extern "C" cudaError_t gpu_pkv_time(void *dev, int pos0, int n, int sample, float *ms_out, int *updated, char *err) {
     GpuState *g = (GpuState *)dev;
     Pkv *p = &g->pkv;
     cudaEvent_t a, b;
+    if (pos0 < p->seen_end && !p->stream_d) CU_TRY(pkv_row_cache_invalidate(p->rc, p->kv.n_layers, p->kv.n_kv, g->st));
     CU_TRY(cudaEventCreate(&a));
     CU_TRY(cudaEventCreate(&b));
     p->seen_end = pos0;
     for (int i = 0; i < n; i++) {
         int before = p->indexed;
+        if (p->stream_d) stream_step(g, pos0 + i);
         CU_TRY(cudaEventRecord(a, g->st));
         CU_TRY(pkv_step(g, 1, pos0 + i, sample, err));
         CU_TRY(cudaEventRecord(b, g->st));

@@ -53,8 +53,10 @@ static cudaError_t attn_decode_pkv(GpuState *g, uint32_t l, void *arg) {
         CU_TRY(cudaMemcpyAsync(p->dbg_nsel + (size_t)l * nkv, p->sc.nsel, (size_t)nkv * 4, cudaMemcpyDeviceToDevice, st));
     }
     if (g->skip & 4) return cudaSuccess;
-    return pkv_attend_rc(g->att, p->q, p->sc.sel, p->sc.nsel, p->sc.kmax, p->kv, p->rc, (int)l, g->d_pos, p->d_meta, nh, p->partial, p->counters,
-                         st);
+    const int *sel = p->sc.sel, *nsel = p->sc.nsel;
+    if (p->stream_d) // the benchmark's locality stream (gpu_pkv_stream) instead of what was selected
+        sel = p->stream_d + (size_t)l * nkv * (p->sc.kmax + 1), nsel = sel + (size_t)nkv * p->sc.kmax;
+    return pkv_attend_rc(g->att, p->q, sel, nsel, p->sc.kmax, p->kv, p->rc, (int)l, g->d_pos, p->d_meta, nh, p->partial, p->counters, st);
 }
 
 // A prefill chunk of T tokens at pos through the device cache: --bench-prefill's events around
@@ -121,6 +123,7 @@ cudaError_t gpu_decode_step(GpuState *g, int pkv, int sample) {
         cudaError_t e = cudaMemcpyAsync(g->d_tokens, g->h_tokens, 4, cudaMemcpyHostToDevice, g->st);
         if (e == cudaSuccess) e = cudaMemcpyAsync(g->d_pos, g->h_pos, 4, cudaMemcpyHostToDevice, g->st);
         if (e == cudaSuccess && pkv) e = cudaMemcpyAsync(g->pkv.d_meta, g->pkv.h_meta, 2 * sizeof(int), cudaMemcpyHostToDevice, g->st);
+        if (e == cudaSuccess && pkv && g->pkv.stream_d) e = cudaMemcpyAsync(g->pkv.stream_d, g->pkv.stream_h, pkv_stream_bytes(g), cudaMemcpyHostToDevice, g->st);
         if (e == cudaSuccess) e = enqueue_decode(g, pkv, sample);
         cudaError_t e2 = cudaStreamEndCapture(g->st, &graph);
         CU_TRY(e);

@@ -134,6 +134,9 @@ static const OptSpec OPTIONS[] = {
     {"--bench-prefill", FLAG(bench_prefill, 1), .usage = "--bench-prefill",
      .help = "fill by a real prefill of random tokens (timed) instead of random K/V"},
     {.kind = ARG_NOTE, .usage = "--bench --attn pariskv", .help = "the ParisKV step (zone of random K/V, --kv-store, --topk), its\nindex update and its floor"},
+    {"--bench-overlap", FLOAT(bench_overlap, 0, 1), .usage = "--bench-overlap F",
+     .help = "pariskv: a second row per context whose top-k keeps a share F of the\nstep before's, the rest uniform (default 0.6, "
+             "SmolLM2 on real text; 0:\nnone), for the row cache"},
 
     {.section = "attention (dense while the sequence is shorter than max(2000, sink + local + 2 topk)):"},
     {"--attn", CUSTOM(set_attn), GIVEN(attn_set), .usage = "--attn A",
@@ -275,6 +278,7 @@ static void set_defaults(Options *o) {
     o->top_p = 0.95f;
     o->seed = (unsigned long long)time(NULL);
     attn_config_default(&o->attn);
+    o->bench_overlap = 0.6f;
     o->think = -1;
 }
 

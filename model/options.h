@@ -40,6 +40,7 @@ typedef struct {
     const char *bench_ctx;    // --bench-ctx 4096,32768
     int bench_steps;
     int bench_prefill;
+    float bench_overlap;      // --bench-overlap: ParisKV's locality stream keeps this share of the top-k (0: no such row)
     AttnConfig attn;          // --attn --topk --sink --local --update --kv-store --kv-store-dtype
     int attn_set;             // --attn given
     int steps_set;            // -n given (a chat reply otherwise runs to its end)
