@@ -82,7 +82,7 @@ __device__ void rc_claims(const GpuKV &kv, const PkvRowCache &rc, int layer, int
     const int mask = rc.n - 1;
     const int *tag = rc.tags + ((size_t)layer * kv.n_kv + h) * rc.n;
     if (threadIdx.x == 0) cnt[0] = cnt[1] = 0;
-    for (int r = threadIdx.x; r < n; r += blockDim.x) tab[sel[r] & mask] = RC_NONE;
+    for (int r = threadIdx.x; r < n; r += blockDim.x) atomicExch(&tab[sel[r] & mask], RC_NONE); // rows may share a line
     __syncthreads();
     for (int r = threadIdx.x; r < n; r += blockDim.x) atomicMin(&tab[sel[r] & mask], r);
     __syncthreads();

@@ -4,6 +4,7 @@
 // bit for bit at every step, bf16 and fp8 stores; the tags, the hit and miss counters and the
 // lines' bytes equal a CPU simulation of the claim rule; an invalidation empties the cache; the
 // step replays from a CUDA graph with sizes read from device memory. Needs a GPU.
+// PKV_TEST_QUICK=1: fewer steps (compute-sanitizer).
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -220,7 +221,8 @@ static void run_case(const Case &c) {
     CU_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     cudaGraphExec_t ge[2];
     if (c.graph) capture(&R, ge, st);
-    const int steps = 90, invalidate_at = 60;
+    const int quick = getenv("PKV_TEST_QUICK") != NULL; // under compute-sanitizer
+    const int steps = quick ? 24 : 90, invalidate_at = quick ? 16 : 60;
     std::vector<std::vector<int>> cur(R.L * c.n_kv);
     size_t out_n = (size_t)R.n_heads * c.hd;
     std::vector<uint16_t> a(out_n), b(out_n);
