@@ -127,7 +127,15 @@ int attn_policy_select(AttnPolicy *p, int layer, int kv_head, const float *q_gro
 // before it as if each had come alone.
 long attn_policy_overlap(const AttnPolicy *p, int layer, int kv_head, double *mean);
 // The measurement's summary on f (nothing without --profile): the mean, and the min and max of
-// the layers' means and of the (layer, KV head) means.
+// the layers' means and of the (layer, KV head) means; and the hit rate the GPU's zone row cache
+// (cache_rows lines; the default for -1) would have had on these selections, simulated.
 void attn_policy_report(const AttnPolicy *p, FILE *f);
+// The GPU zone row cache's default lines per layer and KV head: 8 topk rounded up to a power of
+// two in [1024, 16384] -- room for the rows a few dozen steps bring in at a 60% overlap, and few
+// collisions between one step's rows.
+int attn_cache_rows_default(int topk);
+// That simulation so far: zone rows it read from the cache (*hits) and in all; returns its lines
+// (0: none, without --profile or with cache_rows 0).
+int attn_policy_cache_sim(const AttnPolicy *p, double *hits, double *rows);
 
 #endif

@@ -57,7 +57,20 @@ typedef struct {
     int *last_pos;            // (n_layers) the position last_* belongs to; -1: none
     double *ov_sum;           // (n_threads, n_layers, n_kv) overlaps summed
     long *ov_cnt;             // (n_threads, n_layers, n_kv) and counted
+    // --profile: the GPU's zone row cache (kernels/pariskv_attend.h) simulated on the selections,
+    // in step order when each run ends: the run's selections (its first PROFILE_RUN queries; a
+    // longer run stops the simulation), the cache's tags, its hits and rows read.
+    int sim_lines, sim_broken;
+    int *run_sel, *run_n;     // (PROFILE_RUN, n_kv, kmax) zone slots, (PROFILE_RUN, n_kv)
+    int *sim_tags;            // (n_layers, n_kv, sim_lines), -1: empty
+    int *sim_first;           // (sim_lines) the line's first row this step (| SIM_HIT when a row hits it)
+    unsigned *sim_stamp;      // (sim_lines) the step sim_first was written at
+    unsigned sim_now;
+    long *sim_hits, *sim_rows; // (n_layers, n_kv)
 } Policy;
+
+#define PROFILE_RUN 256 // the CPU's chunk (model/backend_cpu.c's max_chunk)
+#define SIM_HIT 0x40000000
 
 // Per-thread scratch: the mean query, the selected slots and their gathered rows, the attended
 // rows' pointers and their scores, then the selector's own.
@@ -104,6 +117,8 @@ static void reset_layer(Policy *P, int layer) {
 // --profile: the layer's next decode query has no previous one to compare with.
 static void forget_last(Policy *P, int layer) {
     if (P->last_pos) P->last_pos[layer] = -1;
+    for (size_t i = 0; P->sim_tags && i < (size_t)P->n_kv_heads * P->sim_lines; i++) // the GPU empties its cache then too
+        P->sim_tags[(size_t)layer * P->n_kv_heads * P->sim_lines + i] = -1;
 }
 
 static void policy_reset(AttnPolicy *ap) {
@@ -218,6 +233,11 @@ static void profile_overlap(const Decode *d, int t, int h, int thread, Scratch *
     const Policy *P = d->P;
     size_t lh = (size_t)d->layer * P->n_kv_heads + h, kmax = (size_t)P->cfg.topk + 16;
     if (t == d->t1 - 1) memcpy(P->next_sel + lh * kmax, s->slots, (size_t)nsel * sizeof(int)), P->next_n[lh] = nsel;
+    if (P->sim_lines && t - d->t0 < PROFILE_RUN) { // for the cache simulation, as zone slots
+        size_t at = ((size_t)(t - d->t0) * P->n_kv_heads + h) * kmax;
+        for (int i = 0; i < nsel; i++) P->run_sel[at + i] = s->slots[i] - P->cfg.sink;
+        P->run_n[(size_t)(t - d->t0) * P->n_kv_heads + h] = nsel;
+    }
     const int *prev = s->prev;
     int np;
     if (t > d->t0) {
@@ -240,12 +260,35 @@ static void decode_task(void *ctx, int i, int thread) {
     if (d->P->cfg.profile) profile_overlap(d, t, h, thread, &s, nsel);
 }
 
-// --profile: the run's last query's selections become the layer's latest.
-static void profile_run_end(Policy *P, int layer, int pos) {
+// --profile: one step of the GPU's row cache for (layer, h) and its selection sel[0, n) (zone
+// slots): per line the slot whose tag it is hits and keeps the line; with no hit the line's
+// first selected slot fills it.
+static void sim_cache_step(Policy *P, int layer, int h, const int *sel, int n) {
+    int M = P->sim_lines;
+    size_t lh = (size_t)layer * P->n_kv_heads + h;
+    int *tag = P->sim_tags + lh * M, *first = P->sim_first;
+    unsigned now = ++P->sim_now;
+    for (int r = 0; r < n; r++) {
+        int line = sel[r] & (M - 1);
+        if (P->sim_stamp[line] != now) P->sim_stamp[line] = now, first[line] = r;
+        if (tag[line] == sel[r]) first[line] |= SIM_HIT, P->sim_hits[lh]++;
+    }
+    for (int r = 0; r < n; r++)
+        if (first[sel[r] & (M - 1)] == r) tag[sel[r] & (M - 1)] = sel[r];
+    P->sim_rows[lh] += n;
+}
+
+// --profile, when the run [d->t0, d->t1) ends: its last query's selections become the layer's
+// latest, and its queries go through the cache simulation in order.
+static void profile_run_end(Policy *P, const Decode *d) {
     size_t nkv = (size_t)P->n_kv_heads, kmax = (size_t)P->cfg.topk + 16;
-    memcpy(P->last_sel + layer * nkv * kmax, P->next_sel + layer * nkv * kmax, nkv * kmax * sizeof(int));
-    memcpy(P->last_n + layer * nkv, P->next_n + layer * nkv, nkv * sizeof(int));
-    P->last_pos[layer] = pos;
+    memcpy(P->last_sel + d->layer * nkv * kmax, P->next_sel + d->layer * nkv * kmax, nkv * kmax * sizeof(int));
+    memcpy(P->last_n + d->layer * nkv, P->next_n + d->layer * nkv, nkv * sizeof(int));
+    P->last_pos[d->layer] = d->pos0 + d->t1 - 1;
+    if (!P->sim_lines) return;
+    if (d->t1 - d->t0 > PROFILE_RUN) P->sim_broken = 1;
+    for (int t = 0; t < d->t1 - d->t0 && t < PROFILE_RUN; t++)
+        for (size_t h = 0; h < nkv; h++) sim_cache_step(P, d->layer, (int)h, P->run_sel + (t * nkv + h) * kmax, P->run_n[t * nkv + h]);
 }
 
 static void policy_attend(AttnPolicy *ap, int layer, float *out, const float *q, float *k_cache, float *v_cache, int pos0, int T,
@@ -278,7 +321,7 @@ static void policy_attend(AttnPolicy *ap, int layer, float *out, const float *q,
         index_to(P, layer, &st, k_cache, v_cache, zone_end);
         Decode d = {P, layer, &st, out, q, pos0, t0, t1, zone_end};
         P->par->run((t1 - t0) * n_kv_heads, decode_task, &d);
-        if (P->cfg.profile) profile_run_end(P, layer, pos0 + t1 - 1);
+        if (P->cfg.profile) profile_run_end(P, &d);
         t0 = t1;
     }
 }
@@ -368,6 +411,11 @@ void attn_policy_report(const AttnPolicy *ap, FILE *f) {
             heads.hi_at / nkv, heads.hi_at % nkv);
     for (int l = 0; l < P->n_layers; l++) fprintf(f, " %.3f", layer_overlap(ap, l, &m) ? m : 0.0);
     fprintf(f, "\n");
+    double hits, rows;
+    if (!attn_policy_cache_sim(ap, &hits, &rows)) return;
+    fprintf(f, "profile: the GPU's zone row cache of %d rows per layer and KV head, simulated on these selections, would read %.0f of "
+               "their %.0f zone rows (hit rate %.4f)%s\n",
+            P->sim_lines, hits, rows, rows > 0 ? hits / rows : 0.0, P->sim_broken ? " (runs longer than 256 queries left out: incomplete)" : "");
 }
 
 static void policy_destroy(AttnPolicy *ap) {
@@ -380,14 +428,44 @@ static void policy_destroy(AttnPolicy *ap) {
         free(P->fp8_end);
         free(P->scratch);
         free(P->last_sel), free(P->next_sel), free(P->last_n), free(P->next_n), free(P->last_pos), free(P->ov_sum), free(P->ov_cnt);
+        free(P->run_sel), free(P->run_n), free(P->sim_tags), free(P->sim_first), free(P->sim_stamp), free(P->sim_hits), free(P->sim_rows);
         free(P);
     }
     free(ap);
 }
 
-// --profile's buffers (Policy's last_* ... ov_cnt). 0, or -1 with err filled.
+int attn_policy_cache_sim(const AttnPolicy *ap, double *hits, double *rows) {
+    const Policy *P = ap->state;
+    *hits = *rows = 0;
+    for (size_t i = 0; P->sim_lines && i < (size_t)P->n_layers * P->n_kv_heads; i++) *hits += (double)P->sim_hits[i], *rows += (double)P->sim_rows[i];
+    return P->sim_lines;
+}
+
+int attn_cache_rows_default(int topk) {
+    int n = 1024;
+    while (n < 8 * topk && n < 16384) n *= 2;
+    return n;
+}
+
+// --profile's cache simulation (Policy's run_sel ... sim_rows), sim_lines set. 0, or -1 with err filled.
+static int sim_alloc(Policy *P, char *err) {
+    size_t lh = (size_t)P->n_layers * P->n_kv_heads, kmax = (size_t)P->cfg.topk + 16, M = (size_t)P->sim_lines;
+    if (!(P->run_sel = attn_calloc((size_t)PROFILE_RUN * P->n_kv_heads * kmax, sizeof(int), "profile state", err)) ||
+        !(P->run_n = attn_calloc((size_t)PROFILE_RUN * P->n_kv_heads, sizeof(int), "profile state", err)) ||
+        !(P->sim_tags = attn_calloc(lh * M, sizeof(int), "profile state", err)) ||
+        !(P->sim_first = attn_calloc(M, sizeof(int), "profile state", err)) ||
+        !(P->sim_stamp = attn_calloc(M, sizeof(unsigned), "profile state", err)) ||
+        !(P->sim_hits = attn_calloc(lh, sizeof(long), "profile state", err)) || !(P->sim_rows = attn_calloc(lh, sizeof(long), "profile state", err)))
+        return -1;
+    for (size_t i = 0; i < lh * M; i++) P->sim_tags[i] = -1;
+    return 0;
+}
+
+// --profile's buffers (Policy's last_* ... sim_rows). 0, or -1 with err filled.
 static int profile_alloc(Policy *P, char *err) {
     size_t lh = (size_t)P->n_layers * P->n_kv_heads, kmax = (size_t)P->cfg.topk + 16;
+    P->sim_lines = P->cfg.cache_rows < 0 ? attn_cache_rows_default(P->cfg.topk) : P->cfg.cache_rows;
+    if (P->sim_lines && sim_alloc(P, err) != 0) return -1;
     return !(P->last_sel = attn_calloc(lh * kmax, sizeof(int), "profile state", err)) ||
                    !(P->next_sel = attn_calloc(lh * kmax, sizeof(int), "profile state", err)) ||
                    !(P->last_n = attn_calloc(lh, sizeof(int), "profile state", err)) ||

@@ -118,14 +118,11 @@ typedef struct {
     size_t need_w, need_a, need_p, need_kv, need_c;
 } MemPlan;
 
-// The row cache's lines (host store only): --pkv-cache-rows, or by default 8 topk rounded up to
-// a power of two in [1024, 16384] -- room for the rows a few dozen steps bring in at a 60-90%
-// overlap, and few collisions between one step's rows -- halved while it would take more than
-// 1/16 of the free memory.
+// The row cache's lines (host store only): --pkv-cache-rows, or attn_cache_rows_default halved
+// while it would take more than 1/16 of the free memory.
 static int row_cache_lines(const Config *c, const AttnConfig *a, size_t free_b) {
     if (a->cache_rows >= 0) return a->cache_rows;
-    int n = 1024;
-    while (n < 8 * a->topk && n < 16384) n *= 2;
+    int n = attn_cache_rows_default(a->topk);
     while (n > 256 && pkv_row_cache_bytes(c->n_layers, c->n_kv_heads, c->head_dim, a->zone_fp8, n) > free_b / 16) n /= 2;
     return n;
 }
