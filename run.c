@@ -1093,7 +1093,7 @@ static int run_bench(const Options *o) {
     Sampler smp;
     make_sampler(&smp, &m, NULL, &so);
     int rc = m.be->bench(&m, ctxs, n, o->bench_steps ? o->bench_steps : 64, o->bench_prefill, m.be->max_chunk, pkv ? &o->attn : NULL, &smp,
-                         o->bench_overlap);
+                         o->bench_overlap, o->bench_returns);
     sampler_free(&smp);
     model_free(&m);
     return rc;

@@ -138,22 +138,47 @@ extern "C" cudaError_t gpu_pkv_fill(void *dev, int n, double *fill_s, double *in
 
 // ---- the top-k locality stream (gpu_pkv_stream) ----
 
-static unsigned long long stream_u64(Pkv *p) { // xorshift64
-    unsigned long long x = p->stream_rng;
+// Per (layer, KV head): the slots dropped in the last steps (a ring of STREAM_HIST), where the
+// returns come from.
+#define STREAM_HIST_K 4 // the ring holds this many top-k's worth of dropped slots
+struct PkvStream {
+    double keep, ret;
+    unsigned long long rng;
+    int hist_cap;
+    int *hist, *hist_n, *hist_at; // (heads, hist_cap), (heads), (heads)
+    int *prev;                    // (kmax) a head's top-k of the step before
+};
+
+static unsigned long long stream_u64(PkvStream *s) { // xorshift64
+    unsigned long long x = s->rng;
     x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-    return p->stream_rng = x;
+    return s->rng = x;
 }
+
+static double stream_unit(PkvStream *s) { return (double)(stream_u64(s) >> 11) * (1.0 / 9007199254740992.0); }
 
 static int cmp_int(const void *a, const void *b) { return (*(const int *)a > *(const int *)b) - (*(const int *)a < *(const int *)b); }
 
-// One head's next top-k in place: sel[0, *cnt) the step before's (ascending), kept each with
-// probability keep; then uniform slots of the zone [0, n) until k distinct, ascending.
-static void stream_head(Pkv *p, int *sel, int *cnt, int n, int k) {
-    int m = 0;
-    for (int i = 0; i < *cnt; i++)
-        if (sel[i] < n && (double)(stream_u64(p) >> 11) * (1.0 / 9007199254740992.0) < p->stream_keep) sel[m++] = sel[i];
+static bool sorted_has(const int *v, int n, int x) { return bsearch(&x, v, (size_t)n, sizeof(int), cmp_int) != NULL; }
+
+// One head's next top-k in place: sel[0, *cnt) the step before's (ascending), each kept with
+// probability keep; the rest drawn -- with probability ret one of the head's slots dropped in
+// the last steps (not by this step: that would raise the overlap), else uniform over the zone
+// [0, n) -- until k distinct, ascending. Then this step's dropped slots join the ring.
+static void stream_head(PkvStream *s, int head, int *sel, int *cnt, int n, int k) {
+    int np = *cnt, m = 0, *prev = s->prev, *hist = s->hist + (size_t)head * s->hist_cap;
+    memcpy(prev, sel, (size_t)np * sizeof(int));
+    for (int i = 0; i < np; i++)
+        if (prev[i] < n && stream_unit(s) < s->keep) sel[m++] = prev[i];
     while (m < k) { // draw what is missing, then drop repeats: a few rounds
-        for (int want = k - m; want > 0; want--) sel[m++] = (int)(stream_u64(p) % (unsigned long long)n);
+        for (int want = k - m; want > 0;) {
+            int x = (int)(stream_u64(s) % (unsigned long long)n);
+            if (s->hist_n[head] && stream_unit(s) < s->ret) {
+                x = hist[stream_u64(s) % (unsigned long long)s->hist_n[head]];
+                if (x >= n || sorted_has(prev, np, x)) continue;
+            }
+            sel[m++] = x, want--;
+        }
         qsort(sel, (size_t)m, sizeof(int), cmp_int);
         int u = 0;
         for (int i = 0; i < m; i++)
@@ -161,6 +186,12 @@ static void stream_head(Pkv *p, int *sel, int *cnt, int n, int k) {
         m = u;
     }
     *cnt = m;
+    for (int i = 0; i < np; i++)
+        if (!sorted_has(sel, m, prev[i])) {
+            hist[s->hist_at[head]] = prev[i];
+            s->hist_at[head] = (s->hist_at[head] + 1) % s->hist_cap;
+            if (s->hist_n[head] < s->hist_cap) s->hist_n[head]++;
+        }
 }
 
 // The stream's top-k for the step at pos, every layer and KV head, into stream_h.
@@ -169,32 +200,42 @@ static void stream_step(GpuState *g, int pos) {
     int n = attn_zone_end(&p->cfg, pos) - p->cfg.sink, k = p->cfg.topk < n ? p->cfg.topk : n, nkv = (int)g->c.n_kv_heads, kmax = p->sc.kmax;
     for (uint32_t l = 0; l < g->c.n_layers; l++) {
         int *layer = p->stream_h + (size_t)l * nkv * (kmax + 1);
-        for (int h = 0; h < nkv; h++) stream_head(p, layer + (size_t)h * kmax, layer + (size_t)nkv * kmax + h, n, k);
+        for (int h = 0; h < nkv; h++) stream_head(p->stream, (int)l * nkv + h, layer + (size_t)h * kmax, layer + (size_t)nkv * kmax + h, n, k);
     }
 }
 
-extern "C" cudaError_t gpu_pkv_stream(void *dev, double keep, char *err) {
+void pkv_stream_free(Pkv *p) {
+    if (p->stream) free(p->stream->hist), free(p->stream->hist_n), free(p->stream->hist_at), free(p->stream->prev), free(p->stream);
+    cudaFree(p->stream_d), cudaFreeHost(p->stream_h);
+    p->stream = NULL, p->stream_d = p->stream_h = NULL;
+}
+
+extern "C" cudaError_t gpu_pkv_stream(void *dev, double keep, double ret, char *err) {
     GpuState *g = (GpuState *)dev;
     Pkv *p = &g->pkv;
     CU_TRY(cudaStreamSynchronize(g->st));
     gpu_drop_graphs(g); // captured reading the selection's top-k, or the stream's
-    if (keep <= 0) {
-        cudaFree(p->stream_d), cudaFreeHost(p->stream_h);
-        p->stream_d = p->stream_h = NULL;
-        return cudaSuccess;
+    pkv_stream_free(p);
+    if (keep <= 0) return cudaSuccess;
+    size_t bytes = pkv_stream_bytes(g), heads = (size_t)g->c.n_layers * g->c.n_kv_heads;
+    PkvStream *s = (PkvStream *)calloc(1, sizeof *s);
+    if (s) s->hist_cap = STREAM_HIST_K * p->sc.kmax;
+    if (!s || !(s->hist = (int *)malloc(heads * s->hist_cap * sizeof(int))) || !(s->hist_n = (int *)calloc(heads, sizeof(int))) ||
+        !(s->hist_at = (int *)calloc(heads, sizeof(int))) || !(s->prev = (int *)malloc((size_t)p->sc.kmax * sizeof(int)))) {
+        if (s) free(s->hist), free(s->hist_n), free(s->hist_at), free(s);
+        gpu_set_err(err, "out of memory for the top-k stream");
+        return cudaErrorMemoryAllocation;
     }
-    size_t bytes = pkv_stream_bytes(g);
-    if (!p->stream_d) {
-        CU_TRY(cudaMalloc((void **)&p->stream_d, bytes));
-        cudaError_t e = cudaMallocHost((void **)&p->stream_h, bytes);
-        if (e != cudaSuccess) {
-            cudaFree(p->stream_d), p->stream_d = NULL;
-            gpu_set_err(err, "the top-k stream's pinned buffer (%zu bytes)", bytes);
-            return e;
-        }
+    s->keep = keep, s->ret = ret, s->rng = 0x9E3779B97F4A7C15ull;
+    p->stream = s;
+    cudaError_t e = cudaMalloc((void **)&p->stream_d, bytes);
+    if (e == cudaSuccess) e = cudaMallocHost((void **)&p->stream_h, bytes);
+    if (e != cudaSuccess) {
+        pkv_stream_free(p);
+        gpu_set_err(err, "the top-k stream's buffers (%zu bytes)", bytes);
+        return e;
     }
     memset(p->stream_h, 0, bytes); // no step before: the first step's top-k all drawn
-    p->stream_keep = keep, p->stream_rng = 0x9E3779B97F4A7C15ull;
     return cudaSuccess;
 }
 

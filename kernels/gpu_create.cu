@@ -24,7 +24,7 @@ static void pkv_free(Pkv *p) {
     pkv_gpu_index_free(&p->ix);
     pkv_gpu_scratch_free(&p->sc);
     cudaFree(p->rc.lines), cudaFree(p->rc.tags), cudaFree(p->rc.stats);
-    cudaFree(p->stream_d), cudaFreeHost(p->stream_h);
+    pkv_stream_free(p);
     cudaFree(p->q), cudaFree(p->partial), cudaFree(p->counters), cudaFree(p->d_meta), cudaFree(p->d_pos_chunk), cudaFree(p->rope_chunk);
     cudaFreeHost(p->h_meta), cudaFreeHost(p->h_pos_chunk);
     cudaFree(p->dbg_q), cudaFree(p->dbg_sel), cudaFree(p->dbg_nsel);

@@ -51,8 +51,7 @@ typedef struct {
     // drawn on the host into stream_h, copied to stream_d by the step's graph, attended instead
     // of the selection's. Per layer n_kv * kmax slots, then n_kv counts. NULL: off.
     int *stream_d, *stream_h;
-    double stream_keep;
-    unsigned long long stream_rng;
+    struct PkvStream *stream; // the generator's state (bench_timing.cu)
     PkvGpuIndex ix;
     PkvGpuScratch sc;
     float *q;           // (n_heads, hd) the step's queries, fp32
@@ -178,6 +177,8 @@ cudaError_t gpu_enqueue_chunk(GpuState *g, const int *tokens, int T, int pos, in
 float *pkv_forward(GpuState *g, const int *tokens, int T, int pos, int all_logits, int sample, char *err);
 // One ParisKV decode step at pos: the index update it needs, then its graph. Not synchronized.
 cudaError_t pkv_step(GpuState *g, int token, int pos, int sample, char *err);
+// Frees the benchmark's top-k stream (Pkv.stream_*; bench_timing.cu).
+void pkv_stream_free(Pkv *p);
 // The bytes of the benchmark's top-k stream (Pkv.stream_d).
 static inline size_t pkv_stream_bytes(const GpuState *g) {
     return (size_t)g->c.n_layers * g->c.n_kv_heads * (g->pkv.sc.kmax + 1) * sizeof(int);

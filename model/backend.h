@@ -47,9 +47,10 @@ typedef struct Backend {
     // ./run --bench (see kernels/bench_cuda.cu); 0 on success.
     // attn: NULL or full for dense attention, or ParisKV (its store, k, ...); smp: the sampling
     // timed beside greedy.
-    // keep: ParisKV's second row per context, the top-k locality stream keeping that share (0: none).
+    // keep, ret: ParisKV's second row per context, the top-k locality stream that keeps that share
+    // of the step before's and draws ret of the rest from recent steps (keep 0: no such row).
     int (*bench)(const struct Model *m, const int *ctx_list, int n_ctx, int steps, int real_prefill, int chunk, const struct AttnConfig *attn,
-                 const struct Sampler *smp, double keep);
+                 const struct Sampler *smp, double keep, double ret);
     int max_chunk; // preferred prefill chunk
     // Whether a prompt of n tokens at position 0 (logits of the last only) must be given to
     // forward in one call instead of chunks (NULL: never): the CUDA pass prefills a prompt longer

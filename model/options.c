@@ -135,8 +135,11 @@ static const OptSpec OPTIONS[] = {
      .help = "fill by a real prefill of random tokens (timed) instead of random K/V"},
     {.kind = ARG_NOTE, .usage = "--bench --attn pariskv", .help = "the ParisKV step (zone of random K/V, --kv-store, --topk), its\nindex update and its floor"},
     {"--bench-overlap", FLOAT(bench_overlap, 0, 1), .usage = "--bench-overlap F",
-     .help = "pariskv: a second row per context whose top-k keeps a share F of the\nstep before's, the rest uniform (default 0.6, "
-             "SmolLM2 on real text; 0:\nnone), for the row cache"},
+     .help = "pariskv: a second row per context whose top-k keeps a share F of the\nstep before's (default 0.6, SmolLM2 on real text; "
+             "0: none), for the\nrow cache"},
+    {"--bench-returns", FLOAT(bench_returns, 0, 1), .usage = "--bench-returns R",
+     .help = "of the rest, R come back from the slots dropped in the last steps,\nthe others uniform (default 0.75: with 0.6, the hit "
+             "rate real text\ngives the default cache)"},
 
     {.section = "attention (dense while the sequence is shorter than max(2000, sink + local + 2 topk)):"},
     {"--attn", CUSTOM(set_attn), GIVEN(attn_set), .usage = "--attn A",
@@ -278,7 +281,7 @@ static void set_defaults(Options *o) {
     o->top_p = 0.95f;
     o->seed = (unsigned long long)time(NULL);
     attn_config_default(&o->attn);
-    o->bench_overlap = 0.6f;
+    o->bench_overlap = 0.6f, o->bench_returns = 0.75f;
     o->think = -1;
 }
 
