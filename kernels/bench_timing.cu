@@ -170,14 +170,14 @@ static void stream_head(PkvStream *s, int head, int *sel, int *cnt, int n, int k
     memcpy(prev, sel, (size_t)np * sizeof(int));
     for (int i = 0; i < np; i++)
         if (prev[i] < n && stream_unit(s) < s->keep) sel[m++] = prev[i];
-    while (m < k) { // draw what is missing, then drop repeats: a few rounds
-        for (int want = k - m; want > 0;) {
+    for (int round = 0; m < k; round++) { // draw what is missing, then drop repeats: a few rounds (later ones uniform only)
+        for (int want = k - m; want > 0; want--) {
             int x = (int)(stream_u64(s) % (unsigned long long)n);
-            if (s->hist_n[head] && stream_unit(s) < s->ret) {
-                x = hist[stream_u64(s) % (unsigned long long)s->hist_n[head]];
-                if (x >= n || sorted_has(prev, np, x)) continue;
+            if (round < 8 && s->hist_n[head] && stream_unit(s) < s->ret) { // a return, unless the step before held it: then the uniform draw
+                int r = hist[stream_u64(s) % (unsigned long long)s->hist_n[head]];
+                if (r < n && !sorted_has(prev, np, r)) x = r;
             }
-            sel[m++] = x, want--;
+            sel[m++] = x;
         }
         qsort(sel, (size_t)m, sizeof(int), cmp_int);
         int u = 0;
