@@ -153,8 +153,10 @@ static void stream_label(char *buf, size_t n, double keep, double ret) {
 // (the overlap measured on real text, issue 24: 0.60 on SmolLM2 over 8K tokens) and draws the
 // rest with probability ret from the slots the head dropped in its last few steps, else
 // uniformly from the zone. Returns are what a cache catches beyond the overlap: on that text the
-// 1024-row cache, simulated, read 0.90 of the rows = 0.60 + 0.75 x 0.40, so ret 0.75; at long
-// contexts more slots share a line and the stream's hit rate comes out lower (the row says).
+// 1024-row cache, simulated, read 0.90 of the rows = 0.60 + 0.75 x 0.40, so ret 0.75. The
+// stream's own hit rate comes out lower, ~0.77 with 1024 rows at any zone size (a CPU model of
+// this generator): its returns spread over more rows than real text's, which lines lose
+// between a drop and a return. The row prints the rate it got.
 static int bench_pariskv(const Model *m, const int *ctx_list, int n_ctx, int steps, int chunk, const AttnConfig *attn, const Sampler *smp, double bw,
                          double keep, double ret) {
     PkvBench b = {attn, smp, bw, h2d_bandwidth(), gpu_model_step_bytes(m), 8, steps, NULL, NULL, NULL};

@@ -138,8 +138,8 @@ static const OptSpec OPTIONS[] = {
      .help = "pariskv: a second row per context whose top-k keeps a share F of the\nstep before's (default 0.6, SmolLM2 on real text; "
              "0: none), for the\nrow cache"},
     {"--bench-returns", FLOAT(bench_returns, 0, 1), .usage = "--bench-returns R",
-     .help = "of the rest, R come back from the slots dropped in the last steps,\nthe others uniform (default 0.75: with 0.6, the hit "
-             "rate real text\ngives the default cache)"},
+     .help = "of the rest, R come back from the slots dropped in the last steps,\nthe others uniform (default 0.75: what the "
+             "default cache's hit rate\non real text, 0.90, implies)"},
 
     {.section = "attention (dense while the sequence is shorter than max(2000, sink + local + 2 topk)):"},
     {"--attn", CUSTOM(set_attn), GIVEN(attn_set), .usage = "--attn A",
