@@ -267,6 +267,8 @@ static void start_run(RunState *s, ThreadTuner tt[2], const Model *m, const Opti
 }
 
 static void close_run_state(RunState *s) {
+    if (s->attn) attn_policy_report(s->attn, stderr); // --profile's findings, if any
+    if (s->dev && s->be->profile) s->be->profile(s->dev, stderr);
     if (s->attn) s->attn->destroy(s->attn);
     run_state_free(s);
 }
@@ -1265,7 +1267,8 @@ static int run_bench(const Options *o) {
     sampling_defaults(&so, &m.c);
     Sampler smp;
     make_sampler(&smp, &m, NULL, &so);
-    int rc = m.be->bench(&m, ctxs, n, o->bench_steps ? o->bench_steps : 64, o->bench_prefill, m.be->max_chunk, pkv ? &o->attn : NULL, &smp);
+    int rc = m.be->bench(&m, ctxs, n, o->bench_steps ? o->bench_steps : 64, o->bench_prefill, m.be->max_chunk, pkv ? &o->attn : NULL, &smp,
+                         o->bench_overlap, o->bench_returns);
     sampler_free(&smp);
     model_free(&m);
     return rc;

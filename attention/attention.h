@@ -6,6 +6,7 @@
 #include "parallel.h"
 
 #include <stddef.h>
+#include <stdio.h>
 
 // Causal grouped-query attention: query t (at position pos0 + t) attends to cache positions
 // 0 .. pos0 + t. Query head h reads KV head h / (n_heads / n_kv_heads). Scale 1/sqrt(head_dim).
@@ -84,6 +85,10 @@ typedef struct AttnConfig {
     int zone_fp8;    // the retrieval zone's K/V kept as fp8 (e4m3, a scale per row: offload/fp8.h) instead of bf16 (GPU)
                      // or fp32 (CPU): rows are quantized as they enter the zone; the index and the attention read
                      // the stored values. The CPU path rewrites those rows of its cache in place (the reference).
+    int cache_rows;  // GPU, zone in the host store: lines of the zone row cache per layer and KV head (a power of
+                     // two; 0: off; -1: chosen from topk), rows recently selected kept in GPU memory
+    int profile;     // --profile: measure where ParisKV's work goes (CPU: the selection's step-to-step overlap;
+                     // GPU: the row cache's hits), reported when the run ends
 } AttnConfig;
 
 #define ATTN_ERR_LEN 256
@@ -114,5 +119,23 @@ void attn_policy_resume(AttnPolicy *p, int pos, int fp8_end);
 // override the configured ParisKV schedule. Writes retrieval-zone positions (ascending) to out
 // (room for topk + 16) and returns their count, or -1 when pos is dense or the index is elsewhere.
 int attn_policy_select(AttnPolicy *p, int layer, int kv_head, const float *q_group, int pos, float beta, float rho, int *out);
+
+// --profile (AttnConfig.profile): the overlap of each decode query's selection with the previous
+// decode query's (attention/recall.h's selection_overlap), per layer and KV head over the run
+// so far: its mean into *mean, and the number of queries measured (0: none; the first decode
+// query of a sequence has no previous one). A query inside a chunk is compared with the query
+// before it as if each had come alone.
+long attn_policy_overlap(const AttnPolicy *p, int layer, int kv_head, double *mean);
+// The measurement's summary on f (nothing without --profile): the mean, and the min and max of
+// the layers' means and of the (layer, KV head) means; and the hit rate the GPU's zone row cache
+// (cache_rows lines; the default for -1) would have had on these selections, simulated.
+void attn_policy_report(const AttnPolicy *p, FILE *f);
+// The GPU zone row cache's default lines per layer and KV head: 8 topk rounded up to a power of
+// two in [1024, 16384] -- room for the rows a few dozen steps bring in at a 60% overlap, and few
+// collisions between one step's rows.
+int attn_cache_rows_default(int topk);
+// That simulation so far: zone rows it read from the cache (*hits) and in all; returns its lines
+// (0: none, without --profile or with cache_rows 0).
+int attn_policy_cache_sim(const AttnPolicy *p, double *hits, double *rows);
 
 #endif

@@ -32,6 +32,17 @@ double recall_at_k(const float *qbar, const float *keys, long stride, int nz, in
     return recall_from_scores(scratch, nz, k, sel, nsel, scratch);
 }
 
+double selection_overlap(const int *a, int na, const int *b, int nb) {
+    int i = 0, j = 0, both = 0;
+    while (i < na && j < nb) { // a merge: both lists ascending
+        if (a[i] == b[j]) both++, i++, j++;
+        else if (a[i] < b[j]) i++;
+        else j++;
+    }
+    int n = na > nb ? na : nb;
+    return n ? (double)both / n : 1.0;
+}
+
 FILE *recall_file(void) {
     static FILE *f; // the process's one measurement file
     static int tried;

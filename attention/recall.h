@@ -15,6 +15,11 @@ double recall_from_scores(const float *score, int nz, int k, const int *sel, int
 // scratch floats recall_at_k and recall_from_scores need.
 long recall_scratch_floats(int nz, int k);
 
+// The --profile measurement (AttnConfig.profile): how much of one decode step's selection the
+// previous step also selected, |a & b| / max(na, nb) (both full: / k), 1 when both are empty.
+// a, b: distinct slots (or positions), ascending, as the selectors write them.
+double selection_overlap(const int *a, int na, const int *b, int nb);
+
 // The measurement's output, or NULL when PKV_RECALL is not set: one line "pos layer kv_head
 // recall" per ParisKV decode step, layer and KV head (opened once per process, appended to).
 FILE *recall_file(void);

@@ -3,6 +3,7 @@
 // read bandwidth (the floor's denominator), the bytes a ParisKV step reads, and the per-stage
 // breakdown.
 #include <stdlib.h>
+#include <string.h>
 
 #include "gpu_state.h"
 #include "kernels.h"
@@ -135,17 +136,138 @@ extern "C" cudaError_t gpu_pkv_fill(void *dev, int n, double *fill_s, double *in
     return cudaSuccess;
 }
 
+// ---- the top-k locality stream (gpu_pkv_stream) ----
+
+// Per (layer, KV head): the slots dropped in the last steps (a ring of STREAM_HIST), where the
+// returns come from.
+#define STREAM_HIST_K 4 // the ring holds this many top-k's worth of dropped slots
+struct PkvStream {
+    double keep, ret;
+    unsigned long long rng;
+    int hist_cap;
+    int *hist, *hist_n, *hist_at; // (heads, hist_cap), (heads), (heads)
+    int *prev;                    // (kmax) a head's top-k of the step before
+};
+
+static unsigned long long stream_u64(PkvStream *s) { // xorshift64
+    unsigned long long x = s->rng;
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    return s->rng = x;
+}
+
+static double stream_unit(PkvStream *s) { return (double)(stream_u64(s) >> 11) * (1.0 / 9007199254740992.0); }
+
+static int cmp_int(const void *a, const void *b) { return (*(const int *)a > *(const int *)b) - (*(const int *)a < *(const int *)b); }
+
+static bool sorted_has(const int *v, int n, int x) { return bsearch(&x, v, (size_t)n, sizeof(int), cmp_int) != NULL; }
+
+// One head's next top-k in place: sel[0, *cnt) the step before's (ascending), each kept with
+// probability keep; the rest drawn -- with probability ret one of the head's slots dropped in
+// the last steps (not by this step: that would raise the overlap), else uniform over the zone
+// [0, n) -- until k distinct, ascending. Then this step's dropped slots join the ring.
+static void stream_head(PkvStream *s, int head, int *sel, int *cnt, int n, int k) {
+    int np = *cnt, m = 0, *prev = s->prev, *hist = s->hist + (size_t)head * s->hist_cap;
+    memcpy(prev, sel, (size_t)np * sizeof(int));
+    for (int i = 0; i < np; i++)
+        if (prev[i] < n && stream_unit(s) < s->keep) sel[m++] = prev[i];
+    for (int round = 0; m < k; round++) { // draw what is missing, then drop repeats: a few rounds (later ones uniform only)
+        for (int want = k - m; want > 0; want--) {
+            int x = (int)(stream_u64(s) % (unsigned long long)n);
+            if (round < 8 && s->hist_n[head] && stream_unit(s) < s->ret) { // a return, unless the step before held it: then the uniform draw
+                int r = hist[stream_u64(s) % (unsigned long long)s->hist_n[head]];
+                if (r < n && !sorted_has(prev, np, r)) x = r;
+            }
+            sel[m++] = x;
+        }
+        qsort(sel, (size_t)m, sizeof(int), cmp_int);
+        int u = 0;
+        for (int i = 0; i < m; i++)
+            if (u == 0 || sel[i] != sel[u - 1]) sel[u++] = sel[i];
+        m = u;
+    }
+    *cnt = m;
+    for (int i = 0; i < np; i++)
+        if (!sorted_has(sel, m, prev[i])) {
+            hist[s->hist_at[head]] = prev[i];
+            s->hist_at[head] = (s->hist_at[head] + 1) % s->hist_cap;
+            if (s->hist_n[head] < s->hist_cap) s->hist_n[head]++;
+        }
+}
+
+// The stream's top-k for the step at pos, every layer and KV head, into stream_h.
+static void stream_step(GpuState *g, int pos) {
+    Pkv *p = &g->pkv;
+    int n = attn_zone_end(&p->cfg, pos) - p->cfg.sink, k = p->cfg.topk < n ? p->cfg.topk : n, nkv = (int)g->c.n_kv_heads, kmax = p->sc.kmax;
+    for (uint32_t l = 0; l < g->c.n_layers; l++) {
+        int *layer = p->stream_h + (size_t)l * nkv * (kmax + 1);
+        for (int h = 0; h < nkv; h++) stream_head(p->stream, (int)l * nkv + h, layer + (size_t)h * kmax, layer + (size_t)nkv * kmax + h, n, k);
+    }
+}
+
+void pkv_stream_free(Pkv *p) {
+    if (p->stream) free(p->stream->hist), free(p->stream->hist_n), free(p->stream->hist_at), free(p->stream->prev), free(p->stream);
+    cudaFree(p->stream_d), cudaFreeHost(p->stream_h);
+    p->stream = NULL, p->stream_d = p->stream_h = NULL;
+}
+
+extern "C" cudaError_t gpu_pkv_stream(void *dev, double keep, double ret, char *err) {
+    GpuState *g = (GpuState *)dev;
+    Pkv *p = &g->pkv;
+    CU_TRY(cudaStreamSynchronize(g->st));
+    gpu_drop_graphs(g); // captured reading the selection's top-k, or the stream's
+    pkv_stream_free(p);
+    if (keep <= 0) return cudaSuccess;
+    size_t bytes = pkv_stream_bytes(g), heads = (size_t)g->c.n_layers * g->c.n_kv_heads;
+    PkvStream *s = (PkvStream *)calloc(1, sizeof *s);
+    if (s) s->hist_cap = STREAM_HIST_K * p->sc.kmax;
+    if (!s || !(s->hist = (int *)malloc(heads * s->hist_cap * sizeof(int))) || !(s->hist_n = (int *)calloc(heads, sizeof(int))) ||
+        !(s->hist_at = (int *)calloc(heads, sizeof(int))) || !(s->prev = (int *)malloc((size_t)p->sc.kmax * sizeof(int)))) {
+        if (s) free(s->hist), free(s->hist_n), free(s->hist_at), free(s);
+        gpu_set_err(err, "out of memory for the top-k stream");
+        return cudaErrorMemoryAllocation;
+    }
+    s->keep = keep, s->ret = ret, s->rng = 0x9E3779B97F4A7C15ull;
+    p->stream = s;
+    cudaError_t e = cudaMalloc((void **)&p->stream_d, bytes);
+    if (e == cudaSuccess) e = cudaMallocHost((void **)&p->stream_h, bytes);
+    if (e != cudaSuccess) {
+        pkv_stream_free(p);
+        gpu_set_err(err, "the top-k stream's buffers (%zu bytes)", bytes);
+        return e;
+    }
+    memset(p->stream_h, 0, bytes); // no step before: the first step's top-k all drawn
+    return cudaSuccess;
+}
+
+extern "C" int gpu_pkv_cache_lines(void *dev, double *bytes) {
+    GpuState *g = (GpuState *)dev;
+    const Config *c = &g->c;
+    int n = g->pkv.on ? g->pkv.rc.n : 0;
+    *bytes = n ? (double)pkv_row_cache_bytes(c->n_layers, c->n_kv_heads, c->head_dim, g->pkv.kv.fp8, n) : 0;
+    return n;
+}
+
+extern "C" cudaError_t gpu_pkv_cache_stats(void *dev, double *hits, double *rows, int reset) {
+    return pkv_cache_stats((GpuState *)dev, NULL, hits, rows, reset);
+}
+
 // Times steps at positions pos0, pos0 + 1, ... (each with the index update it needs, outside
 // its graph but inside its timing): ms_out[i], and updated[i] = 1 where step i updated the index.
+// Going back (pos0 below the last step's end) empties the row cache as a rewind does -- the
+// selection at a repeated position repeats itself, which a warm cache would flatter -- except
+// under the locality stream, which sets the overlap itself (and is drawn before each step,
+// outside its timing).
 extern "C" cudaError_t gpu_pkv_time(void *dev, int pos0, int n, int sample, float *ms_out, int *updated, char *err) {
     GpuState *g = (GpuState *)dev;
     Pkv *p = &g->pkv;
     cudaEvent_t a, b;
+    if (pos0 < p->seen_end && !p->stream_d) CU_TRY(pkv_row_cache_invalidate(p->rc, p->kv.n_layers, p->kv.n_kv, g->st));
     CU_TRY(cudaEventCreate(&a));
     CU_TRY(cudaEventCreate(&b));
     p->seen_end = pos0;
     for (int i = 0; i < n; i++) {
         int before = p->indexed;
+        if (p->stream_d) stream_step(g, pos0 + i);
         CU_TRY(cudaEventRecord(a, g->st));
         CU_TRY(pkv_step(g, 1, pos0 + i, sample, err));
         CU_TRY(cudaEventRecord(b, g->st));

@@ -53,7 +53,10 @@ static cudaError_t attn_decode_pkv(GpuState *g, uint32_t l, void *arg) {
         CU_TRY(cudaMemcpyAsync(p->dbg_nsel + (size_t)l * nkv, p->sc.nsel, (size_t)nkv * 4, cudaMemcpyDeviceToDevice, st));
     }
     if (g->skip & 4) return cudaSuccess;
-    return pkv_attend(g->att, p->q, p->sc.sel, p->sc.nsel, p->sc.kmax, p->kv, (int)l, g->d_pos, p->d_meta, nh, p->partial, p->counters, st);
+    const int *sel = p->sc.sel, *nsel = p->sc.nsel;
+    if (p->stream_d) // the benchmark's locality stream (gpu_pkv_stream) instead of what was selected
+        sel = p->stream_d + (size_t)l * nkv * (p->sc.kmax + 1), nsel = sel + (size_t)nkv * p->sc.kmax;
+    return pkv_attend_rc(g->att, p->q, sel, nsel, p->sc.kmax, p->kv, p->rc, (int)l, g->d_pos, p->d_meta, nh, p->partial, p->counters, st);
 }
 
 // A prefill chunk of T tokens at pos through the device cache: --bench-prefill's events around
@@ -120,6 +123,7 @@ cudaError_t gpu_decode_step(GpuState *g, int pkv, int sample) {
         cudaError_t e = cudaMemcpyAsync(g->d_tokens, g->h_tokens, 4, cudaMemcpyHostToDevice, g->st);
         if (e == cudaSuccess) e = cudaMemcpyAsync(g->d_pos, g->h_pos, 4, cudaMemcpyHostToDevice, g->st);
         if (e == cudaSuccess && pkv) e = cudaMemcpyAsync(g->pkv.d_meta, g->pkv.h_meta, 2 * sizeof(int), cudaMemcpyHostToDevice, g->st);
+        if (e == cudaSuccess && pkv && g->pkv.stream_d) e = cudaMemcpyAsync(g->pkv.stream_d, g->pkv.stream_h, pkv_stream_bytes(g), cudaMemcpyHostToDevice, g->st);
         if (e == cudaSuccess) e = enqueue_decode(g, pkv, sample);
         cudaError_t e2 = cudaStreamEndCapture(g->st, &graph);
         CU_TRY(e);
@@ -230,6 +234,36 @@ static size_t gpu_reset(void *dev) {
     return p->kv.host ? host_store_release(&p->hs) : 0;
 }
 
+// --profile: the row cache's hit rate over the run, and its spread over the layers.
+static void gpu_profile(void *dev, FILE *f) {
+    GpuState *g = (GpuState *)dev;
+    const Pkv *p = &g->pkv;
+    if (!p->on || !p->cfg.profile) return;
+    if (!p->rc.n) {
+        fprintf(f, "profile: pariskv zone row cache off (%s)\n", p->kv.host ? "--pkv-cache-rows 0" : "the zone is in GPU memory");
+        return;
+    }
+    int L = (int)g->c.n_layers;
+    unsigned long long *v = (unsigned long long *)calloc((size_t)L * 2, sizeof *v);
+    double hits, rows;
+    if (!v || pkv_cache_stats(g, v, &hits, &rows, 0) != cudaSuccess) {
+        fprintf(f, "profile: pariskv zone row cache: cannot read its counters\n");
+        free(v);
+        return;
+    }
+    double lo = 1, hi = 0;
+    int lo_at = 0, hi_at = 0;
+    for (int l = 0; l < L; l++) {
+        double n = (double)(v[2 * l] + v[2 * l + 1]), r = n > 0 ? v[2 * l] / n : 0;
+        if (r < lo) lo = r, lo_at = l;
+        if (r > hi) hi = r, hi_at = l;
+    }
+    fprintf(f, "profile: pariskv zone row cache, %d rows per layer and KV head: %.0f of %.0f zone rows read from it (hit rate %.4f); "
+               "layers min %.4f (layer %d) max %.4f (layer %d)\n",
+            p->rc.n, hits, rows, rows > 0 ? hits / rows : 0.0, lo, lo_at, hi, hi_at);
+    free(v);
+}
+
 static int gpu_available(void) {
     int n = 0;
     return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
@@ -237,7 +271,7 @@ static int gpu_available(void) {
 
 static const Backend backend_cuda = {
     "cuda", NULL, NULL, NULL, NULL, NULL, NULL, gpu_available, gpu_create, gpu_set_prefill_len, gpu_forward, gpu_destroy, gpu_bench, 4096, gpu_prompt_whole,
-    gpu_session_save, gpu_session_load, gpu_reset, gpu_sample_config, gpu_decode_sample,
+    gpu_session_save, gpu_session_load, gpu_reset, gpu_sample_config, gpu_decode_sample, gpu_profile,
 };
 
 extern "C" const Backend *backend_cuda_get(void) { return &backend_cuda; }

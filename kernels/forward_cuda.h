@@ -38,9 +38,10 @@ double gpu_prefill_attention_ms(void *dev, int start);
 double gpu_read_bandwidth(void);
 // ./run --bench: for each context, fill (real prefill of random tokens in chunks, or random
 // K/V), time `steps` decode steps ending in the device's sampler -- greedy, and with smp's
-// settings -- and print a table with the bandwidth floor. 0 on success.
+// settings -- and print a table with the bandwidth floor. ParisKV with keep > 0: each context
+// also with the top-k locality stream (gpu_pkv_stream's keep and ret). 0 on success.
 int gpu_bench(const Model *m, const int *ctx_list, int n_ctx, int steps, int real_prefill, int chunk, const AttnConfig *attn,
-              const struct Sampler *smp);
+              const struct Sampler *smp, double keep, double ret);
 
 // The ParisKV benchmark (forward_cuda.cu): a state with the smallest device cache; the zone filled
 // with random K/V as after an n-token prompt and its index built; steps timed from pos0 on; the
@@ -51,6 +52,17 @@ cudaError_t gpu_pkv_time(void *dev, int pos0, int n, int sample, float *ms_out, 
 void gpu_pkv_step_bytes(void *dev, int pos, double *device_bytes, double *host_bytes);
 int gpu_pkv_device_positions(void *dev);
 cudaError_t gpu_pkv_time_skip(void *dev, int pos, int skip, int n, float *median_ms, char *err);
+// The zone row cache: its lines per layer and KV head (0: none) and its bytes; the zone rows read
+// from it (*hits) and in all since the counters were last zeroed (reset: zero them after).
+int gpu_pkv_cache_lines(void *dev, double *bytes);
+cudaError_t gpu_pkv_cache_stats(void *dev, double *hits, double *rows, int reset);
+// The benchmark's top-k locality stream from the next timed step on (keep > 0; 0: off, the
+// selection's own top-k): each step's top-k, per layer and KV head, keeps each of the step
+// before's slots with probability keep and draws the rest -- with probability ret one the head
+// dropped in its last few steps (a return), else uniformly from the zone -- on the host, outside
+// the timed step; the step's graph copies it in and the attention reads it instead of the
+// selection's (which still runs).
+cudaError_t gpu_pkv_stream(void *dev, double keep, double ret, char *err);
 
 #ifdef __cplusplus
 }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the repo root, with binaries from kernels/prepare_device.sh in .dev/:
 # kernel tests against the CPU reference, whole-model GPU vs CPU, and the decode benchmark.
-# Usage: kernels/gpu_checks.sh [kernels|mutants|models|smollm2|sampling|quant|quantbench|pkvrand|pkvchat|pkvsmol|pkvfp8|pkvlayer|pkvchunk|pkvdrift|session|sessbench|pkvsan|pkvlong|pkvbench|bench|prefill|peer|hfcheck|all]...
+# Usage: kernels/gpu_checks.sh [kernels|mutants|models|smollm2|sampling|quant|quantbench|pkvrand|pkvchat|pkvsmol|pkvfp8|pkvcache|pkvlayer|pkvchunk|pkvdrift|session|sessbench|pkvsan|pkvlong|pkvbench|bench|prefill|peer|hfcheck|all]...
 # Exits non-zero when any check fails: every command's status counts (pipefail: a `cmd | tee`
 # fails when cmd does), and a GPU/CPU mismatch is a failure, not a note.
 set -uo pipefail
@@ -26,7 +26,7 @@ PY
 STEPS=("${@:-all}")
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 if want kernels; then
-    for t in $D/test_kernels $D/test_pkv_attend $D/test_pariskv_gpu $D/test_sample; do echo "=== $t"; $t 2>&1 | tee "$OUT/$(basename $t).log" || status=1; done
+    for t in $D/test_kernels $D/test_pkv_attend $D/test_row_cache $D/test_pariskv_gpu $D/test_sample; do echo "=== $t"; $t 2>&1 | tee "$OUT/$(basename $t).log" || status=1; done
 fi
 if want mutants; then
     # The kernel tests' bounds can fail: planted mutants that they must flag. test_pkv_attend
@@ -256,6 +256,40 @@ if want pkvfp8; then
     [ "${PKV_FP8_BENCH:-1}" = 1 ] && { timeout 280 $D/run --bench --synthetic llama3.1-8b --attn pariskv --kv-store-dtype fp8 --topk 100 --bench-ctx 1048576 2>&1 |
         tee -a "$OUT/pkvfp8.txt" || status=1; }
 fi
+if want pkvcache; then
+    # The zone row cache (issue 24, kernels/pariskv_attend.h): through ./run on pkvrand's random
+    # SmolLM2-shaped model, zone in the host store (bf16 and fp8) and a device cache small enough
+    # for its ring to wrap, outputs with the cache (default size, and 64 rows: many collisions)
+    # equal those without, bit for bit -- a generation (decode steps, graphs) and a score (chunks
+    # of ParisKV positions) -- and --profile prints the hit rate; then the bench's rows with the
+    # cache on and off, the selection's top-k and the locality stream.
+    [ -f /dev/shm/smolrand.bin ] || { echo "FAIL pkvcache needs pkvrand first"; status=1; }
+    python3 -c "import random; random.seed(11); print(' '.join(str(random.randrange(49152)) for _ in range(5000)))" > /tmp/ids5k.txt
+    for dt in bf16 fp8; do
+        for rows in 0 64 default; do
+            a="--kv-store host --kv-store-dtype $dt --profile"; [ $rows = default ] || a="$a --pkv-cache-rows $rows"
+            PKV_DEVICE_POSITIONS=2600 timeout 200 $D/run /dev/shm/smolrand.bin --ids -f /tmp/ids5k.txt -n 300 --temp 0 --ignore-eos $a \
+                > /tmp/cgen.$dt.$rows 2> "$OUT/cache-gen-$dt-$rows.err" || { echo "FAIL generation $a"; tail -n 3 "$OUT/cache-gen-$dt-$rows.err"; status=1; }
+            PKV_DEVICE_POSITIONS=2600 timeout 200 $D/run /dev/shm/smolrand.bin --ids --score /tmp/ids5k.txt $a \
+                > /tmp/cscore.$dt.$rows 2> "$OUT/cache-score-$dt-$rows.err" || { echo "FAIL score $a"; tail -n 3 "$OUT/cache-score-$dt-$rows.err"; status=1; }
+            echo "$dt, rows $rows: $(grep -h 'row cache' "$OUT/cache-gen-$dt-$rows.err" "$OUT/cache-score-$dt-$rows.err" | tr '\n' ' ')"
+        done
+        for rows in 64 default; do
+            cmp -s /tmp/cgen.$dt.0 /tmp/cgen.$dt.$rows && [ -s /tmp/cgen.$dt.0 ] &&
+                echo "ok   $dt store: 300 greedy tokens with the row cache ($rows rows) == without" ||
+                { echo "FAIL $dt store: the generation differs with the row cache ($rows rows)"; status=1; }
+            cmp -s /tmp/cscore.$dt.0 /tmp/cscore.$dt.$rows && [ -s /tmp/cscore.$dt.0 ] &&
+                echo "ok   $dt store: 5,000 positions scored with the row cache ($rows rows) == without" ||
+                { echo "FAIL $dt store: the score differs with the row cache ($rows rows)"; status=1; }
+        done
+    done
+    for rows in 0 default; do
+        a=""; [ $rows = default ] || a="--pkv-cache-rows $rows"
+        echo "=== pariskv bench llama3.1-8b k 100 host store, row cache $rows"
+        timeout 280 $D/run --bench --synthetic llama3.1-8b --attn pariskv --kv-store host --topk 100 --bench-ctx 131072 $a 2>&1 |
+            tee -a "$OUT/pkvcache-bench.txt" || status=1
+    done
+fi
 if want pkvlayer; then
     # A prompt longer than the device cache is prefilled layer by layer (kernels/prefill_layered.cu):
     # the same kernels on the same chunks as a chunked prefill, so the greedy continuation must be
@@ -437,7 +471,7 @@ if want pkvsan; then
     [ -f /dev/shm/smolrand.bin ] || { echo "FAIL pkvsan needs pkvrand first"; status=1; }
     python3 -c "import random; random.seed(9); print(' '.join(str(random.randrange(49152)) for _ in range(9000)))" > /tmp/ids9k.txt
     for tool in memcheck racecheck; do
-        for t in test_pkv_attend test_pariskv_gpu; do
+        for t in test_pkv_attend test_row_cache test_pariskv_gpu; do
             PKV_TEST_QUICK=1 timeout 280 $CS --tool $tool --error-exitcode 9 $D/$t > "$OUT/san-$tool-$t.log" 2>&1 ||
                 { echo "FAIL $tool $t"; tail -n 5 "$OUT/san-$tool-$t.log"; status=1; }
             echo "$tool $t: $(grep -h 'ERROR SUMMARY\|RACECHECK SUMMARY\|passed' "$OUT/san-$tool-$t.log" | tr '\n' ' ')"

@@ -23,6 +23,8 @@ static size_t align256(size_t x) { return (x + 255) & ~(size_t)255; }
 static void pkv_free(Pkv *p) {
     pkv_gpu_index_free(&p->ix);
     pkv_gpu_scratch_free(&p->sc);
+    cudaFree(p->rc.lines), cudaFree(p->rc.tags), cudaFree(p->rc.stats);
+    pkv_stream_free(p);
     cudaFree(p->q), cudaFree(p->partial), cudaFree(p->counters), cudaFree(p->d_meta), cudaFree(p->d_pos_chunk), cudaFree(p->rope_chunk);
     cudaFreeHost(p->h_meta), cudaFreeHost(p->h_pos_chunk);
     cudaFree(p->dbg_q), cudaFree(p->dbg_sel), cudaFree(p->dbg_nsel);
@@ -112,8 +114,18 @@ typedef struct {
     int pkv;      // ParisKV's selection runs
     int host;     // its zone in the pinned host store
     int dcap;     // positions of the device cache
-    size_t need_w, need_a, need_p, need_kv;
+    int lines;    // the zone row cache's lines per layer and KV head (0: none)
+    size_t need_w, need_a, need_p, need_kv, need_c;
 } MemPlan;
+
+// The row cache's lines (host store only): --pkv-cache-rows, or attn_cache_rows_default halved
+// while it would take more than 1/16 of the free memory.
+static int row_cache_lines(const Config *c, const AttnConfig *a, size_t free_b) {
+    if (a->cache_rows >= 0) return a->cache_rows;
+    int n = attn_cache_rows_default(a->topk);
+    while (n > 256 && pkv_row_cache_bytes(c->n_layers, c->n_kv_heads, c->head_dim, a->zone_fp8, n) > free_b / 16) n /= 2;
+    return n;
+}
 
 // The pre-flight check: weights, activations, ParisKV's index and the device cache against the
 // GPU's free memory; under ParisKV where the zone goes, and how many positions the device cache
@@ -127,12 +139,15 @@ static int plan_memory(const Model *m, int ctx, int chunk, int logit_rows, const
     }
     size_t slack = 256u << 20; // cuBLAS workspace and slack
     size_t need_w = gpu_model_weight_bytes(m), need_a = gpu_activation_bytes(c, ctx, chunk, logit_rows);
-    size_t need_p = mp->pkv ? pkv_device_bytes(c, attn, ctx) : 0, per_pos = gpu_kv_bytes(c, 1);
+    size_t need_p = mp->pkv ? pkv_device_bytes(c, attn, ctx) : 0, per_pos = gpu_kv_bytes(c, 1), need_c = 0;
     int dcap = ctx, host = 0;
     if (mp->pkv) {
         int fits_all = need_w + need_a + need_p + per_pos * (size_t)ctx + slack <= free_b;
         host = attn->store == KV_STORE_HOST || (attn->store == KV_STORE_AUTO && !fits_all) || attn->zone_fp8; // fp8: the host store's format
         if (host) {
+            mp->lines = row_cache_lines(c, attn, free_b);
+            need_c = mp->lines ? pkv_row_cache_bytes(c->n_layers, c->n_kv_heads, c->head_dim, attn->zone_fp8, mp->lines) : 0;
+            need_p += need_c; // counted with ParisKV's device memory, and named apart in the messages
             int least = pkv_min_positions(attn, chunk);
             size_t rest = free_b > need_w + need_a + need_p + slack + (1u << 30) ? free_b - need_w - need_a - need_p - slack - (1u << 30) : 0;
             long fit = (long)(rest / per_pos);
@@ -142,9 +157,9 @@ static int plan_memory(const Model *m, int ctx, int chunk, int logit_rows, const
             dcap = want < ctx ? (int)want : ctx;
             if (dcap > fit && dcap_want <= 0 && !env) dcap = (int)fit; // never above what fits
             if (dcap < least && dcap < ctx) {
-                gpu_set_err(err, "GPU memory: weights %.2f GiB + ParisKV index %.2f GiB + activations %.2f GiB leave room for %ld cached positions, "
-                        "but the host-store mode needs at least %d: lower --ctx",
-                        gib(need_w), gib(need_p), gib(need_a), fit, least);
+                gpu_set_err(err, "GPU memory: weights %.2f GiB + ParisKV index %.2f GiB (row cache %.2f GiB of it) + activations %.2f GiB "
+                        "leave room for %ld cached positions, but the host-store mode needs at least %d: lower --ctx%s",
+                        gib(need_w), gib(need_p), gib(need_c), gib(need_a), fit, least, need_c ? " or --pkv-cache-rows" : "");
                 return -1;
             }
         }
@@ -153,10 +168,10 @@ static int plan_memory(const Model *m, int ctx, int chunk, int logit_rows, const
     size_t need = need_w + need_kv + need_a + need_p + slack;
     if (need > free_b) {
         if (mp->pkv)
-            gpu_set_err(err, "GPU memory: weights %.2f GiB + KV cache for %d positions %.2f GiB + ParisKV index %.2f GiB + activations %.2f GiB = %.2f GiB, "
-                         "but only %.2f GiB of %.2f GiB is free: lower --ctx%s",
-                    gib(need_w), dcap, gib(need_kv), gib(need_p), gib(need_a), gib(need), gib(free_b), gib(total_b),
-                    host ? "" : " or use --kv-store host");
+            gpu_set_err(err, "GPU memory: weights %.2f GiB + KV cache for %d positions %.2f GiB + ParisKV index %.2f GiB (row cache %.2f GiB "
+                         "of it) + activations %.2f GiB = %.2f GiB, but only %.2f GiB of %.2f GiB is free: lower --ctx%s",
+                    gib(need_w), dcap, gib(need_kv), gib(need_p), gib(need_c), gib(need_a), gib(need), gib(free_b), gib(total_b),
+                    host ? (need_c ? " or --pkv-cache-rows" : "") : " or use --kv-store host");
         else
             gpu_set_err(err, "GPU memory: weights %.2f GiB + KV cache for %d positions %.2f GiB + activations %.2f GiB = %.2f GiB, "
                          "but only %.2f GiB of %.2f GiB is free: lower --ctx%s",
@@ -165,7 +180,7 @@ static int plan_memory(const Model *m, int ctx, int chunk, int logit_rows, const
         return -1;
     }
     mp->host = host, mp->dcap = dcap;
-    mp->need_w = need_w, mp->need_a = need_a, mp->need_p = need_p, mp->need_kv = need_kv;
+    mp->need_w = need_w, mp->need_a = need_a, mp->need_p = need_p, mp->need_kv = need_kv, mp->need_c = need_c;
     return 0;
 }
 
@@ -205,8 +220,26 @@ static cudaError_t alloc_activations(GpuState *g, size_t need_kv) {
     return e;
 }
 
-// ParisKV's index, scratch and step buffers (the host store is opened before).
-static cudaError_t alloc_pkv(GpuState *g, const AttnConfig *attn, int host) {
+// The zone row cache of `lines` lines per layer and KV head (pariskv_attend.h), empty, its
+// counters zeroed, and the attention kernel set up for its table.
+static cudaError_t alloc_row_cache(GpuState *g, int lines) {
+    const Config *c = &g->c;
+    PkvRowCache *rc = &g->pkv.rc;
+    size_t heads = (size_t)c->n_layers * c->n_kv_heads, row = host_store_row_bytes(c->head_dim, g->pkv.kv.fp8);
+    cudaError_t e = cudaSuccess;
+    rc->n = lines;
+    ALLOC(rc->lines, heads * lines * row);
+    ALLOC(rc->tags, heads * lines * sizeof(int));
+    ALLOC(rc->stats, c->n_layers * 2 * sizeof(unsigned long long));
+    if (e == cudaSuccess) e = cudaMemset(rc->stats, 0, c->n_layers * 2 * sizeof(unsigned long long));
+    if (e == cudaSuccess) e = pkv_row_cache_invalidate(*rc, c->n_layers, c->n_kv_heads, g->st);
+    if (e == cudaSuccess) e = pkv_attend_setup(*rc, c->n_heads, c->n_kv_heads, c->head_dim);
+    return e;
+}
+
+// ParisKV's index, scratch and step buffers (the host store is opened before), and the row
+// cache's `lines` (0: none).
+static cudaError_t alloc_pkv(GpuState *g, const AttnConfig *attn, int host, int lines) {
     const Config *c = &g->c;
     size_t hd = c->head_dim, q = c->n_heads * hd, T = g->chunk;
     Pkv *p = &g->pkv;
@@ -239,13 +272,14 @@ static cudaError_t alloc_pkv(GpuState *g, const AttnConfig *attn, int host) {
     }
     p->kv = (GpuKV){g->kcache, g->vcache, host ? p->hs.base : NULL, (int)c->n_layers, (int)c->n_kv_heads, (int)hd, g->dcap, attn->sink,
                     host ? p->hs.alias_slots : 0, host && attn->zone_fp8};
+    if (e == cudaSuccess && host && lines > 0) e = alloc_row_cache(g, lines);
     return e;
 }
 #undef ALLOC
 
 void *gpu_create_sized(const Model *m, int ctx, int chunk, int all_logits, const AttnConfig *attn, int dcap_want, char *err) {
     const Config *c = &m->c;
-    MemPlan mp = {0, 0, 0, 0, 0, 0, 0};
+    MemPlan mp = {0, 0, 0, 0, 0, 0, 0, 0, 0};
     if (check_runnable(c, ctx, attn, &mp.pkv, err) != 0) return NULL;
     int logit_rows = all_logits ? chunk : 1;
     if (plan_memory(m, ctx, chunk, logit_rows, attn, dcap_want, &mp, err) != 0) return NULL;
@@ -273,18 +307,22 @@ void *gpu_create_sized(const Model *m, int ctx, int chunk, int all_logits, const
     if (!g->layers) e = cudaErrorMemoryAllocation;
     if (e == cudaSuccess) e = gpu_upload_weights(g, m);
     if (e == cudaSuccess) e = alloc_activations(g, mp.need_kv);
-    if (e == cudaSuccess && mp.pkv) e = alloc_pkv(g, attn, mp.host);
+    if (e == cudaSuccess && mp.pkv) e = alloc_pkv(g, attn, mp.host, mp.lines);
     if (e == cudaSuccess) e = cudaStreamSynchronize(g->st);
     if (e != cudaSuccess) {
         gpu_set_err(err, "GPU setup failed: %s", cudaGetErrorString(e));
         gpu_free(g);
         return NULL;
     }
-    if (mp.pkv && dcap_want <= 0)
-        fprintf(stderr, "pariskv on the GPU: retrieval zone in %s (%.2f GiB at %d positions), index %.2f GiB, device KV cache %d positions\n",
+    if (mp.pkv && dcap_want <= 0) {
+        char rc[96] = "";
+        if (mp.host && mp.lines) snprintf(rc, sizeof rc, ", zone row cache %d rows per layer and KV head (%.2f GiB)", mp.lines, gib(mp.need_c));
+        else if (mp.host) snprintf(rc, sizeof rc, ", zone row cache off");
+        fprintf(stderr, "pariskv on the GPU: retrieval zone in %s (%.2f GiB at %d positions), index %.2f GiB, device KV cache %d positions%s\n",
                 mp.host ? (attn->zone_fp8 ? "pinned host memory, fp8" : "pinned host memory") : "GPU memory",
                 gib(mp.host ? host_store_bytes(c->n_layers, c->n_kv_heads, c->head_dim, attn->zone_fp8, ctx - attn->sink)
-                            : gpu_kv_bytes(c, 1) * (size_t)(ctx - attn->sink)), ctx, gib(mp.need_p), mp.dcap);
+                            : gpu_kv_bytes(c, 1) * (size_t)(ctx - attn->sink)), ctx, gib(mp.need_p - mp.need_c), mp.dcap, rc);
+    }
     return g;
 }
 

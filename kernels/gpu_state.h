@@ -46,6 +46,12 @@ typedef struct {
     AttnConfig cfg;
     GpuKV kv;           // the device cache (sink + ring) and the zone's store
     HostStore hs;       // the zone's rows when kv.host is set
+    PkvRowCache rc;     // the zone row cache (host store only; rc.n == 0: none): pkv_attend_rc
+    // The benchmark's top-k locality stream (gpu_pkv_stream; bench_timing.cu): each step's top-k
+    // drawn on the host into stream_h, copied to stream_d by the step's graph, attended instead
+    // of the selection's. Per layer n_kv * kmax slots, then n_kv counts. NULL: off.
+    int *stream_d, *stream_h;
+    struct PkvStream *stream; // the generator's state (bench_timing.cu)
     PkvGpuIndex ix;
     PkvGpuScratch sc;
     float *q;           // (n_heads, hd) the step's queries, fp32
@@ -171,6 +177,16 @@ cudaError_t gpu_enqueue_chunk(GpuState *g, const int *tokens, int T, int pos, in
 float *pkv_forward(GpuState *g, const int *tokens, int T, int pos, int all_logits, int sample, char *err);
 // One ParisKV decode step at pos: the index update it needs, then its graph. Not synchronized.
 cudaError_t pkv_step(GpuState *g, int token, int pos, int sample, char *err);
+// Frees the benchmark's top-k stream (Pkv.stream_*; bench_timing.cu).
+void pkv_stream_free(Pkv *p);
+// The bytes of the benchmark's top-k stream (Pkv.stream_d).
+static inline size_t pkv_stream_bytes(const GpuState *g) {
+    return (size_t)g->c.n_layers * g->c.n_kv_heads * (g->pkv.sc.kmax + 1) * sizeof(int);
+}
+// The row cache's counters (pkv.rc.stats) since they were last zeroed: zone rows read from it
+// (*hits) and in all (*rows), per layer into per_layer (n_layers, 2: hits, misses) if not NULL;
+// reset: zeroed after. Synchronizes the stream.
+cudaError_t pkv_cache_stats(GpuState *g, unsigned long long *per_layer, double *hits, double *rows, int reset);
 
 // ---- weights and state (gpu_weights.cu, gpu_create.cu) ----
 

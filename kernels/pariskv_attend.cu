@@ -9,6 +9,8 @@
 // Zone rows come from the host store through UVA: each stream issues U rows' loads before using
 // any, so that enough PCIe reads are in flight to cover their latency (~1-2 us). Streams are
 // combined in shared memory, each block writes (o, m, l), and the last block of a head merges.
+// With the row cache (pkv_attend_rc), each block first resolves which selected slots hit, which miss
+// writes its line, in a shared-memory table of the head's lines (pariskv_attend.h has the rule).
 #include "cuda_common.h"
 #include "pariskv_attend.h"
 #include "pdl.h"
@@ -46,10 +48,87 @@ __device__ __forceinline__ size_t cache_off(const GpuKV &kv, int layer, int h, i
     return (((size_t)layer * kv.n_kv + h) * kv.dcap + dev_slot(kv, p)) * kv.hd;
 }
 
+__host__ __device__ __forceinline__ size_t row_bytes(const GpuKV &kv) {
+    return kv.fp8 ? 2 * (size_t)kv.hd + 8 : 4 * (size_t)kv.hd; // host_store_row_bytes
+}
+
 __device__ __forceinline__ char *host_row(const GpuKV &kv, int layer, int h, int slot) {
     size_t s = kv.alias_slots ? (size_t)(slot % kv.alias_slots) : (size_t)slot;
-    size_t row = kv.fp8 ? 2 * (size_t)kv.hd + 8 : 4 * (size_t)kv.hd; // host_store_row_bytes
-    return (char *)kv.host + ((s * kv.n_layers + layer) * kv.n_kv + h) * row;
+    return (char *)kv.host + ((s * kv.n_layers + layer) * kv.n_kv + h) * row_bytes(kv);
+}
+
+// ---- the row cache (pariskv_attend.h) ----
+
+#define RC_NONE 0x3fffffff // a table entry: no row yet (then the first row's index, bit 30 if it hits)
+#define RC_HIT 0x40000000
+
+extern "C" size_t pkv_row_cache_bytes(int n_layers, int n_kv, int hd, int fp8, int n) {
+    size_t heads = (size_t)n_layers * n_kv, row = fp8 ? 2 * (size_t)hd + 8 : 4 * (size_t)hd;
+    return heads * n * (row + sizeof(int)) + (size_t)n_layers * 2 * sizeof(unsigned long long);
+}
+
+extern "C" cudaError_t pkv_row_cache_invalidate(PkvRowCache rc, int n_layers, int n_kv, cudaStream_t st) {
+    if (!rc.n) return cudaSuccess;
+    return cudaMemsetAsync(rc.tags, 0xff, (size_t)n_layers * n_kv * rc.n * sizeof(int), st);
+}
+
+// The table of the head's lines for this step's selection sel[0, n), from the tags as the step
+// began: tab[line] = the first row on the line, or the row that hits it | RC_HIT. Every block
+// builds the same table for the rows it owns (other blocks' misses may write tags meanwhile, but
+// only on lines where this block's rows neither hit nor write: see pariskv_attend.h). Counts the
+// block's own rows (r % n_splits == split) as hits or misses into stats.
+__device__ void rc_claims(const GpuKV &kv, const PkvRowCache &rc, int layer, int h, const int *sel, int n, int split, int n_splits, int *tab) {
+    __shared__ unsigned cnt[2];
+    const int mask = rc.n - 1;
+    const int *tag = rc.tags + ((size_t)layer * kv.n_kv + h) * rc.n;
+    if (threadIdx.x == 0) cnt[0] = cnt[1] = 0;
+    for (int r = threadIdx.x; r < n; r += blockDim.x) atomicExch(&tab[sel[r] & mask], RC_NONE); // rows may share a line
+    __syncthreads();
+    for (int r = threadIdx.x; r < n; r += blockDim.x) atomicMin(&tab[sel[r] & mask], r);
+    __syncthreads();
+    unsigned hits = 0, misses = 0;
+    for (int r = threadIdx.x; r < n; r += blockDim.x) {
+        int s = sel[r];
+        bool hit = tag[s & mask] == s; // one slot per tag: at most one row of a line hits
+        if (hit) tab[s & mask] = r | RC_HIT;
+        if (r % n_splits == split) {
+            if (hit) hits++;
+            else misses++;
+        }
+    }
+    if (hits) atomicAdd(&cnt[0], hits);
+    if (misses) atomicAdd(&cnt[1], misses);
+    __syncthreads();
+    if (threadIdx.x == 0 && cnt[0]) atomicAdd(rc.stats + 2 * layer, (unsigned long long)cnt[0]);
+    if (threadIdx.x == 0 && cnt[1]) atomicAdd(rc.stats + 2 * layer + 1, (unsigned long long)cnt[1]);
+}
+
+// Row r (slot) of the selection: where to read it (the line on a hit, else the host row), and
+// the slot whose row this reader writes into its line afterwards (-1: none).
+__device__ __forceinline__ int rc_source(const GpuKV &kv, const PkvRowCache &rc, int layer, int h, int slot, int r, const int *tab, const char **row) {
+    *row = host_row(kv, layer, h, slot);
+    if (!rc.n) return -1;
+    int line = slot & (rc.n - 1), e = tab[line];
+    if ((e & RC_NONE) != r) return -1; // another row of the line hits or writes it
+    if (!(e & RC_HIT)) return slot;    // the line's first miss: it fills the line
+    *row = rc.lines + (((size_t)layer * kv.n_kv + h) * rc.n + line) * row_bytes(kv);
+    return -1;
+}
+
+// One lane's part of a row it read (kr, vr as attend_rows loads them) into slot's line, then,
+// lane 0 of the stream, the tag. Nobody reads the line in this step (its hit would have
+// stopped the write), so the tag needs no ordering against the data here; the next step's
+// kernel sees both.
+template <int HD>
+__device__ __forceinline__ void rc_fill(const GpuKV &kv, const PkvRowCache &rc, int layer, int h, int slot, int part, bool f8, uint4 kr, uint4 vr) {
+    int line = slot & (rc.n - 1);
+    size_t at = ((size_t)layer * kv.n_kv + h) * rc.n + line;
+    char *row = rc.lines + at * row_bytes(kv);
+    if (f8) {
+        ((uint2 *)row)[part] = make_uint2(kr.x, kr.y), ((uint2 *)(row + HD))[part] = make_uint2(vr.x, vr.y);
+        if (part == 0) *(uint2 *)(row + 2 * HD) = make_uint2(kr.z, vr.z); // the two scales' bits
+    } else ((uint4 *)row)[part] = kr, ((uint4 *)(row + 2 * HD))[part] = vr;
+    if (part == 0) rc.tags[at] = slot;
 }
 
 // Max over the block of v (every thread gets it); red: 32 floats of shared memory.
@@ -144,7 +223,7 @@ __device__ __forceinline__ void fp8x8(uint4 u, float *f) {
 
 template <int G, int HD>
 __global__ void __launch_bounds__(PA_THREADS) pkv_attend_kernel(bf16 *out, const float *q, const int *sel, const int *nsel,
-                                                               int kmax, GpuKV kv, int layer, const int *d_pos,
+                                                               int kmax, GpuKV kv, PkvRowCache rc, int layer, const int *d_pos,
                                                                const int *meta, float *partial, unsigned *counters) {
     constexpr int LPK = HD / 8, SPW = 32 / LPK, NS = PA_WARPS * SPW, PSTRIDE = HD + 4;
     __shared__ float st_m[NS][G], st_l[NS][G];
@@ -173,7 +252,8 @@ __global__ void __launch_bounds__(PA_THREADS) pkv_attend_kernel(bf16 *out, const
         for (int i = 0; i < 8; i++) acc[g][i] = 0.0f;
     }
     // Online softmax over a list of m rows, row r's K at key(r) (V right after it in the host
-    // store, at the same offset of the V cache in GPU memory). Split s takes rows s, s +
+    // store, at the same offset of the V cache in GPU memory; key returns the slot whose row
+    // goes into the row cache, -1: none). Split s takes rows s, s +
     // n_splits, ...: the zone's host rows spread over every block, so all of them are in flight
     // at once instead of queueing in the first few blocks.
     // f8: the rows are fp8 host rows (key() gives the row's start as kp): 8 codes a lane and the
@@ -183,13 +263,15 @@ __global__ void __launch_bounds__(PA_THREADS) pkv_attend_kernel(bf16 *out, const
         for (int b0 = 0; b0 < cnt; b0 += NS * PA_U) { // the same trip count for every lane
             uint4 kr[PA_U], vr[PA_U];
             bool ok[PA_U];
+            int fill[PA_U];
 #pragma unroll
             for (int u = 0; u < PA_U; u++) { // all loads first: they are in flight together
                 int jj = b0 + u * NS + stream;
                 ok[u] = jj < cnt;
+                fill[u] = -1;
                 if (ok[u]) {
                     const bf16 *kp, *vp;
-                    key(split + jj * n_splits, &kp, &vp);
+                    fill[u] = key(split + jj * n_splits, &kp, &vp);
                     if (f8) {
                         const char *row = (const char *)kp;
                         uint2 kc = ((const uint2 *)row)[part], vc = ((const uint2 *)(row + HD))[part];
@@ -201,6 +283,7 @@ __global__ void __launch_bounds__(PA_THREADS) pkv_attend_kernel(bf16 *out, const
 #pragma unroll
             for (int u = 0; u < PA_U; u++) {
                 float kf[8], vf[8];
+                if (fill[u] >= 0) rc_fill<HD>(kv, rc, layer, h, fill[u], part, f8, kr[u], vr[u]);
                 if (f8) fp8x8(kr[u], kf), fp8x8(vr[u], vf);
                 else bf16x8(kr[u], kf), bf16x8(vr[u], vf);
 #pragma unroll
@@ -225,16 +308,24 @@ __global__ void __launch_bounds__(PA_THREADS) pkv_attend_kernel(bf16 *out, const
     attend_rows(ns + nw, false, [&](int r, const bf16 **kp, const bf16 **vp) {
         size_t o = cache_off(kv, layer, h, r < ns ? r : zone_end + (r - ns));
         *kp = kv.kc + o, *vp = kv.vc + o;
+        return -1;
     });
     pdl_wait(); // the selection
     const int *hsel = sel + (size_t)h * kmax;
-    attend_rows(nsel[h], kv.host && kv.fp8, [&](int r, const bf16 **kp, const bf16 **vp) {
-        int slot = hsel[r];
-        if (kv.host) *kp = (const bf16 *)host_row(kv, layer, h, slot), *vp = *kp + HD;
-        else {
+    int n_zone = nsel[h];
+    extern __shared__ int rc_tab[]; // the row cache's table: rc.n ints (attend_dyn_smem)
+    if (kv.host && rc.n) rc_claims(kv, rc, layer, h, hsel, n_zone, split, n_splits, rc_tab);
+    attend_rows(n_zone, kv.host && kv.fp8, [&](int r, const bf16 **kp, const bf16 **vp) {
+        int slot = hsel[r], fill = -1;
+        if (kv.host) {
+            const char *row;
+            fill = rc_source(kv, rc, layer, h, slot, r, rc_tab, &row);
+            *kp = (const bf16 *)row, *vp = *kp + HD;
+        } else {
             size_t o = cache_off(kv, layer, h, kv.sink + slot);
             *kp = kv.kc + o, *vp = kv.vc + o;
         }
+        return fill;
     });
     pdl_release(); // the output projection may start streaming its weights
     // Combine the block's streams, then write this split's (o, m, l).
@@ -296,21 +387,48 @@ __global__ void __launch_bounds__(PA_THREADS) pkv_attend_kernel(bf16 *out, const
     if (threadIdx.x == 0) counters[h] = 0;
 }
 
-extern "C" cudaError_t pkv_attend(bf16 *out, const float *q, const int *sel, const int *nsel, int kmax, GpuKV kv,
-                                  int layer, const int *d_pos, const int *meta, int n_heads, float *partial,
-                                  unsigned *counters, cudaStream_t st) {
-    int G = n_heads / kv.n_kv;
-    dim3 grid(kv.n_kv, pkv_attend_splits(kv.n_kv));
-#define CASE(g, d)                                                                                                    \
-    if (G == g && kv.hd == d) {                                                                                       \
-        return launch_pdl(pkv_attend_kernel<g, d>, grid, dim3(PA_THREADS), 0, st, out, q, sel, nsel, kmax, kv, layer,   \
-                          d_pos, meta, partial, counters);                                                            \
-    }
+// Shared memory a block takes beyond its static arrays: the row cache's table.
+static size_t attend_dyn_smem(const GpuKV &kv, const PkvRowCache &rc) { return kv.host && rc.n > 0 ? (size_t)rc.n * sizeof(int) : 0; }
+
+// The instantiation for (G, hd), or NULL.
+typedef void (*AttendKernel)(bf16 *, const float *, const int *, const int *, int, GpuKV, PkvRowCache, int, const int *, const int *,
+                             float *, unsigned *);
+static AttendKernel attend_kernel(int G, int hd) {
+#define CASE(g, d) \
+    if (G == g && hd == d) return pkv_attend_kernel<g, d>;
 #define CASES(g) CASE(g, 64) CASE(g, 128)
     CASES(1) CASES(2) CASES(3) CASES(4) CASES(5) CASES(6) CASES(7) CASES(8)
 #undef CASES
 #undef CASE
-    return cudaErrorInvalidValue;
+    return NULL;
+}
+
+// Raises the kernel's limit on shared memory past the default 48 KiB when the table needs it;
+// never lowers it (another state may run the same kernel with a larger table).
+extern "C" cudaError_t pkv_attend_setup(PkvRowCache rc, int n_heads, int n_kv, int hd) {
+    AttendKernel k = attend_kernel(n_heads / n_kv, hd);
+    if (!k) return cudaErrorInvalidValue;
+    cudaFuncAttributes fa;
+    CU_TRY(cudaFuncGetAttributes(&fa, k));
+    int need = rc.n * (int)sizeof(int);
+    return need > fa.maxDynamicSharedSizeBytes ? cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, need) : cudaSuccess;
+}
+
+extern "C" cudaError_t pkv_attend_rc(bf16 *out, const float *q, const int *sel, const int *nsel, int kmax, GpuKV kv, PkvRowCache rc,
+                                     int layer, const int *d_pos, const int *meta, int n_heads, float *partial, unsigned *counters,
+                                     cudaStream_t st) {
+    AttendKernel k = attend_kernel(n_heads / kv.n_kv, kv.hd);
+    if (!k) return cudaErrorInvalidValue;
+    dim3 grid(kv.n_kv, pkv_attend_splits(kv.n_kv));
+    return launch_pdl(k, grid, dim3(PA_THREADS), attend_dyn_smem(kv, rc), st, out, q, sel, nsel, kmax, kv, rc, layer, d_pos, meta, partial,
+                      counters);
+}
+
+extern "C" cudaError_t pkv_attend(bf16 *out, const float *q, const int *sel, const int *nsel, int kmax, GpuKV kv,
+                                  int layer, const int *d_pos, const int *meta, int n_heads, float *partial,
+                                  unsigned *counters, cudaStream_t st) {
+    PkvRowCache none = {NULL, NULL, NULL, 0};
+    return pkv_attend_rc(out, q, sel, nsel, kmax, kv, none, layer, d_pos, meta, n_heads, partial, counters, st);
 }
 
 // ---- moving and filling rows ----

@@ -30,6 +30,15 @@ typedef struct {
     int fp8;          // host rows in fp8
 } GpuKV;
 
+// The zone row cache (host store only): the zone rows recently selected, kept in GPU memory, per
+// (layer, KV head) n lines; slot s may sit in line s & (n - 1).
+typedef struct {
+    char *lines;               // (n_layers, n_kv, n, row bytes): each line one host-store row exactly as stored
+    int *tags;                 // (n_layers, n_kv, n): the zone slot the line holds, -1: none
+    unsigned long long *stats; // (n_layers, 2): zone rows read from the cache (hits) and from the host (misses)
+    int n;                     // lines per (layer, KV head), a power of two; 0: no cache
+} PkvRowCache;
+
 // The decode step's QKV post-processing: qkv ((n_heads + 2 n_kv) hd) fp32 from the projection;
 // q (n_heads, hd) fp32 = q with the optional q_norm and RoPE (rope_cs from rope_table()); the
 // new key (k_norm, RoPE) and value stored as bf16 in the device cache at *d_pos's slot and, with
@@ -48,6 +57,21 @@ size_t pkv_attend_scratch_floats(int n_heads, int n_kv, int hd);
 // partial: pkv_attend_scratch_floats(); counters: n_kv zeroed unsigned ints (left zeroed).
 cudaError_t pkv_attend(bf16 *out, const float *q, const int *sel, const int *nsel, int kmax, GpuKV kv, int layer,
                        const int *d_pos, const int *meta, int n_heads, float *partial, unsigned *counters, cudaStream_t st);
+// The same, zone rows through the row cache rc (rc.n == 0 or no host store: none). Per (layer,
+// head) and step, among the selected slots of one line: the one whose tag it is reads the line
+// (a hit) and nobody writes it; with no hit, the first of them in the selection (a miss, read
+// from the host) writes its row into the line, then the tag; the others read the host. So no
+// line is written twice in a step or while it is read, and outputs are the same bytes with or
+// without the cache. Every block of a head resolves this in a shared-memory table of rc.n ints.
+cudaError_t pkv_attend_rc(bf16 *out, const float *q, const int *sel, const int *nsel, int kmax, GpuKV kv, PkvRowCache rc, int layer,
+                          const int *d_pos, const int *meta, int n_heads, float *partial, unsigned *counters, cudaStream_t st);
+
+// The row cache's bytes for these shapes (lines, tags, counters); its tags to -1 (a new
+// sequence, a rewind: whenever a zone row may change); and the setup pkv_attend_rc needs for
+// rc.n lines (its shared memory), once before any graph capture.
+size_t pkv_row_cache_bytes(int n_layers, int n_kv, int hd, int fp8, int n);
+cudaError_t pkv_row_cache_invalidate(PkvRowCache rc, int n_layers, int n_kv, cudaStream_t st);
+cudaError_t pkv_attend_setup(PkvRowCache rc, int n_heads, int n_kv, int hd);
 
 // Copies positions [p0, p1) of every layer from the device cache to their host-store rows (the
 // prompt's rows after a prefill; positions written by dense steps). kv.host must be set.

@@ -27,8 +27,8 @@ static cudaError_t attn_tokens(GpuState *g, uint32_t l, void *arg) {
         CU_TRY(pkv_qkv_decode(p->q, g->proj + (size_t)t * qkv_dim, w->q_norm, w->k_norm, p->rope_chunk + (size_t)t * hd, p->kv, (int)l,
                               d_pos, nh, c->norm_eps, g->st));
         CU_TRY(pkv_gpu_select(&p->sc, &p->ix, (int)l, p->q, nh, p->d_meta + 1, p->cfg.topk, p->cfg.beta, p->cfg.rho, g->st));
-        CU_TRY(pkv_attend(g->att + (size_t)t * q_dim, p->q, p->sc.sel, p->sc.nsel, p->sc.kmax, p->kv, (int)l, d_pos, p->d_meta, nh,
-                          p->partial, p->counters, g->st));
+        CU_TRY(pkv_attend_rc(g->att + (size_t)t * q_dim, p->q, p->sc.sel, p->sc.nsel, p->sc.kmax, p->kv, p->rc, (int)l, d_pos, p->d_meta, nh,
+                             p->partial, p->counters, g->st));
     }
     return cudaSuccess;
 }

@@ -7,6 +7,8 @@
 #include "gpu_state.h"
 #include "kernels.h"
 
+// A new sequence or a rewind: the index is rebuilt from the store at the next step, and the row
+// cache emptied with it (pkv_index_to): rows from pos on may change.
 static void pkv_reset(GpuState *g, int pos) {
     Pkv *p = &g->pkv;
     p->indexed = 0;
@@ -36,7 +38,10 @@ cudaError_t pkv_index_to(GpuState *g, int zone_end, int pos, char *err) {
     }
     if (n < p->indexed) p->indexed = 0; // the zone never shrinks within a sequence
     if (n > p->indexed) {
-        if (p->indexed == 0) CU_TRY(pkv_gpu_index_reset(&p->ix, -1, g->st));
+        if (p->indexed == 0) { // every way a zone row can change (a new sequence, a rewind, a restored session, a refill) comes here
+            CU_TRY(pkv_gpu_index_reset(&p->ix, -1, g->st));
+            CU_TRY(pkv_row_cache_invalidate(p->rc, p->kv.n_layers, p->kv.n_kv, g->st));
+        }
         size_t hd = p->kv.hd;
         PkvKeySource src;
         size_t row = p->hs.row_bytes;
@@ -61,6 +66,20 @@ cudaError_t pkv_index_to(GpuState *g, int zone_end, int pos, char *err) {
         p->indexed = n;
     }
     return cudaSuccess;
+}
+
+cudaError_t pkv_cache_stats(GpuState *g, unsigned long long *per_layer, double *hits, double *rows, int reset) {
+    const PkvRowCache *rc = &g->pkv.rc;
+    *hits = *rows = 0;
+    if (!rc->n) return cudaSuccess;
+    size_t n = (size_t)g->c.n_layers * 2;
+    unsigned long long *v = per_layer ? per_layer : (unsigned long long *)malloc(n * sizeof *v);
+    cudaError_t e = v ? cudaStreamSynchronize(g->st) : cudaErrorMemoryAllocation;
+    if (e == cudaSuccess) e = cudaMemcpy(v, rc->stats, n * sizeof *v, cudaMemcpyDeviceToHost);
+    for (size_t l = 0; e == cudaSuccess && l < n / 2; l++) *hits += (double)v[2 * l], *rows += (double)(v[2 * l] + v[2 * l + 1]);
+    if (e == cudaSuccess && reset) e = cudaMemset(rc->stats, 0, n * sizeof *v);
+    if (!per_layer) free(v);
+    return e;
 }
 
 // One ParisKV decode step at pos: the index update it needs, then its graph. Logits in h_step.

@@ -8,6 +8,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 struct Model;
 struct AttnConfig;
@@ -46,8 +47,10 @@ typedef struct Backend {
     // ./run --bench (see kernels/bench_cuda.cu); 0 on success.
     // attn: NULL or full for dense attention, or ParisKV (its store, k, ...); smp: the sampling
     // timed beside greedy.
+    // keep, ret: ParisKV's second row per context, the top-k locality stream that keeps that share
+    // of the step before's and draws ret of the rest from recent steps (keep 0: no such row).
     int (*bench)(const struct Model *m, const int *ctx_list, int n_ctx, int steps, int real_prefill, int chunk, const struct AttnConfig *attn,
-                 const struct Sampler *smp);
+                 const struct Sampler *smp, double keep, double ret);
     int max_chunk; // preferred prefill chunk
     // Whether a prompt of n tokens at position 0 (logits of the last only) must be given to
     // forward in one call instead of chunks (NULL: never): the CUDA pass prefills a prompt longer
@@ -71,6 +74,9 @@ typedef struct Backend {
     // -1 with err filled (a non-finite logit says so as model_forward does).
     int (*sample_config)(void *dev, const struct Sampler *s, char *err);
     int (*decode_sample)(void *dev, int token, int pos, float u, const int *pen_ids, const int *pen_counts, int n_pen, char *err);
+    // --profile (AttnConfig.profile): what the run's ParisKV steps measured, printed on f when the
+    // run ends (nothing without --profile). NULL: nothing to print.
+    void (*profile)(void *dev, FILE *f);
 } Backend;
 
 extern const Backend backend_cpu;

@@ -58,6 +58,7 @@ static int fail(char *err, const char *fmt, ...) __attribute__((format(printf, 2
 static int set_seed(Options *o, const OptSpec *s, const char *v, char *err);
 static int add_stop(Options *o, const OptSpec *s, const char *v, char *err);
 static int set_attn(Options *o, const OptSpec *s, const char *v, char *err);
+static int set_cache_rows(Options *o, const OptSpec *s, const char *v, char *err);
 _Static_assert(offsetof(Options, model_path) == 0, "NOT_GIVEN is model_path's offset");
 
 static const OptSpec OPTIONS[] = {
@@ -142,6 +143,12 @@ static const OptSpec OPTIONS[] = {
     {"--bench-prefill", FLAG(bench_prefill, 1), .usage = "--bench-prefill",
      .help = "fill by a real prefill of random tokens (timed) instead of random K/V"},
     {.kind = ARG_NOTE, .usage = "--bench --attn pariskv", .help = "the ParisKV step (zone of random K/V, --kv-store, --topk), its\nindex update and its floor"},
+    {"--bench-overlap", FLOAT(bench_overlap, 0, 1), .usage = "--bench-overlap F",
+     .help = "pariskv: a second row per context whose top-k keeps a share F of the\nstep before's (default 0.6, SmolLM2 on real text; "
+             "0: none), for the\nrow cache"},
+    {"--bench-returns", FLOAT(bench_returns, 0, 1), .usage = "--bench-returns R",
+     .help = "of the rest, R come back from the slots dropped in the last steps,\nthe others uniform (default 0.75: what the "
+             "default cache's hit rate\non real text, 0.90, implies)"},
 
     {.section = "attention (dense while the sequence is shorter than max(D, sink + local + 2 topk)):"},
     {"--attn", CUSTOM(set_attn), GIVEN(attn_set), .usage = "--attn A",
@@ -160,6 +167,12 @@ static const OptSpec OPTIONS[] = {
     {"--kv-store-dtype", CHOICE(attn.zone_fp8, "bf16", "fp8"), VALUES(0, 1), GIVEN(policy_set), .usage = "--kv-store-dtype T",
      .help = "the retrieval zone's K/V as bf16 (default) or fp8 (e4m3 with a\nscale per row: half the host memory and PCIe bytes; GPU: "
              "host store\nonly; the CPU path rounds those rows the same way)"},
+    {"--pkv-cache-rows", CUSTOM(set_cache_rows), .lo = 0, .hi = 1 << 16, .usage = "--pkv-cache-rows N",
+     .help = "GPU, zone in the host store: keep recently selected zone rows in GPU\nmemory, N rows per layer and KV head (a power of "
+             "two; 0: off; default:\n8 topk rounded up, 1024 to 16384), printed at load"},
+    {"--profile", FLAG(attn.profile, 1), .usage = "--profile",
+     .help = "at the end, where ParisKV's work went: CPU, how much of each decode\nstep's top-k the step before selected too; GPU, "
+             "the row cache's hit rate"},
     {"--version", ACTION(OPTIONS_VERSION), .usage = "--version", .help = "the version, and whether this build has the CUDA backend"},
     {"-h", ACTION(OPTIONS_HELP), .usage = "-h, --help", .help = "this text"},
     {"--help", ACTION(OPTIONS_HELP)},
@@ -197,6 +210,14 @@ static int set_seed(Options *o, const OptSpec *s, const char *v, char *err) {
     long seed = 0;
     if (options_parse_long(v, s->name, s->lo, s->hi, &seed, err) != 0) return -1;
     o->seed = (unsigned long long)seed;
+    return 0;
+}
+
+static int set_cache_rows(Options *o, const OptSpec *s, const char *v, char *err) {
+    long n = 0;
+    if (options_parse_long(v, s->name, s->lo, s->hi, &n, err) != 0) return -1;
+    if (n & (n - 1)) return fail(err, "%s needs 0 or a power of two, got %ld", s->name, n);
+    o->attn.cache_rows = (int)n;
     return 0;
 }
 
@@ -286,6 +307,7 @@ static void set_defaults(Options *o) {
     o->top_p = 0.95f;
     o->seed = fresh_seed();
     attn_config_default(&o->attn);
+    o->bench_overlap = 0.6f, o->bench_returns = 0.75f;
     o->think = -1;
 }
 

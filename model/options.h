@@ -45,6 +45,8 @@ typedef struct {
     const char *bench_ctx;    // --bench-ctx 4096,32768
     int bench_steps;
     int bench_prefill;
+    float bench_overlap;      // --bench-overlap: ParisKV's locality stream keeps this share of the top-k (0: no such row)
+    float bench_returns;      // --bench-returns: and draws this share of the rest from the last steps' dropped slots
     AttnConfig attn;          // --attn --topk --sink --local --update --kv-store --kv-store-dtype
     int attn_set;             // --attn given
     int policy_set;           // --topk, --sink, --local, --update, --kv-store or --kv-store-dtype given: a policy is asked for

@@ -3,6 +3,7 @@
 // steps, independence from the thread count, recall with planted relevant keys, and drift (the
 // key distribution shifts halfway: ParisKV's recall holds while learned centroids fall).
 #include "../attention/attention.h"
+#include "../attention/recall.h"
 #include "../offload/fp8.h"
 #include "test_pariskv_util.h"
 #include "../model/pool.h"
@@ -474,6 +475,75 @@ static void test_rewind_truncates(void) {
     free(oa), free(ob), free_inputs(&a);
 }
 
+// --profile's overlap: the definition on hand-made sets, then the policy's measurement against
+// selection_overlap of consecutive attn_policy_select results, step by step and in chunks.
+static void test_overlap_definition(void) {
+    int a[] = {1, 2, 3, 4}, b[] = {2, 3, 5, 9}, c[] = {10, 11}, d[] = {1, 2};
+    check(selection_overlap(a, 4, b, 4) == 0.5, "overlap {1,2,3,4} vs {2,3,5,9}: 2 of 4 = %.3f", selection_overlap(a, 4, b, 4));
+    check(selection_overlap(a, 4, a, 4) == 1.0 && selection_overlap(a, 4, c, 2) == 0.0, "overlap: a set with itself 1, disjoint sets 0");
+    check(selection_overlap(d, 2, a, 4) == 0.5 && selection_overlap(a, 4, d, 2) == 0.5, "overlap of sets of 2 and 4 sharing 2: / the larger, 0.5");
+    check(selection_overlap(NULL, 0, NULL, 0) == 1.0 && selection_overlap(a, 4, NULL, 0) == 0.0, "overlap: two empty sets 1, one empty 0");
+}
+
+// The reference: each step's selections by attn_policy_select (valid right after the step), the
+// overlap of consecutive decode steps summed per (layer, KV head).
+static void overlap_reference(AttnPolicy *ap, const Inputs *in, int pos, int *prev, int *prev_n, double *sum, long *cnt) {
+    int G = in->H / in->Hkv, kmax = attn_policy_config(ap)->topk + 16, sel[64];
+    for (int l = 0; l < in->L; l++)
+        for (int h = 0; h < in->Hkv; h++) {
+            const float *qg = in->q + (((size_t)l * in->ctx + pos) * in->H + (size_t)h * G) * in->D;
+            int lh = l * in->Hkv + h, n = attn_policy_select(ap, l, h, qg, pos, 0, 0, sel);
+            if (n >= 0 && prev_n[lh] >= 0) sum[lh] += selection_overlap(sel, n, prev + lh * kmax, prev_n[lh]), cnt[lh]++;
+            prev_n[lh] = n;
+            if (n > 0) memcpy(prev + lh * kmax, sel, (size_t)n * sizeof(int));
+        }
+}
+
+static void test_overlap_policy(void) {
+    Rng r = {31};
+    Inputs in = make_inputs(&r, 2, 6, 2, 64, 720);
+    size_t n = (size_t)in.L * in.ctx * in.H * in.D;
+    float *a = xcalloc(n, sizeof(float)), *b = xcalloc(n, sizeof(float));
+    int threads = pool_max_threads();
+    pool_set_threads(1); // the sums in step order: equal to the reference's, bit for bit
+    AttnConfig c;
+    attn_config_default(&c);
+    c.sink = 4, c.local = 32, c.update = 64, c.topk = 16, c.dense_min = 200, c.profile = 1;
+    AttnPolicy *pa = create(&c, &in), *pb = create(&c, &in);
+    int LH = in.L * in.Hkv, prev[4 * 32], prev_n[4];
+    double sum[4] = {0};
+    long cnt[4] = {0};
+    for (int i = 0; i < LH; i++) prev_n[i] = -1;
+    for (int p = 0; p < in.ctx; p++) {
+        attend(pa, &in, p, 1, a);
+        overlap_reference(pa, &in, p, prev, prev_n, sum, cnt);
+    }
+    for (int p = 0; p < in.ctx; p += 64) attend(pb, &in, p, p + 64 < in.ctx ? 64 : in.ctx - p, b);
+    int same = 1;
+    double lo = 1, hi = 0;
+    for (int i = 0; i < LH; i++) {
+        double ma, mb;
+        long na = attn_policy_overlap(pa, i / in.Hkv, i % in.Hkv, &ma), nb = attn_policy_overlap(pb, i / in.Hkv, i % in.Hkv, &mb);
+        same &= na == cnt[i] && nb == cnt[i] && cnt[i] > 0 && ma == sum[i] / cnt[i] && mb == ma;
+        lo = fmin(lo, ma), hi = fmax(hi, ma);
+    }
+    check(same, "profile overlap per (layer, KV head), steps and chunks of 64, equals the consecutive selections' (%ld steps; means %.3f..%.3f)",
+          cnt[0], lo, hi);
+    double ha, ra, hb, rb;
+    int lines = attn_policy_cache_sim(pa, &ha, &ra);
+    check(lines == 1024 && attn_policy_cache_sim(pb, &hb, &rb) == lines && ha == hb && ra == rb && ra > 0 && ha > 0,
+          "profile's row cache simulation (%d lines) reads the same rows from the cache, steps and chunks (%.0f of %.0f)", lines, ha, ra);
+    attend(pa, &in, 0, 1, a); // a new sequence: its first decode step has nothing to compare with
+    double m0;
+    long before = attn_policy_overlap(pa, 0, 0, &m0);
+    for (int p = 1; p < 260; p++) attend(pa, &in, p, 1, a);
+    check(attn_policy_overlap(pa, 0, 0, &m0) == before + 259 - (attn_dense_threshold(&c) - 1),
+          "after a new sequence, the overlap counts from its second decode step on");
+    pa->destroy(pa), pb->destroy(pb);
+    pool_set_threads(threads);
+    free(a), free(b), free_inputs(&in);
+}
+
 static void test_bad_config(void) {
     Rng r = {16};
     Inputs in = make_inputs(&r, 1, 2, 1, 64, 64);
@@ -502,6 +572,8 @@ int main(void) {
     test_drift();
     test_zone_fp8();
     test_rewind_truncates();
+    test_overlap_definition();
+    test_overlap_policy();
     test_bad_config();
     printf("%d passed, %d failed\n", passed, failed);
     return failed != 0;
