@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the repo root, with binaries from kernels/prepare_device.sh in .dev/:
 # kernel tests against the CPU reference, whole-model GPU vs CPU, and the decode benchmark.
-# Usage: kernels/gpu_checks.sh [kernels|mutants|models|smollm2|sampling|quant|quantbench|pkvrand|pkvchat|pkvsmol|pkvfp8|pkvcache|pkvlayer|pkvchunk|pkvdrift|session|sessbench|pkvsan|pkvlong|pkvbench|bench|prefill|peer|hfcheck|all]...
+# Usage: kernels/gpu_checks.sh [kernels|mutants|models|smollm2|sampling|quant|quantbench|pkvrand|pkvchat|pkvsmol|pkvfp8|pkvcache|pkvtable|pkvlayer|pkvchunk|pkvdrift|session|sessbench|pkvsan|pkvlong|pkvbench|bench|prefill|peer|hfcheck|all]...
 # Exits non-zero when any check fails: every command's status counts (pipefail: a `cmd | tee`
 # fails when cmd does), and a GPU/CPU mismatch is a failure, not a note.
 set -uo pipefail
@@ -493,6 +493,27 @@ if want pkvlong; then
     python3 -c "import random; random.seed(7); print(' '.join(str(random.randrange(128000)) for _ in range($N)))" > /tmp/ids$N.txt
     timeout 590 $D/run --synthetic llama3.1-8b --ids -f /tmp/ids$N.txt -n ${PKV_LONG_N:-38000} --temp 0 --ctx $((N + 38016)) --attn pariskv \
         --kv-store host 2>&1 >/dev/null | grep -v "^warning" | tee "$OUT/pkvlong.txt" || status=1
+fi
+if want pkvtable; then
+    # Issue 24's table: the ParisKV step with the zone in host memory, k = 100 unless stated, the
+    # row cache at its default size (each context gives two rows: the selection's own random
+    # queries, and the locality stream); bf16 weights, Q4_K and Q8_0; the 1M rows with the fp8
+    # store (66 GiB). PKV_TABLE_ROWS picks rows by name (default all).
+    tab() { # name, args...
+        local name=$1; shift
+        case " ${PKV_TABLE_ROWS:-all} " in *" all "*|*" $name "*) ;; *) return;; esac
+        echo "=== pkvtable $name: $*"
+        timeout 300 $D/run --bench --attn pariskv --kv-store host "$@" 2>&1 | tee "$OUT/pkvtable-$name.txt" | grep -E '^ +[0-9]+ \||stages|row cache' || status=1
+    }
+    tab llama128k --synthetic llama3.1-8b --topk 100 --bench-ctx 131072
+    tab llama128k-nocache --synthetic llama3.1-8b --topk 100 --bench-ctx 131072 --pkv-cache-rows 0
+    tab qwen128k --synthetic qwen3-8b --topk 100 --bench-ctx 131072
+    tab llama512k --synthetic llama3.1-8b --topk 100 --bench-ctx 524288
+    tab llama512k-k2048 --synthetic llama3.1-8b --topk 2048 --bench-ctx 524288
+    tab q4k128k --synthetic llama3.1-8b --quant q4_k --topk 100 --bench-ctx 131072
+    tab q8128k --synthetic llama3.1-8b --quant q8_0 --topk 100 --bench-ctx 131072
+    tab llama1m-fp8 --synthetic llama3.1-8b --kv-store-dtype fp8 --topk 100 --bench-ctx 1048576
+    tab q4k1m-fp8 --synthetic llama3.1-8b --quant q4_k --kv-store-dtype fp8 --topk 100 --bench-ctx 1048576
 fi
 if want pkvbench; then
     # ParisKV decode on the synthetic 8B shapes: zone in pinned host memory, k = 100 and 2048, and
