@@ -344,6 +344,9 @@ def test_terminal(tiny):
     ok &= reading
     os.write(fd, b"\x03")  # Ctrl-C at the prompt: the terminal sends SIGINT
     ok &= expect(b"Ctrl-D quits")
+    # Ctrl-D only once the next read has begun: libedit sets the terminal up before it reads
+    # (TCSAFLUSH), which drops a key typed in between -- on a busy machine the test types fast.
+    wait_for(lambda: blocked_reading_stdin(pid) or proc_state(pid) in ("Z", ""), 30)
     os.write(fd, b"\x04")  # Ctrl-D: end of input
     for _ in range(300):  # a hang is a failure, not a stuck test
         done, wstatus = os.waitpid(pid, os.WNOHANG)
