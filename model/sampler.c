@@ -3,19 +3,22 @@
 //
 // No sort of the vocabulary, and as few passes over it as each setting allows (152K tokens: the
 // exp is most of the time, so it runs on the tokens that can matter where a filter bounds them):
-//   a pass for the max (and no NaN or infinity), then
+//   a pass for the max and the min (and no NaN or infinity), then
 //   top-k <= KMAX: a threshold filter over the logits finds the k (p for those alone), top-p and
 //     min-p then within them;
 //   min-p without top-k: a logit bound (with a margin over the roundings) collects min-p's
 //     candidates; p for those alone when few (a sum pass for Z when top-p is on too);
 //   else the general path: a vectorized pass for p and the sums of P by blocks of BLK (the draw
-//     skips whole blocks); top-p alone then estimates its cut from a sample and confirms it in a
-//     band of tokens (top_p_band); what remains (top-k > KMAX, a failed estimate) takes a
-//     histogram of x = (m - l) / T in 4096 bins of 1/128 (x is monotone in the logit, so a bin's
-//     tokens all rank before the next bin's) to find the bin holding a filter's boundary, and a
-//     radix select on the logit's key over that bin's members alone.
-// The passes over every token (p and its block sums, top-p's band, the draw's block sums at a cut)
-// run as pool tasks over ranges of blocks at large n; their integer sums make any split exact.
+//     skips whole blocks; the min tells when exp may leave out softmax_exp's clamps, and when P
+//     may be summed as p); top-p alone then estimates its cut from a sample that pass takes, and
+//     confirms it in a band of tokens (top_p_band: a pass that sums P above the band and lists
+//     the band's tokens without a branch, then a radix select over the band); what remains
+//     (top-k > KMAX, a failed estimate) takes a histogram of x = (m - l) / T in 4096 bins of
+//     1/128 (x is monotone in the logit, so a bin's tokens all rank before the next bin's) to find
+//     the bin holding a filter's boundary, and a radix select over that bin's members alone.
+// The passes over every token (the max, p and its block sums, top-p's band, the draw's block sums
+// at a cut) run as pool tasks over ranges of blocks at large n; their integer sums make any split
+// exact.
 // The draw walks the kept tokens in id order. Every path gives the same kept set and P (the tests
 // compare the whole u -> id map with a sort-based reference). Over 500 lines: the paths share the
 // P arithmetic, the rank keys and the radix select, and are one definition's implementation.
@@ -34,6 +37,9 @@
 #pragma GCC optimize("no-trapping-math")
 #endif
 #include "../attention/softmax_exp.h"
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
 
 // Eight lanes as GCC/Clang vector extensions (AVX2 here, two SSE halves under x86-64-v2).
 #pragma GCC diagnostic ignored "-Wpsabi" // they pass only between this file's inline functions
@@ -42,8 +48,6 @@ typedef int32_t v8i __attribute__((vector_size(32)));
 typedef float v4 __attribute__((vector_size(16)));
 typedef int32_t v4i __attribute__((vector_size(16)));
 typedef double v4d __attribute__((vector_size(32)));
-typedef uint64_t v4u __attribute__((vector_size(32)));
-typedef int64_t v4l __attribute__((vector_size(32)));
 #define V8(c) ((v8){c, c, c, c, c, c, c, c})
 #define AI static inline __attribute__((always_inline))
 
@@ -63,15 +67,6 @@ AI int any8_(const v8i *m) {
 #define sel8(m, a, b) ((v8)(((v8i)(a) & (m)) | ((v8i)(b) & ~(m))))
 #define lo4(v) __builtin_shufflevector((v), (v), 0, 1, 2, 3)
 #define hi4(v) __builtin_shufflevector((v), (v), 4, 5, 6, 7)
-#define lo4i(v) lo4(v)
-#define hi4i(v) hi4(v)
-
-// fixed40 of four lanes.
-AI v4u fixed40x4(v4 p) {
-    v4d t = __builtin_convertvector(p, v4d) * 0x1p40 + 0x1p52;
-    return (v4u)t - 0x4330000000000000ull;
-}
-AI v4u mask64(v4i m) { return (v4u)__builtin_convertvector(m, v4l); }
 
 // Comparisons of eight lanes: without AVX, gcc lowers a 32-byte comparison lane by lane, so there
 // it is two of four lanes.
@@ -83,17 +78,57 @@ AI v8i cmp8_join(v4i a, v4i b) { return __builtin_shufflevector(a, b, 0, 1, 2, 3
 #endif
 
 // softmax_exp lane by lane: the same operations in the same order, so the same bits, for finite x
-// (the selects as masks; gcc's own vectorization of the loop ran a third slower).
-AI v8 exp8(const v8 *xp) {
+// (the selects as masks; gcc's own vectorization of the loop ran a third slower). Without clamp,
+// for x in [-87, 0] only, where softmax_exp's selects keep x and p * scale: the same bits without
+// them (a third less time: 0.14 -> 0.09 ms for 152K tokens).
+AI v8 exp8(const v8 *xp, int clamp) {
     const float log2e = 1.44269504088896341f, ln2_hi = 0.693359375f, ln2_lo = -2.12194440e-4f;
     const v8 x = *xp;
-    v8 xc = sel8(CMP8(x, <, V8(88.0f)), x, V8(88.0f));
-    xc = sel8(CMP8(x, >, V8(-87.0f)), xc, V8(-87.0f));
+    v8 xc = x;
+    if (clamp) {
+        xc = sel8(CMP8(x, <, V8(88.0f)), x, V8(88.0f));
+        xc = sel8(CMP8(x, >, V8(-87.0f)), xc, V8(-87.0f));
+    }
     v8 n = (xc * V8(log2e) + V8(12582912.0f)) - V8(12582912.0f);
     v8 r = (xc - n * V8(ln2_hi)) - n * V8(ln2_lo);
     v8 p = V8(1.0f) + r * (V8(1.0f) + r * (V8(0.5f) + r * (V8(1.0f / 6) + r * (V8(1.0f / 24) + r * (V8(1.0f / 120) + r * (V8(1.0f / 720) + r * V8(1.0f / 5040)))))));
     v8i bits = (__builtin_convertvector(n, v8i) + 127) << 23;
-    return (v8)((v8i)(p * (v8)bits) & CMP8(x, >=, V8(-87.0f)));
+    p = p * (v8)bits;
+    return clamp ? (v8)((v8i)p & CMP8(x, >=, V8(-87.0f))) : p;
+}
+
+// Appends band's set lanes, in order, to ids (as i + lane), bl (l's lane) and bp (p's); returns
+// how many. Writes 8 entries to each whatever the count (the caller leaves room). With AVX2 it
+// takes no branch: the band's lanes are few and scattered, and a branch on them mispredicted
+// often enough to cost 40% of the band's pass.
+#ifdef __AVX2__
+// LANES[m]: the positions of m's set bits, lowest first, a byte each (bit j goes to the byte
+// numbered by the set bits below it).
+#define BIT_(m, j) (((m) >> (j)) & 1)
+#define POP8_(m) (BIT_(m, 0) + BIT_(m, 1) + BIT_(m, 2) + BIT_(m, 3) + BIT_(m, 4) + BIT_(m, 5) + BIT_(m, 6) + BIT_(m, 7))
+#define POS_(m, j) ((uint64_t)(BIT_(m, j) * (j)) << (8 * POP8_((m) & ((1 << (j)) - 1))))
+#define LANE_(m) (POS_(m, 1) | POS_(m, 2) | POS_(m, 3) | POS_(m, 4) | POS_(m, 5) | POS_(m, 6) | POS_(m, 7))
+#define LANE4_(m) LANE_(m), LANE_(m + 1), LANE_(m + 2), LANE_(m + 3)
+#define LANE16_(m) LANE4_(m), LANE4_(m + 4), LANE4_(m + 8), LANE4_(m + 12)
+#define LANE64_(m) LANE16_(m), LANE16_(m + 16), LANE16_(m + 32), LANE16_(m + 48)
+static const uint64_t LANES[256] = {LANE64_(0), LANE64_(64), LANE64_(128), LANE64_(192)};
+#endif
+#define append8(ids, bl, bp, i, band, l, p) \
+    ({ v8i a8b_ = (band); v8 a8l_ = (l), a8p_ = (p); append8_((ids), (bl), (bp), (i), &a8b_, &a8l_, &a8p_); })
+AI int append8_(int *ids, float *bl, float *bp, int i, const v8i *band, const v8 *l, const v8 *p) {
+#ifdef __AVX2__
+    const int mk = _mm256_movemask_ps((__m256)*band);
+    const __m256i at = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)&LANES[mk]));
+    _mm256_storeu_si256((__m256i *)ids, _mm256_add_epi32(_mm256_set1_epi32(i), at));
+    _mm256_storeu_ps(bl, _mm256_permutevar8x32_ps((__m256)*l, at));
+    _mm256_storeu_ps(bp, _mm256_permutevar8x32_ps((__m256)*p, at));
+    return __builtin_popcount((unsigned)mk);
+#else
+    int k = 0;
+    if (any8(*band))
+        for (int j = 0; j < 8; j++) ids[k] = i + j, bl[k] = (*l)[j], bp[k] = (*p)[j], k -= (*band)[j]; // 0 or -1
+    return k;
+#endif
 }
 
 // Sums of P without converting each p: a p >= 2^-17 is a multiple of 2^-40 (24 bits from its
@@ -102,6 +137,13 @@ AI v8 exp8(const v8 *xp) {
 #define d_lo(v) __builtin_convertvector(lo4(v), v4d)
 #define d_hi(v) __builtin_convertvector(hi4(v), v4d)
 #define exact_sum(a) ((uint64_t)((((a)[0] + (a)[1]) + ((a)[2] + (a)[3])) * 0x1p40))
+
+// P of eight p as floats, each the integer fixed40 gives: p 2^40 is exact, and below 2^23 adding
+// and removing 2^23 rounds it to the nearest integer (even on ties); at or above, it is one.
+AI v8 round40(const v8 *pp) {
+    const v8 q = *pp * V8(0x1p40f);
+    return sel8(CMP8(q, <, V8(0x1p23f)), (q + V8(0x1p23f)) - V8(0x1p23f), q);
+}
 
 #define NBIN 4096
 #define XMAX 32.0f // past it e^-x < 2^-41, so P = 0: one overflow bin (NBIN) holds those tokens
@@ -250,6 +292,7 @@ typedef struct {
 // The prefix of rank order that a target ends: by count (the first `count` tokens) when by_mass
 // is 0, else the shortest whose P sum, in double, is >= mass. The histogram is filled.
 static Cut select_list(const Sampler *s, const float *logits, int *list, int k, int by_mass, int count, double mass, long c0, uint64_t m0);
+static Cut radix_select(int *ids, float *l, float *p, int k, int by_mass, int count, double mass, long c0, uint64_t m0);
 static Cut select_prefix(const Sampler *s, const float *logits, int by_mass, int count, double mass) {
     const int n = s->n_valid;
     // the bin holding the boundary
@@ -268,23 +311,31 @@ static Cut select_prefix(const Sampler *s, const float *logits, int by_mass, int
 }
 
 // The radix select over list[0, k) (ids in id order, all ranking after c0 tokens of mass m0 and
-// before the rest), 8 bits of the key at a time from the top.
+// before the rest), 8 bits of the key at a time from the top: their logits and p gathered into
+// scratch, then radix_select.
 static Cut select_list(const Sampler *s, const float *logits, int *list, int k, int by_mass, int count, double mass, long c0, uint64_t m0) {
-    // each member's key and P, once (compacted along with the list)
-    uint64_t *P = s->keys;
-    uint32_t *key = (uint32_t *)(s->keys + s->n_valid);
-    for (int j = 0; j < k; j++) key[j] = order_key(logits[list[j]]), P[j] = fixed40(s->prob[list[j]]);
+    float *l = (float *)s->keys, *p = l + s->n_valid;
+    for (int j = 0; j < k; j++) l[j] = logits[list[j]], p[j] = s->prob[list[j]];
+    return radix_select(list, l, p, k, by_mass, count, mass, c0, m0);
+}
+
+// select_list's work on members given as ids (in id order), logits and p, all three compacted in
+// place as the select narrows them down.
+static Cut radix_select(int *ids, float *l, float *p, int k, int by_mass, int count, double mass, long c0, uint64_t m0) {
     while (k > 1) {
-        uint32_t lo = key[0], hi = key[0];
-        for (int j = 1; j < k; j++) lo = key[j] < lo ? key[j] : lo, hi = key[j] > hi ? key[j] : hi;
+        uint32_t lo = order_key(l[0]), hi = lo;
+        for (int j = 1; j < k; j++) {
+            uint32_t key = order_key(l[j]);
+            lo = key < lo ? key : lo, hi = key > hi ? key : hi;
+        }
         if (lo == hi) break;
         int shift = 0; // the digit (key - lo) >> shift < 256
         while ((hi - lo) >> shift > 255) shift++;
         uint32_t dc[256] = {0};
         uint64_t dm[256] = {0};
         for (int j = 0; j < k; j++) {
-            int d = (int)((key[j] - lo) >> shift);
-            dc[d]++, dm[d] += P[j];
+            int d = (int)((order_key(l[j]) - lo) >> shift);
+            dc[d]++, dm[d] += fixed40(p[j]);
         }
         int d = (int)((hi - lo) >> shift);
         for (;; d--) { // larger keys rank first
@@ -293,15 +344,15 @@ static Cut select_list(const Sampler *s, const float *logits, int *list, int k, 
         }
         int kk = 0;
         for (int j = 0; j < k; j++)
-            if ((int)((key[j] - lo) >> shift) == d) list[kk] = list[j], key[kk] = key[j], P[kk] = P[j], kk++;
+            if ((int)((order_key(l[j]) - lo) >> shift) == d) ids[kk] = ids[j], l[kk] = l[j], p[kk] = p[j], kk++;
         k = kk;
     }
     // equal keys: in id order
     Cut c = {0, 0, 0, 0};
     for (int j = 0; j < k; j++) {
-        c0++, m0 += P[j];
+        c0++, m0 += fixed40(p[j]);
         if (j == k - 1 || (by_mass ? (double)m0 >= mass : c0 >= count)) {
-            c.s = (int)c0, c.key = key[j], c.id = list[j], c.mass = m0;
+            c.s = (int)c0, c.key = order_key(l[j]), c.id = ids[j], c.mass = m0;
             break;
         }
     }
@@ -535,44 +586,69 @@ static int pick_min_p(const Sampler *s, const float *logits, float m, double u) 
 }
 
 // Top-p over all n (no top-k) without a histogram of every token, after the exp pass (p stored).
-// A histogram of P over a sample of NSAMP tokens (bins of
-// the logit below m, T/32 wide) estimates the tail past each bin (the tail's P are small, so its
-// estimate is the close one: Z less it is the prefix's mass), and a band of bins wide enough for
-// the sample's error (4 sigma) must hold the crossing; one pass sums P exactly above the band (per
-// block, for the draw), collects the band's tokens and checks that the crossing lies among them,
-// and the radix select finds it there. Returns 0 (the caller takes the histogram of every token)
-// when n is small, the band holds too many tokens or the check fails; 1 with the cut (the draw's
-// data left for top_p_draw).
-#define NSAMP 8192
+// A histogram of P over a sample (bins of the logit below m, T/32 wide) estimates the tail past
+// each bin (the tail's P are small, so its estimate is the close one: Z less it is the prefix's
+// mass), and a band of bins wide enough for the sample's error (4 sigma) must hold the crossing;
+// one pass sums P exactly above the band (per block, for the draw), collects the band's tokens and
+// checks that the crossing lies among them, and the radix select finds it there. Returns 0 (the
+// caller takes the histogram of every token) when n is small, the band holds too many tokens or
+// the check fails; 1 with the cut (the draw's data left for top_p_draw).
+#define SAMP_BLK 2 // the sample: runs of 8 tokens a block (whole cache lines, not strided tokens)
 #define SBIN 1024
+#define BAND_MIN 32768 // fewer tokens: the histogram of every token costs little
 typedef struct {
     const Sampler *s;
     const float *logits;
     float l_in, l_out;
-    int nt;
+    int nt, exact;
     int k[PAR_MAX];
     uint64_t m_in[PAR_MAX], m_band[PAR_MAX];
     long c_in[PAR_MAX];
 } BandPass;
 static void band_task(void *ctx, int task, int thread);
+
+// The sample: SAMP_BLK runs of 8 tokens a block, at offsets that vary from block to block; the exp
+// pass copies each run's logits and p while they are in L1 (strided loads afterwards were half
+// the estimate's time). Run r of block b starts at token samp_at(b, r) of the block.
+static int samp_at(int b, int r) { return 8 * ((b * 11 + r * (BLK / 8 / SAMP_BLK)) % (BLK / 8)); }
+// Where the exp pass puts them: per run, 8 logits then 8 p, in block order (top-p's band path
+// alone; the keys scratch is free until its band pass).
+static float *samp_buf(const Sampler *s) { return (float *)(s->keys + s->n_valid); }
+
+// The sample's histogram: w[b] the sum of P over bin b (the last bin: all beyond), w2[b] of P^2;
+// returns the sample's size, and in *top the last bin that holds any.
+static int sample_hist(const Sampler *s, float m, float step, double *w, double *w2, int *top) {
+    const int n = s->n_valid, nblk = (n + BLK - 1) / BLK;
+    const float *sp = samp_buf(s);
+    const v8 mv = V8(m), sv = V8(step);
+    int ns = 0, hi = 0;
+    memset(w, 0, (SBIN + 1) * sizeof *w), memset(w2, 0, (SBIN + 1) * sizeof *w2);
+    for (int b = 0; b < nblk; b++)
+        for (int r = 0; r < SAMP_BLK; r++, sp += 16) {
+            if (b * BLK + samp_at(b, r) + 8 > n) continue; // a short last block
+            const v8 y = (mv - ld8(sp)) / sv, p = ld8(sp + 8);
+            const v8i bin = __builtin_convertvector(sel8(CMP8(y, <, V8((float)SBIN)), y, V8((float)SBIN)), v8i);
+            for (int j = 0; j < 8; j++) {
+                const double P = (double)p[j] * 0x1p40; // an estimate: no need for fixed40's rounding
+                w[bin[j]] += P, w2[bin[j]] += P * P, hi = bin[j] > hi ? bin[j] : hi;
+            }
+            ns += 8;
+        }
+    *top = hi;
+    return ns;
+}
+
 static int top_p_band(const Sampler *s, const float *logits, float m, uint64_t z, double target, Cut *cut, int *band_k) {
     const int n = s->n_valid, nblk = (n + BLK - 1) / BLK;
     const float t = s->temperature;
-    if (n < 4 * NSAMP || !(target > 0)) return 0;
+    if (n < BAND_MIN || !(target > 0)) return 0;
     double w[SBIN + 1], w2[SBIN + 1];
-    memset(w, 0, sizeof w), memset(w2, 0, sizeof w2);
     const float step = t / 32; // bin b: m - (b + 1) step < l <= m - b step, roughly; any monotone map will do
-    for (int j = 0; j < NSAMP; j++) {
-        int i = (int)((int64_t)j * n / NSAMP);
-        float y = (m - logits[i]) / step;
-        int b = y < (float)SBIN ? (int)y : SBIN;
-        double P = (double)fixed40(s->prob[i]);
-        w[b] += P, w2[b] += P * P;
-    }
-    const double scale = (double)n / NSAMP;
+    int top;
+    const double scale = (double)n / sample_hist(s, m, step, w, w2, &top);
     double tail = 0, var = 0;
     int b_hi = -1, b_lo = SBIN; // bins <= b_hi: surely before the crossing; > b_lo: surely after
-    for (int b = SBIN; b >= 0; b--) {
+    for (int b = top; b >= 0; b--) { // (the empty bins past top add nothing)
         double mb = (double)z - tail * scale, sd = 4 * sqrt(var) * scale + 1e-9 * (double)z;
         if (mb - sd >= target) b_lo = b;
         if (mb + sd < target) {
@@ -583,38 +659,47 @@ static int top_p_band(const Sampler *s, const float *logits, float m, uint64_t z
     }
     // in: l > l_in; the band: l_out < l <= l_in; monotone in l, so in ranks before band before out
     const float l_in = m - (float)(b_hi + 1) * step, l_out = b_lo < SBIN ? m - (float)(b_lo + 1) * step : -INFINITY;
-    BandPass c = {.s = s, .logits = logits, .l_in = l_in, .l_out = l_out, .nt = par_tasks(n, nblk)};
+    // every p above the band >= 2^-17 (within 2 ulp of e^x, x monotone in l): its sums in double
+    const int exact = softmax_exp((l_in - m) / t) >= 0x1p-16f;
+    BandPass c = {.s = s, .logits = logits, .l_in = l_in, .l_out = l_out, .nt = par_tasks(n, nblk), .exact = exact};
     par_run(c.nt, band_task, &c);
     int *list = s->list, k = 0, cap = n / 8;
+    float *bl = (float *)s->keys, *bp = bl + n;
     uint64_t m_in = 0, m_band = 0;
     long c_in = 0;
-    for (int i = 0; i < c.nt; i++) { // each task's band, from its blocks' first entry of list, in order
+    for (int i = 0; i < c.nt; i++) { // each task's band, from its blocks' first entry, in order
         if (c.k[i] < 0 || k + c.k[i] > cap) return 0;
         int b_lo, b_hi;
         task_blocks(i, c.nt, nblk, &b_lo, &b_hi);
-        if (k != b_lo * BLK) memmove(list + k, list + b_lo * BLK, (size_t)c.k[i] * sizeof *list);
+        if (k != b_lo * BLK) {
+            memmove(list + k, list + b_lo * BLK, (size_t)c.k[i] * sizeof *list);
+            memmove(bl + k, bl + b_lo * BLK, (size_t)c.k[i] * sizeof *bl);
+            memmove(bp + k, bp + b_lo * BLK, (size_t)c.k[i] * sizeof *bp);
+        }
         k += c.k[i], m_in += c.m_in[i], m_band += c.m_band[i], c_in += c.c_in[i];
     }
     if (!((double)m_in < target && (double)(m_in + m_band) >= target)) return 0;
     int *band_ids = (int *)(s->keys + 2 * (size_t)n); // the band, kept for the draw
     memcpy(band_ids, list, (size_t)k * sizeof *list);
-    *cut = select_list(s, logits, list, k, 1, 0, target, c_in, m_in);
+    *cut = radix_select(list, bl, bp, k, 1, 0, target, c_in, m_in);
     *band_k = k;
     return 1;
 }
 
-// top_p_band's pass, a task's blocks: P summed above the band (per block, for the draw), the band's
-// ids listed from list[its first block's first token] (k -1: more than the band may hold).
+// top_p_band's pass, a task's blocks: P summed above the band (per block, for the draw; as p when
+// c->exact, see exact_sum, else as round40's P); the band's ids, logits and p listed from its first
+// block's first token on (k -1: more than the band may hold).
 static void band_task(void *ctx, int task, int thread) {
     (void)thread;
     BandPass *c = ctx;
     const Sampler *s = c->s;
-    const float *logits = c->logits, l_in = c->l_in, l_out = c->l_out;
-    const int n = s->n_valid, nblk = (n + BLK - 1) / BLK;
+    const float *logits = c->logits, *prob = s->prob, l_in = c->l_in, l_out = c->l_out;
+    const int n = s->n_valid, nblk = (n + BLK - 1) / BLK, exact = c->exact;
     int b_lo, b_hi;
     task_blocks(task, c->nt, nblk, &b_lo, &b_hi);
     const v8 vi = V8(l_in), vo = V8(l_out);
     int *list = s->list + b_lo * BLK, k = 0, cap = n / 8;
+    float *bl = (float *)s->keys + b_lo * BLK, *bp = bl + n; // the band's logits and p
     uint64_t m_in = 0, m_band = 0, *blk_in = s->blk_mass + 2 * nblk;
     long c_in = 0;
     c->k[task] = -1;
@@ -622,37 +707,28 @@ static void band_task(void *ctx, int task, int thread) {
         const int b0 = b * BLK, e = b0 + BLK < n ? b0 + BLK : n;
         uint64_t bi = 0;
         v4d da = {0, 0, 0, 0};
-        v8i ca = {0, 0, 0, 0, 0, 0, 0, 0}, small = {0, 0, 0, 0, 0, 0, 0, 0};
+        v8i ca = {0, 0, 0, 0, 0, 0, 0, 0};
         int i = b0;
         for (; i + 8 <= e; i += 8) {
-            v8 l = ld8(logits + i), p = ld8(s->prob + i);
-            v8i in = CMP8(l, >, vi), band = ~in & CMP8(l, >, vo);
-            if (!any8(in | band)) continue;
-            v8 pi = (v8)((v8i)p & in);
-            small |= in & CMP8(p, <, V8(0x1p-17f)) & CMP8(p, >, V8(0.0f));
+            const v8 l = ld8(logits + i), p = ld8(prob + i), P = exact ? p : round40(&p);
+            const v8i in = CMP8(l, >, vi), band = ~in & CMP8(l, >, vo);
+            const v8 pi = (v8)((v8i)P & in);
             da += d_lo(pi) + d_hi(pi), ca -= in;
-            if (any8(band)) {
-                if (k + 8 > cap) return;
-                for (int j = 0; j < 8; j++) list[k] = i + j, k -= band[j]; // band[j]: 0 or -1
-            }
+            if (k + 8 > cap) return;
+            k += append8(list + k, bl + k, bp + k, i, band, l, p);
         }
-        if (any8(small)) { // P one by one (see exact_sum)
-            for (int j = b0; j < i; j++)
-                if (logits[j] > l_in) bi += fixed40(s->prob[j]);
-        } else
-            bi = exact_sum(da);
+        bi = (uint64_t)(((da[0] + da[1]) + (da[2] + da[3])) * (exact ? 0x1p40 : 1.0));
         c_in += ca[0] + ca[1] + ca[2] + ca[3] + ca[4] + ca[5] + ca[6] + ca[7];
         for (; i < e; i++) {
-            uint64_t P = fixed40(s->prob[i]);
-            if (logits[i] > l_in) bi += P, c_in++;
+            if (logits[i] > l_in) bi += fixed40(prob[i]), c_in++;
             else if (logits[i] > l_out) {
                 if (k == cap) return;
-                list[k++] = i;
+                list[k] = i, bl[k] = logits[i], bp[k] = prob[i], k++;
             }
         }
         blk_in[b] = bi, m_in += bi;
     }
-    for (int j = 0; j < k; j++) m_band += fixed40(s->prob[list[j]]);
+    for (int j = 0; j < k; j++) m_band += fixed40(bp[j]);
     c->k[task] = k, c->m_in[task] = m_in, c->m_band[task] = m_band, c->c_in[task] = c_in;
 }
 
@@ -683,21 +759,71 @@ static int top_p_draw(const Sampler *s, const float *logits, int band_k, Cut cut
     return cut.id; // not reached
 }
 
-// p of tokens [b0, e) into dst; returns whether some p lies in (0, 2^-17) (see exact_sum).
-static int exp_block(const float *logits, float m, float t, int b0, int e, float *dst) {
+// p of tokens [b0, e) into dst; clamp: some x may lie below -87 (see exp8).
+static void exp_block(const float *logits, float m, float t, int b0, int e, float *dst, int clamp) {
     const v8 mv = V8(m), tv = V8(t);
-    v8i small = {0, 0, 0, 0, 0, 0, 0, 0};
-    int i = b0, sm = 0;
-    for (; i + 8 <= e; i += 8) {
-        v8 x = (ld8(logits + i) - mv) / tv, p = exp8(&x);
-        small |= CMP8(p, <, V8(0x1p-17f)) & CMP8(p, >, V8(0.0f));
-        memcpy(dst + (i - b0), &p, sizeof p);
+    int i = b0;
+    if (clamp)
+        for (; i + 8 <= e; i += 8) {
+            v8 x = (ld8(logits + i) - mv) / tv, p = exp8(&x, 1);
+            memcpy(dst + (i - b0), &p, sizeof p);
+        }
+    else
+        for (; i + 8 <= e; i += 8) {
+            v8 x = (ld8(logits + i) - mv) / tv, p = exp8(&x, 0);
+            memcpy(dst + (i - b0), &p, sizeof p);
+        }
+    for (; i < e; i++) dst[i - b0] = softmax_exp((logits[i] - m) / t);
+}
+
+// Eight p into a block's sums (see block_sums): of P in da, of those reaching min_p in dma with
+// their count in n8 (mp). small: the lanes are rounded to P (round40), else they are p, and p
+// >= 2^-17 sum exactly as they are (see exact_sum).
+AI void sums8(const float *p, int small, int mp, float min_p, v4d *da, v4d *dma, v8i *n8) {
+    const v8 q = ld8(p), P = small ? round40(&q) : q;
+    *da += d_lo(P) + d_hi(P);
+    if (mp) {
+        const v8i ge = CMP8(q, >=, V8(min_p));
+        const v8 Pm = (v8)((v8i)P & ge);
+        *dma += d_lo(Pm) + d_hi(Pm), *n8 -= ge;
     }
-    for (; i < e; i++) {
-        float p = dst[i - b0] = softmax_exp((logits[i] - m) / t);
-        sm |= p < 0x1p-17f && p > 0.0f;
-    }
-    return sm || any8(small);
+}
+
+// A block's sums of P from its p (in L1): all, and (min_p > 0) those with p >= min_p and their
+// count; without min-p those are all of them. small: some p in (0, 2^-17), whose P need rounding.
+// The sums run in double, exactly: at most BLK values, integers below 2^40 or multiples of 2^-40
+// below 1.
+static void block_sums(const float *p, int len, int small, float min_p, uint64_t *zb, uint64_t *zmb, int *nb) {
+    const int len8 = len / 8 * 8, mp = min_p > 0.0f;
+    v4d da = {0, 0, 0, 0}, dma = {0, 0, 0, 0};
+    v8i n8 = {0, 0, 0, 0, 0, 0, 0, 0};
+    int j = 0;
+    if (small && mp)
+        for (; j < len8; j += 8) sums8(p + j, 1, 1, min_p, &da, &dma, &n8);
+    else if (small)
+        for (; j < len8; j += 8) sums8(p + j, 1, 0, min_p, &da, &dma, &n8);
+    else if (mp)
+        for (; j < len8; j += 8) sums8(p + j, 0, 1, min_p, &da, &dma, &n8);
+    else
+        for (; j < len8; j += 8) sums8(p + j, 0, 0, min_p, &da, &dma, &n8);
+    const double sc = small ? 1.0 : 0x1p40;
+    uint64_t z = (uint64_t)(((da[0] + da[1]) + (da[2] + da[3])) * sc);
+    uint64_t zm = (uint64_t)(((dma[0] + dma[1]) + (dma[2] + dma[3])) * sc);
+    int c = n8[0] + n8[1] + n8[2] + n8[3] + n8[4] + n8[5] + n8[6] + n8[7];
+    for (; j < len; j++) z += fixed40(p[j]), zm += p[j] >= min_p ? fixed40(p[j]) : 0, c += p[j] >= min_p;
+    if (!mp) zm = z, c = len;
+    *zb = z, *zmb = zm, *nb = c;
+}
+
+// What the range of x = (l - m) / T (x monotone in l) allows: exp8 without its selects when every
+// x >= -87; no p small (in (0, 2^-17), see exact_sum) when every x >= -11.5 (e^-11.5 = 1.0e-5 >
+// 2^-17 = 7.6e-6 by far more than softmax_exp's 2 ulp).
+typedef struct {
+    int clamp, small;
+} XRange;
+static XRange x_range(float lmin, float m, float t) {
+    const float x = (lmin - m) / t;
+    return (XRange){.clamp = !(x >= -87.0f), .small = !(x >= -11.5f)};
 }
 
 // The general path's pass: p for every token, block by block (into s->prob when keep, else into a
@@ -707,7 +833,7 @@ typedef struct {
     const Sampler *s;
     const float *logits;
     float m;
-    int keep, nt;
+    int keep, clamp, small, samp, nt; // clamp, small: the range of x (see XRange); samp: take top-p's sample
     uint64_t z[PAR_MAX], z_min[PAR_MAX];
     int n_min[PAR_MAX];
 } ExpPass;
@@ -724,61 +850,28 @@ static void exp_task(void *ctx, int task, int thread) {
     uint64_t *blk = s->blk_mass, *blk_min = blk + nblk, zt = 0, zmt = 0;
     int nt = 0, b_lo, b_hi;
     task_blocks(task, c->nt, nblk, &b_lo, &b_hi);
-    const v4 pv = {min_p, min_p, min_p, min_p};
     float buf[BLK] __attribute__((aligned(32)));
     for (int b = b_lo; b < b_hi; b++) {
-        const int b0 = b * BLK, e = b0 + BLK < n ? b0 + BLK : n, e4 = b0 + (e - b0) / 4 * 4;
+        const int b0 = b * BLK, e = b0 + BLK < n ? b0 + BLK : n;
         float *p = keep ? s->prob + b0 : buf;
-        const int small = exp_block(logits, m, t, b0, e, p);
-        v4u za = {0, 0, 0, 0}, zma = {0, 0, 0, 0};
-        v4i na = {0, 0, 0, 0};
-        if (!small) { // the block's P while its p are in L1: in double, exactly
-            v4d da = {0, 0, 0, 0}, dma = {0, 0, 0, 0};
-            v8i n8 = {0, 0, 0, 0, 0, 0, 0, 0};
-            for (int j = 0; j + 8 <= e4 - b0; j += 8) {
-                v8 q = ld8(p + j);
-                v8i ge = CMP8(q, >=, V8(min_p));
-                v8 qm = (v8)((v8i)q & ge);
-                da += d_lo(q) + d_hi(q), dma += d_lo(qm) + d_hi(qm), n8 -= ge;
-            }
-            for (int j = (e4 - b0) / 8 * 8; j < e4 - b0; j += 4) {
-                v4 q;
-                memcpy(&q, p + j, sizeof q);
-                v4i ge = q >= pv;
-                v4u P = fixed40x4(q);
-                za += P, zma += P & mask64(ge), na -= ge;
-            }
-            za[0] += exact_sum(da), zma[0] += exact_sum(dma);
-            na += lo4i(n8) + hi4i(n8);
-        } else if (min_p > 0.0f)
-            for (int j = 0; j < e4 - b0; j += 4) {
-                v4 q;
-                memcpy(&q, p + j, sizeof q);
-                v4i ge = q >= pv;
-                v4u P = fixed40x4(q);
-                za += P, zma += P & mask64(ge), na -= ge;
-            }
-        else
-            for (int j = 0; j < e4 - b0; j += 4) {
-                v4 q;
-                memcpy(&q, p + j, sizeof q);
-                za += fixed40x4(q);
-            }
-        uint64_t zb = za[0] + za[1] + za[2] + za[3], zmb = zma[0] + zma[1] + zma[2] + zma[3];
-        int nb = na[0] + na[1] + na[2] + na[3];
-        for (int i = e4; i < e; i++) {
-            float q = p[i - b0];
-            zb += fixed40(q), zmb += q >= min_p ? fixed40(q) : 0, nb += q >= min_p;
+        exp_block(logits, m, t, b0, e, p, c->clamp);
+        for (int r = 0; c->samp && r < SAMP_BLK; r++) {
+            float *sp = samp_buf(s) + 16 * (b * SAMP_BLK + r);
+            const int at = samp_at(b, r);
+            if (b0 + at + 8 <= e) memcpy(sp, logits + b0 + at, 8 * sizeof *sp), memcpy(sp + 8, p + at, 8 * sizeof *p);
         }
-        if (!(min_p > 0.0f)) zmb = zb, nb = e - b0;
+        uint64_t zb, zmb;
+        int nb;
+        block_sums(p, e - b0, c->small, min_p, &zb, &zmb, &nb);
         blk[b] = zb, blk_min[b] = zmb, zt += zb, zmt += zmb, nt += nb;
     }
     c->z[task] = zt, c->z_min[task] = zmt, c->n_min[task] = nt;
 }
 
-static void exp_pass(const Sampler *s, const float *logits, float m, int keep, uint64_t *z, uint64_t *z_min, int *n_min) {
+static void exp_pass(const Sampler *s, const float *logits, float m, XRange xr, int keep, int samp, uint64_t *z, uint64_t *z_min, int *n_min) {
     const int n = s->n_valid, nblk = (n + BLK - 1) / BLK;
-    ExpPass c = {.s = s, .logits = logits, .m = m, .keep = keep, .nt = par_tasks(n, nblk)};
+    ExpPass c = {.s = s, .logits = logits, .m = m, .keep = keep, .clamp = xr.clamp, .small = xr.small, .samp = samp,
+                 .nt = par_tasks(n, nblk)};
     par_run(c.nt, exp_task, &c);
     uint64_t zt = 0, zmt = 0;
     int nt = 0;
@@ -786,11 +879,12 @@ static void exp_pass(const Sampler *s, const float *logits, float m, int keep, u
     *z = zt, *z_min = zmt, *n_min = nt;
 }
 
-// The max pass, a task's blocks: the largest key, and whether a logit is NaN or infinite.
+// The max pass, a task's blocks: the largest and smallest keys, and whether a logit is NaN or
+// infinite.
 typedef struct {
     const float *logits;
     int n, nt;
-    uint32_t kmax[PAR_MAX], bad[PAR_MAX];
+    uint32_t kmax[PAR_MAX], kmin[PAR_MAX], bad[PAR_MAX];
 } MaxPass;
 static void max_task(void *ctx, int task, int thread) {
     (void)thread;
@@ -799,15 +893,15 @@ static void max_task(void *ctx, int task, int thread) {
     int b_lo, b_hi;
     task_blocks(task, c->nt, (c->n + BLK - 1) / BLK, &b_lo, &b_hi);
     const int e = b_hi * BLK < c->n ? b_hi * BLK : c->n;
-    uint32_t kmax = 0, bad = 0;
+    uint32_t kmax = 0, kmin = UINT32_MAX, bad = 0;
     for (int i = b_lo * BLK; i < e; i++) {
         uint32_t b;
         memcpy(&b, &logits[i], sizeof b);
         bad |= (b & 0x7f800000u) == 0x7f800000u;
         uint32_t k = b & 0x80000000u ? ~b : b | 0x80000000u;
-        kmax = k > kmax ? k : kmax;
+        kmax = k > kmax ? k : kmax, kmin = k < kmin ? k : kmin;
     }
-    c->kmax[task] = kmax, c->bad[task] = bad;
+    c->kmax[task] = kmax, c->kmin[task] = kmin, c->bad[task] = bad;
 }
 
 // The general path's draw, when the kept set is the prefix ending at a cut: the kept P's sum per
@@ -841,13 +935,18 @@ static void cut_task(void *ctx, int task, int thread) {
 int sampler_pick(const Sampler *s, float *logits, double u) {
     const int n = s->n_valid;
     const float t = s->temperature;
-    // the max (as the largest key: a float max reduction does not vectorize), and no NaN or infinity
-    // (on one thread: the paths that follow it on few tokens would run beside the pool's workers
-    // spinning for the next task, slower than the pass is made faster)
-    MaxPass mp = {.logits = logits, .n = n, .nt = 1};
-    max_task(&mp, 0, 0);
-    uint32_t kmax = 0, bad = 0;
-    for (int i = 0; i < mp.nt; i++) kmax = mp.kmax[i] > kmax ? mp.kmax[i] : kmax, bad |= mp.bad[i];
+    // the max (as the largest key: a float max reduction does not vectorize), and no NaN or infinity;
+    // on the pool only where the general path's passes follow (the paths that follow it on few
+    // tokens would run beside the pool's workers spinning for the next task, slower than the pass is
+    // made faster)
+    const int general = t > 0.0f && !(s->top_k > 0 && s->top_k < n) && !(s->min_p > 0.0f);
+    MaxPass mp = {.logits = logits, .n = n, .nt = general ? par_tasks(n, (n + BLK - 1) / BLK) : 1};
+    par_run(mp.nt, max_task, &mp);
+    uint32_t kmax = 0, kmin = UINT32_MAX, bad = 0;
+    for (int i = 0; i < mp.nt; i++) {
+        kmax = mp.kmax[i] > kmax ? mp.kmax[i] : kmax, kmin = mp.kmin[i] < kmin ? mp.kmin[i] : kmin;
+        bad |= mp.bad[i];
+    }
     if (bad)
         for (int i = 0; i < n; i++)
             if (!isfinite(logits[i])) return -1 - i;
@@ -868,7 +967,9 @@ int sampler_pick(const Sampler *s, float *logits, double u) {
     uint64_t z, z_min, *blk = s->blk_mass, *blk_min = s->blk_mass + (n + BLK - 1) / BLK;
     int n_min;
     const int keep = s_k < n || s->top_p < 1.0f; // the selects read p
-    exp_pass(s, logits, m, keep, &z, &z_min, &n_min);
+    const XRange xr = x_range(key_float(kmin), m, t);
+    const int band = s_k == n && s->top_p < 1.0f && n >= BAND_MIN; // top-p's band path follows
+    exp_pass(s, logits, m, xr, keep, band, &z, &z_min, &n_min);
     int s_m = min_p > 0.0f ? (n_min > 0 ? n_min : 1) : n;
     // min-p's kept set is {p >= min_p} itself (p falls along rank order): no select for it;
     // past 1 no p reaches it, and the one best token (p = 1) is kept
@@ -878,7 +979,7 @@ int sampler_pick(const Sampler *s, float *logits, double u) {
     if (min_p > 0.0f && n_min == 0) return first_max(logits, n, m);
     Cut kp;
     int band_k = 0;
-    if (s_k == n && s->top_p < 1.0f && top_p_band(s, logits, m, z, (double)s->top_p * (double)z, &kp, &band_k)) {
+    if (band && top_p_band(s, logits, m, z, (double)s->top_p * (double)z, &kp, &band_k)) {
         if (kp.s < cut.s) return top_p_draw(s, logits, band_k, kp, u);
     } else if (s_k < n || s->top_p < 1.0f) {
         uint16_t *bin = s->bin;
@@ -930,7 +1031,7 @@ int sampler_pick(const Sampler *s, float *logits, double u) {
             continue;
         }
         const float *p = prob + b0;
-        if (!keep) exp_block(logits, m, t, b0, e, buf), p = buf;
+        if (!keep) exp_block(logits, m, t, b0, e, buf, xr.clamp), p = buf;
         for (int i = b0; i < e; i++) {
             float l = logits[i];
             int in = all || (by_p ? p[i - b0] >= min_p : l > cl || (l == cl && i <= cid));

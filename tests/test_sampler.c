@@ -344,6 +344,21 @@ int main(void) {
         }
         check(bad == 0, "12 random top-p cases on 40K-70K tokens (flat / peaked / tied, min-p on and off): the map equals the definition's");
 
+        // the band's rarer arithmetic at 152K: p below 2^-16 above the band (P rounded one by one:
+        // a lone token far above a flat tail, T 1), and logits far apart (x past -87: exp's clamps)
+        bad = 0;
+        make_logits(big, n, FLAT);
+        for (int i = 0; i < n; i++) big[i] *= 0.25f;
+        big[n / 3] = 12.0f;
+        bad += check_map("lone peak", big, n, 1.0f, 0, 0.95f, 0, 60) + check_map("lone peak", big, n, 1.0f, 0, 0.6f, 0, 60);
+        make_logits(big, n, PEAKED);
+        for (int i = 0; i < n; i++) big[i] *= 8;
+        bad += check_map("wide", big, n, 0.8f, 0, 0.95f, 0, 60);
+        make_logits(big, n, FLAT);
+        for (int i = 0; i < n; i++) big[i] *= 40;
+        bad += check_map("wide", big, n, 1.0f, 0, 0.95f, 0, 60);
+        check(bad == 0, "152K top-p: a lone token far above a flat tail (small p above the band), logits far apart (x past -87)");
+
         // a non-finite logit is reported with its index, not sampled
         Sampler ns;
         sampler_init(&ns, n, 0.8f, 0, 0.95f, 0, 1);
