@@ -289,6 +289,25 @@ typedef struct {
     uint64_t mass;
 } Cut;
 
+// How the vectorized passes compute p = softmax_exp(x), x = (l - m) / T, given the smallest logit
+// (x is monotone in l): clamp when some x may lie below -87 (exp8 keeps softmax_exp's selects);
+// small when some p may lie in (0, 2^-17) (see exact_sum; every x >= -11.5 rules that out: e^-11.5
+// = 1.0e-5 > 2^-17 = 7.6e-6 by far more than softmax_exp's 2 ulp); inv = 1 / T when T is a power
+// of two (then (l - m) * inv rounds the same real number as (l - m) / T: the same bits, without a
+// division), else 0.
+typedef struct {
+    float m, t, inv;
+    int clamp, small;
+} ExpArgs;
+static ExpArgs exp_args(float lmin, float m, float t) {
+    int e;
+    const float x = (lmin - m) / t, inv = 1.0f / t;
+    const int pow2 = frexpf(t, &e) == 0.5f && isfinite(inv);
+    return (ExpArgs){.m = m, .t = t, .inv = pow2 ? inv : 0.0f, .clamp = !(x >= -87.0f), .small = !(x >= -11.5f)};
+}
+static void exp_pass(const Sampler *s, const float *logits, const ExpArgs *xa, int keep, int samp, uint64_t *z, uint64_t *z_min,
+                     int *n_min);
+
 // The prefix of rank order that a target ends: by count (the first `count` tokens) when by_mass
 // is 0, else the shortest whose P sum, in double, is >= mass. The histogram is filled.
 static Cut select_list(const Sampler *s, const float *logits, int *list, int k, int by_mass, int count, double mass, long c0, uint64_t m0);
@@ -522,9 +541,9 @@ static int pick_top_k(const Sampler *s, const float *logits, float m, double u) 
 // When those are few (at most n / MINP_FEW), p only for them (and, for top-p, a pass for Z alone).
 // Returns -1 when they are not few, or when min-p's set is not a prefix of their rank order
 // (possible at 1 ulp, and then top-p's prefix is not comparable): the general path then.
-static int pick_min_p(const Sampler *s, const float *logits, float m, double u) {
+static int pick_min_p(const Sampler *s, const float *logits, const ExpArgs *xa, double u) {
     const int n = s->n_valid, few = n / MINP_FEW;
-    const float t = s->temperature, min_p = s->min_p;
+    const float m = xa->m, t = s->temperature, min_p = s->min_p;
     double L = log((double)min_p), lo = (double)m + (double)t * (L - 1e-3 * (1 + fabs(L)));
     float lf = (float)lo;
     if ((double)lf > lo) lf = nextafterf(lf, -INFINITY);
@@ -550,9 +569,9 @@ static int pick_min_p(const Sampler *s, const float *logits, float m, double u) 
     if (n_min == 0) return first_max(logits, n, m); // none reaches min_p: the best token alone
     if (s->top_p < 1.0f) {
         // Z over all n, then top-p's prefix against min-p's set (when it is a prefix of rank order)
-        uint64_t z = 0;
-#pragma omp simd reduction(+ : z)
-        for (int i = 0; i < n; i++) z += fixed40(softmax_exp((logits[i] - m) / t));
+        uint64_t z, z_min_all;
+        int n_min_all;
+        exp_pass(s, logits, xa, 0, 0, &z, &z_min_all, &n_min_all);
         double target = (double)s->top_p * (double)z;
         uint64_t *rk = ids + nc + nc; // the candidates' rank keys: min-p's set first, then the rest
         for (int j = 0; j < n_min; j++) rk[j] = rank_key(logits[ids[j]], (int)ids[j]);
@@ -759,21 +778,23 @@ static int top_p_draw(const Sampler *s, const float *logits, int band_k, Cut cut
     return cut.id; // not reached
 }
 
-// p of tokens [b0, e) into dst; clamp: some x may lie below -87 (see exp8).
-static void exp_block(const float *logits, float m, float t, int b0, int e, float *dst, int clamp) {
-    const v8 mv = V8(m), tv = V8(t);
-    int i = b0;
-    if (clamp)
-        for (; i + 8 <= e; i += 8) {
-            v8 x = (ld8(logits + i) - mv) / tv, p = exp8(&x, 1);
-            memcpy(dst + (i - b0), &p, sizeof p);
-        }
-    else
-        for (; i + 8 <= e; i += 8) {
-            v8 x = (ld8(logits + i) - mv) / tv, p = exp8(&x, 0);
-            memcpy(dst + (i - b0), &p, sizeof p);
-        }
-    for (; i < e; i++) dst[i - b0] = softmax_exp((logits[i] - m) / t);
+// exp_block's loop over whole vectors, for one (clamp, mul) pair.
+AI void exp_run(const float *logits, const ExpArgs *xa, int b0, int e, float *dst, int clamp, int mul) {
+    const v8 mv = V8(xa->m), tv = V8(xa->t), iv = V8(xa->inv);
+    for (int i = b0; i + 8 <= e; i += 8) {
+        const v8 d = ld8(logits + i) - mv, x = mul ? d * iv : d / tv, p = exp8(&x, clamp);
+        memcpy(dst + (i - b0), &p, sizeof p);
+    }
+}
+
+// p of tokens [b0, e) into dst (see ExpArgs).
+static void exp_block(const float *logits, const ExpArgs *xa, int b0, int e, float *dst) {
+    const int mul = xa->inv != 0.0f;
+    if (xa->clamp && mul) exp_run(logits, xa, b0, e, dst, 1, 1);
+    else if (xa->clamp) exp_run(logits, xa, b0, e, dst, 1, 0);
+    else if (mul) exp_run(logits, xa, b0, e, dst, 0, 1);
+    else exp_run(logits, xa, b0, e, dst, 0, 0);
+    for (int i = b0 + (e - b0) / 8 * 8; i < e; i++) dst[i - b0] = softmax_exp((logits[i] - xa->m) / xa->t);
 }
 
 // Eight p into a block's sums (see block_sums): of P in da, of those reaching min_p in dma with
@@ -815,25 +836,14 @@ static void block_sums(const float *p, int len, int small, float min_p, uint64_t
     *zb = z, *zmb = zm, *nb = c;
 }
 
-// What the range of x = (l - m) / T (x monotone in l) allows: exp8 without its selects when every
-// x >= -87; no p small (in (0, 2^-17), see exact_sum) when every x >= -11.5 (e^-11.5 = 1.0e-5 >
-// 2^-17 = 7.6e-6 by far more than softmax_exp's 2 ulp).
-typedef struct {
-    int clamp, small;
-} XRange;
-static XRange x_range(float lmin, float m, float t) {
-    const float x = (lmin - m) / t;
-    return (XRange){.clamp = !(x >= -87.0f), .small = !(x >= -11.5f)};
-}
-
 // The general path's pass: p for every token, block by block (into s->prob when keep, else into a
 // block buffer that stays in L1), and per block the sums of P, all and those reaching min_p (the
 // draw skips whole blocks by them); returns the totals.
 typedef struct {
     const Sampler *s;
     const float *logits;
-    float m;
-    int keep, clamp, small, samp, nt; // clamp, small: the range of x (see XRange); samp: take top-p's sample
+    const ExpArgs *xa;
+    int keep, samp, nt; // samp: take top-p's sample
     uint64_t z[PAR_MAX], z_min[PAR_MAX];
     int n_min[PAR_MAX];
 } ExpPass;
@@ -843,10 +853,9 @@ static void exp_task(void *ctx, int task, int thread) {
     ExpPass *c = ctx;
     const Sampler *s = c->s;
     const float *logits = c->logits;
-    const float m = c->m;
     const int keep = c->keep;
     const int n = s->n_valid, nblk = (n + BLK - 1) / BLK;
-    const float t = s->temperature, min_p = s->min_p;
+    const float min_p = s->min_p;
     uint64_t *blk = s->blk_mass, *blk_min = blk + nblk, zt = 0, zmt = 0;
     int nt = 0, b_lo, b_hi;
     task_blocks(task, c->nt, nblk, &b_lo, &b_hi);
@@ -854,7 +863,7 @@ static void exp_task(void *ctx, int task, int thread) {
     for (int b = b_lo; b < b_hi; b++) {
         const int b0 = b * BLK, e = b0 + BLK < n ? b0 + BLK : n;
         float *p = keep ? s->prob + b0 : buf;
-        exp_block(logits, m, t, b0, e, p, c->clamp);
+        exp_block(logits, c->xa, b0, e, p);
         for (int r = 0; c->samp && r < SAMP_BLK; r++) {
             float *sp = samp_buf(s) + 16 * (b * SAMP_BLK + r);
             const int at = samp_at(b, r);
@@ -862,16 +871,16 @@ static void exp_task(void *ctx, int task, int thread) {
         }
         uint64_t zb, zmb;
         int nb;
-        block_sums(p, e - b0, c->small, min_p, &zb, &zmb, &nb);
+        block_sums(p, e - b0, c->xa->small, min_p, &zb, &zmb, &nb);
         blk[b] = zb, blk_min[b] = zmb, zt += zb, zmt += zmb, nt += nb;
     }
     c->z[task] = zt, c->z_min[task] = zmt, c->n_min[task] = nt;
 }
 
-static void exp_pass(const Sampler *s, const float *logits, float m, XRange xr, int keep, int samp, uint64_t *z, uint64_t *z_min, int *n_min) {
+static void exp_pass(const Sampler *s, const float *logits, const ExpArgs *xa, int keep, int samp, uint64_t *z, uint64_t *z_min,
+                     int *n_min) {
     const int n = s->n_valid, nblk = (n + BLK - 1) / BLK;
-    ExpPass c = {.s = s, .logits = logits, .m = m, .keep = keep, .clamp = xr.clamp, .small = xr.small, .samp = samp,
-                 .nt = par_tasks(n, nblk)};
+    ExpPass c = {.s = s, .logits = logits, .xa = xa, .keep = keep, .samp = samp, .nt = par_tasks(n, nblk)};
     par_run(c.nt, exp_task, &c);
     uint64_t zt = 0, zmt = 0;
     int nt = 0;
@@ -952,12 +961,13 @@ int sampler_pick(const Sampler *s, float *logits, double u) {
             if (!isfinite(logits[i])) return -1 - i;
     float m = key_float(kmax);
     if (t <= 0.0f) return first_max(logits, n, m); // -0 and +0 are equal
+    const ExpArgs xa = exp_args(key_float(kmin), m, t);
     int s_k = s->top_k > 0 && s->top_k < n ? s->top_k : n;
     if (s_k <= KMAX && s_k < n) {
         int id = pick_top_k(s, logits, m, u);
         if (id >= 0) return id;
     } else if (s_k == n && s->min_p > 0.0f) {
-        int id = pick_min_p(s, logits, m, u);
+        int id = pick_min_p(s, logits, &xa, u);
         if (id >= 0) return id;
     }
     // The general path. p for every token, block by block: the block's p, then the sums of its P
@@ -967,9 +977,8 @@ int sampler_pick(const Sampler *s, float *logits, double u) {
     uint64_t z, z_min, *blk = s->blk_mass, *blk_min = s->blk_mass + (n + BLK - 1) / BLK;
     int n_min;
     const int keep = s_k < n || s->top_p < 1.0f; // the selects read p
-    const XRange xr = x_range(key_float(kmin), m, t);
     const int band = s_k == n && s->top_p < 1.0f && n >= BAND_MIN; // top-p's band path follows
-    exp_pass(s, logits, m, xr, keep, band, &z, &z_min, &n_min);
+    exp_pass(s, logits, &xa, keep, band, &z, &z_min, &n_min);
     int s_m = min_p > 0.0f ? (n_min > 0 ? n_min : 1) : n;
     // min-p's kept set is {p >= min_p} itself (p falls along rank order): no select for it;
     // past 1 no p reaches it, and the one best token (p = 1) is kept
@@ -1031,7 +1040,7 @@ int sampler_pick(const Sampler *s, float *logits, double u) {
             continue;
         }
         const float *p = prob + b0;
-        if (!keep) exp_block(logits, m, t, b0, e, buf, xr.clamp), p = buf;
+        if (!keep) exp_block(logits, &xa, b0, e, buf), p = buf;
         for (int i = b0; i < e; i++) {
             float l = logits[i];
             int in = all || (by_p ? p[i - b0] >= min_p : l > cl || (l == cl && i <= cid));
