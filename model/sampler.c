@@ -778,14 +778,26 @@ static int top_p_draw(const Sampler *s, const float *logits, int band_k, Cut cut
     return cut.id; // not reached
 }
 
-// exp_block's loop over whole vectors, for one (clamp, mul) pair.
+// exp_block's loop over whole vectors, for one (clamp, mul) pair: four vectors at a time, as four
+// independent chains of operations (exp8 is one long chain of dependent operations, about 80
+// cycles: with one vector an iteration the core ran out of room to overlap enough of them; four
+// took 0.13 -> 0.11 ms for 152K tokens).
+#define X8(i) ({ const v8 d_ = ld8(logits + (i)) - mv; mul ? d_ * iv : d_ / tv; })
 AI void exp_run(const float *logits, const ExpArgs *xa, int b0, int e, float *dst, int clamp, int mul) {
     const v8 mv = V8(xa->m), tv = V8(xa->t), iv = V8(xa->inv);
-    for (int i = b0; i + 8 <= e; i += 8) {
-        const v8 d = ld8(logits + i) - mv, x = mul ? d * iv : d / tv, p = exp8(&x, clamp);
+    int i = b0;
+    for (; i + 32 <= e; i += 32) {
+        const v8 x0 = X8(i), x1 = X8(i + 8), x2 = X8(i + 16), x3 = X8(i + 24);
+        const v8 p0 = exp8(&x0, clamp), p1 = exp8(&x1, clamp), p2 = exp8(&x2, clamp), p3 = exp8(&x3, clamp);
+        float *o = dst + (i - b0);
+        memcpy(o, &p0, sizeof p0), memcpy(o + 8, &p1, sizeof p1), memcpy(o + 16, &p2, sizeof p2), memcpy(o + 24, &p3, sizeof p3);
+    }
+    for (; i + 8 <= e; i += 8) {
+        const v8 x = X8(i), p = exp8(&x, clamp);
         memcpy(dst + (i - b0), &p, sizeof p);
     }
 }
+#undef X8
 
 // p of tokens [b0, e) into dst (see ExpArgs).
 static void exp_block(const float *logits, const ExpArgs *xa, int b0, int e, float *dst) {
