@@ -10,10 +10,11 @@
 //     candidates; p for those alone when few (a sum pass for Z when top-p is on too);
 //   else the general path: a vectorized pass for p and the sums of P by blocks of BLK (the draw
 //     skips whole blocks; the min tells when exp may leave out softmax_exp's clamps, and when P
-//     may be summed as p); top-p alone then estimates its cut from a sample that pass takes, and
-//     confirms it in a band of tokens (top_p_band: a pass that sums P above the band and lists
-//     the band's tokens without a branch, then a radix select over the band); what remains
-//     (top-k > KMAX, a failed estimate) takes a histogram of x = (m - l) / T in 4096 bins of
+//     may be summed as p); top-p alone then takes the few heaviest tokens exactly (the head,
+//     which that pass lists) and, when its cut lies past them, estimates the cut from a sample that
+//     pass takes and confirms it in a band of tokens (top_p_band: a pass that sums P above the
+//     band and lists the band's tokens without a branch, then a radix select over the band); what
+//     remains (top-k > KMAX, a failed estimate) takes a histogram of x = (m - l) / T in 4096 bins of
 //     1/128 (x is monotone in the logit, so a bin's tokens all rank before the next bin's) to find
 //     the bin holding a filter's boundary, and a radix select over that bin's members alone.
 // The passes over every token (the max, p and its block sums, top-p's band, the draw's block sums
@@ -97,8 +98,9 @@ AI v8 exp8(const v8 *xp, int clamp) {
     return clamp ? (v8)((v8i)p & CMP8(x, >=, V8(-87.0f))) : p;
 }
 
-// Appends band's set lanes, in order, to ids (as i + lane), bl (l's lane) and bp (p's); returns
-// how many. Writes 8 entries to each whatever the count (the caller leaves room). With AVX2 it
+// Appends band's set lanes, in order, to ids (as i + lane), bl (l's lane) and bp (p's; bl NULL:
+// ids alone); returns how many. Writes 8 entries to each whatever the count (the caller leaves
+// room). With AVX2 it
 // takes no branch: the band's lanes are few and scattered, and a branch on them mispredicted
 // often enough to cost 40% of the band's pass.
 #ifdef __AVX2__
@@ -120,13 +122,19 @@ AI int append8_(int *ids, float *bl, float *bp, int i, const v8i *band, const v8
     const int mk = _mm256_movemask_ps((__m256)*band);
     const __m256i at = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)&LANES[mk]));
     _mm256_storeu_si256((__m256i *)ids, _mm256_add_epi32(_mm256_set1_epi32(i), at));
-    _mm256_storeu_ps(bl, _mm256_permutevar8x32_ps((__m256)*l, at));
-    _mm256_storeu_ps(bp, _mm256_permutevar8x32_ps((__m256)*p, at));
+    if (bl) {
+        _mm256_storeu_ps(bl, _mm256_permutevar8x32_ps((__m256)*l, at));
+        _mm256_storeu_ps(bp, _mm256_permutevar8x32_ps((__m256)*p, at));
+    }
     return __builtin_popcount((unsigned)mk);
 #else
     int k = 0;
     if (any8(*band))
-        for (int j = 0; j < 8; j++) ids[k] = i + j, bl[k] = (*l)[j], bp[k] = (*p)[j], k -= (*band)[j]; // 0 or -1
+        for (int j = 0; j < 8; j++) {
+            ids[k] = i + j;
+            if (bl) bl[k] = (*l)[j], bp[k] = (*p)[j];
+            k -= (*band)[j]; // 0 or -1
+        }
     return k;
 #endif
 }
@@ -173,6 +181,9 @@ static void task_blocks(int i, int nt, int nblk, int *lo, int *hi) {
     *lo = (int)((int64_t)i * nblk / nt), *hi = (int)((int64_t)(i + 1) * nblk / nt);
 }
 
+// Each block's largest logit as its order key, from the max pass (blk_mass's fourth part).
+static uint32_t *blk_max(const Sampler *s) { return (uint32_t *)(s->blk_mass + 3 * (size_t)((s->n_valid + BLK - 1) / BLK)); }
+
 static int keys_size(int n) {
     int a = 3 * (n / MINP_FEW) + 3, b = 2 * KMAX + TOPK_BUF, c = 2 * n + n / 8 + 8; // select_list's P, key; a band
     return a > b ? (a > c ? a : c) : (b > c ? b : c);
@@ -191,7 +202,7 @@ int sampler_init(Sampler *s, int n_valid, float temperature, int top_k, float to
     s->list = malloc((size_t)n_valid * sizeof(int));
     s->bin_count = malloc((NBIN + 1) * sizeof(uint32_t));
     s->bin_mass = malloc((NBIN + 1) * sizeof(uint64_t));
-    s->blk_mass = malloc(3 * (size_t)((n_valid + BLK - 1) / BLK) * sizeof(uint64_t));
+    s->blk_mass = malloc(4 * (size_t)((n_valid + BLK - 1) / BLK) * sizeof(uint64_t)); // 3 sums, the max (blk_max)
     s->keys = malloc((size_t)keys_size(n_valid) * sizeof(uint64_t));
     if (s->prob && s->bin && s->list && s->bin_count && s->bin_mass && s->blk_mass && s->keys) return 0;
     sampler_free(s);
@@ -305,7 +316,15 @@ static ExpArgs exp_args(float lmin, float m, float t) {
     const int pow2 = frexpf(t, &e) == 0.5f && isfinite(inv);
     return (ExpArgs){.m = m, .t = t, .inv = pow2 ? inv : 0.0f, .clamp = !(x >= -87.0f), .small = !(x >= -11.5f)};
 }
-static void exp_pass(const Sampler *s, const float *logits, const ExpArgs *xa, int keep, int samp, uint64_t *z, uint64_t *z_min,
+// Top-p's head (see top_p_band) as the exp pass lists it: the tokens with l >= l_head, per task in
+// s->list from its first block's first token, k[i] of them (-1: more than HMAX).
+#define HMAX 1024     // the head's most tokens (a task's list, and all of them)
+#define HEAD_X -5.55f // the head: x >= this (e^-5.55 = 2^-8)
+typedef struct {
+    float l_head;
+    int nt, k[PAR_MAX];
+} Head;
+static void exp_pass(const Sampler *s, const float *logits, const ExpArgs *xa, int keep, Head *hd, uint64_t *z, uint64_t *z_min,
                      int *n_min);
 
 // The prefix of rank order that a target ends: by count (the first `count` tokens) when by_mass
@@ -571,7 +590,7 @@ static int pick_min_p(const Sampler *s, const float *logits, const ExpArgs *xa, 
         // Z over all n, then top-p's prefix against min-p's set (when it is a prefix of rank order)
         uint64_t z, z_min_all;
         int n_min_all;
-        exp_pass(s, logits, xa, 0, 0, &z, &z_min_all, &n_min_all);
+        exp_pass(s, logits, xa, 0, NULL, &z, &z_min_all, &n_min_all);
         double target = (double)s->top_p * (double)z;
         uint64_t *rk = ids + nc + nc; // the candidates' rank keys: min-p's set first, then the rest
         for (int j = 0; j < n_min; j++) rk[j] = rank_key(logits[ids[j]], (int)ids[j]);
@@ -605,13 +624,18 @@ static int pick_min_p(const Sampler *s, const float *logits, const ExpArgs *xa, 
 }
 
 // Top-p over all n (no top-k) without a histogram of every token, after the exp pass (p stored).
-// A histogram of P over a sample (bins of the logit below m, T/32 wide) estimates the tail past
-// each bin (the tail's P are small, so its estimate is the close one: Z less it is the prefix's
-// mass), and a band of bins wide enough for the sample's error (4 sigma) must hold the crossing;
-// one pass sums P exactly above the band (per block, for the draw), collects the band's tokens and
-// checks that the crossing lies among them, and the radix select finds it there. Returns 0 (the
-// caller takes the histogram of every token) when n is small, the band holds too many tokens or
-// the check fails; 1 with the cut (the draw's data left for top_p_draw).
+// The head first: the few tokens whose P may each weigh in the cut (l >= l_head: p above about
+// 2^-8 of the best's), listed by the exp pass and taken exactly (a sample misses them, or one it
+// holds swamps its variance); the cut when they reach top_p of Z. Else (past the head, or a head
+// too long to list: then no token outweighs many) a histogram of P over a sample of the rest (bins
+// of the logit below m, T/32 wide) estimates the tail past each bin (the tail's P are small, so
+// its estimate is the close one: Z less it is the prefix's mass), and a band of bins wide enough
+// for the sample's error (4 sigma) must hold the crossing; one pass sums P exactly above the band
+// (per block, for the draw), collects the band's tokens and checks that the crossing lies among
+// them, and the radix select finds it there. Returns 0 (the caller takes the histogram of every
+// token) when the band holds too many tokens or the check fails; 1 with the cut in the band (the
+// draw's data left for top_p_draw); 2 with the cut in the head (the kept ids in ascending order
+// in keys[0, cut->s), for draw_ids).
 #define SAMP_BLK 2 // the sample: runs of 8 tokens a block (whole cache lines, not strided tokens)
 #define SBIN 1024
 #define BAND_MIN 32768 // fewer tokens: the histogram of every token costs little
@@ -630,41 +654,81 @@ static void band_task(void *ctx, int task, int thread);
 // pass copies each run's logits and p while they are in L1 (strided loads afterwards were half
 // the estimate's time). Run r of block b starts at token samp_at(b, r) of the block.
 static int samp_at(int b, int r) { return 8 * ((b * 11 + r * (BLK / 8 / SAMP_BLK)) % (BLK / 8)); }
-// Where the exp pass puts them: per run, 8 logits then 8 p, in block order (top-p's band path
-// alone; the keys scratch is free until its band pass).
+// The keys scratch on top-p's band path, in uint64 (keys_size: 2n + n/8 + 8): [0, n) the band's
+// logits then p, 2n floats; [n, n + n/16) the sample (samp_buf), per run 8 logits then 8 p, in
+// block order; [n + n/8, + HMAX) the head's rank keys (head_buf); [2n, 2n + n/16) the band's ids,
+// kept for the draw.
 static float *samp_buf(const Sampler *s) { return (float *)(s->keys + s->n_valid); }
+static uint64_t *head_buf(const Sampler *s) { return s->keys + s->n_valid + s->n_valid / 8; }
 
-// The sample's histogram: w[b] the sum of P over bin b (the last bin: all beyond), w2[b] of P^2;
-// returns the sample's size, and in *top the last bin that holds any.
-static int sample_hist(const Sampler *s, float m, float step, double *w, double *w2, int *top) {
+// The sample's histogram, of its tokens below l_skip: w[b] the sum of P over bin b (the last bin:
+// all beyond), w2[b] of P^2; returns how many it holds, and in *top the last bin that holds any.
+static int sample_hist(const Sampler *s, float m, float step, float l_skip, double *w, double *w2, int *top) {
     const int n = s->n_valid, nblk = (n + BLK - 1) / BLK;
     const float *sp = samp_buf(s);
-    const v8 mv = V8(m), sv = V8(step);
+    const v8 mv = V8(m), sv = V8(step), kv = V8(l_skip);
     int ns = 0, hi = 0;
     memset(w, 0, (SBIN + 1) * sizeof *w), memset(w2, 0, (SBIN + 1) * sizeof *w2);
     for (int b = 0; b < nblk; b++)
         for (int r = 0; r < SAMP_BLK; r++, sp += 16) {
             if (b * BLK + samp_at(b, r) + 8 > n) continue; // a short last block
-            const v8 y = (mv - ld8(sp)) / sv, p = ld8(sp + 8);
+            const v8 l = ld8(sp), y = (mv - l) / sv, p = (v8)((v8i)ld8(sp + 8) & CMP8(l, <, kv));
             const v8i bin = __builtin_convertvector(sel8(CMP8(y, <, V8((float)SBIN)), y, V8((float)SBIN)), v8i);
             for (int j = 0; j < 8; j++) {
                 const double P = (double)p[j] * 0x1p40; // an estimate: no need for fixed40's rounding
-                w[bin[j]] += P, w2[bin[j]] += P * P, hi = bin[j] > hi ? bin[j] : hi;
+                w[bin[j]] += P, w2[bin[j]] += P * P, hi = bin[j] > hi ? bin[j] : hi, ns += l[j] < l_skip;
             }
-            ns += 8;
         }
     *top = hi;
     return ns;
 }
 
-static int top_p_band(const Sampler *s, const float *logits, float m, uint64_t z, double target, Cut *cut, int *band_k) {
+// The head's tokens as rank keys in head_buf, their P's sum in *mass; returns how many, -1 when
+// more than HMAX.
+static int head_keys(const Sampler *s, const float *logits, const Head *hd, uint64_t *mass) {
+    const int nblk = (s->n_valid + BLK - 1) / BLK;
+    uint64_t *hk = head_buf(s), m = 0;
+    int nh = 0;
+    for (int i = 0; i < hd->nt; i++) {
+        if (hd->k[i] < 0 || nh + hd->k[i] > HMAX) return -1;
+        int b_lo, b_hi;
+        task_blocks(i, hd->nt, nblk, &b_lo, &b_hi);
+        const int *ids = s->list + b_lo * BLK;
+        for (int j = 0; j < hd->k[i]; j++) hk[nh++] = rank_key(logits[ids[j]], ids[j]), m += fixed40(s->prob[ids[j]]);
+    }
+    *mass = m;
+    return nh;
+}
+
+// The cut in the head, whose P reach target: its keys sorted, their P summed in rank order up to
+// target; the kept ids in ascending order in keys[0, cut->s).
+static void head_cut(const Sampler *s, const float *logits, int nh, double target, Cut *cut) {
+    uint64_t *hk = head_buf(s), cum = 0;
+    sort_u64(hk, nh);
+    for (int j = 0; j < nh; j++) {
+        const int id = key_id(hk[j]);
+        if ((double)(cum += fixed40(s->prob[id])) >= target) {
+            *cut = (Cut){.s = j + 1, .key = order_key(logits[id]), .id = id, .mass = cum};
+            for (int i = 0; i <= j; i++) s->keys[i] = (uint64_t)key_id(hk[i]);
+            sort_u64(s->keys, j + 1);
+            return;
+        }
+    }
+}
+
+static int top_p_band(const Sampler *s, const float *logits, float m, uint64_t z, const Head *hd, Cut *cut, int *band_k) {
     const int n = s->n_valid, nblk = (n + BLK - 1) / BLK;
     const float t = s->temperature;
-    if (n < BAND_MIN || !(target > 0)) return 0;
+    const double target = (double)s->top_p * (double)z;
+    uint64_t m_head;
+    const int nh = head_keys(s, logits, hd, &m_head);
+    if (nh >= 0 && (double)m_head >= target) return head_cut(s, logits, nh, target, cut), 2;
+    if (!(target > 0)) return 0;
     double w[SBIN + 1], w2[SBIN + 1];
     const float step = t / 32; // bin b: m - (b + 1) step < l <= m - b step, roughly; any monotone map will do
-    int top;
-    const double scale = (double)n / sample_hist(s, m, step, w, w2, &top);
+    int top; // the sample of the tokens past the head when it is listed, else of all
+    const int ns = sample_hist(s, m, step, nh >= 0 ? hd->l_head : INFINITY, w, w2, &top);
+    const double scale = (double)(n - (nh >= 0 ? nh : 0)) / (ns > 0 ? ns : 1);
     double tail = 0, var = 0;
     int b_hi = -1, b_lo = SBIN; // bins <= b_hi: surely before the crossing; > b_lo: surely after
     for (int b = top; b >= 0; b--) { // (the empty bins past top add nothing)
@@ -848,6 +912,28 @@ static void block_sums(const float *p, int len, int small, float min_p, uint64_t
     *zb = z, *zmb = zm, *nb = c;
 }
 
+// Top-p's share of the exp pass for block b (tokens [b * BLK, e), their p in p): the sample's runs
+// into samp_buf, the head's tokens (l >= l_head) appended to ids from *k (-1 once past HMAX: then
+// the head is long, and no token outweighs many).
+static void band_extras(const Sampler *s, const float *logits, const float *p, int b, int e, float l_head, int *ids, int *k) {
+    const int b0 = b * BLK;
+    for (int r = 0; r < SAMP_BLK; r++) {
+        float *sp = samp_buf(s) + 16 * (b * SAMP_BLK + r);
+        const int at = samp_at(b, r);
+        if (b0 + at + 8 <= e) memcpy(sp, logits + b0 + at, 8 * sizeof *sp), memcpy(sp + 8, p + at, 8 * sizeof *p);
+    }
+    int i = b0, kk = *k;
+    const v8 hv = V8(l_head);
+    if (key_float(blk_max(s)[b]) < l_head) return; // none of the head here
+    for (; kk >= 0 && i + 8 <= e; i += 8) {
+        const v8 l = ld8(logits + i);
+        kk = kk + 8 > HMAX ? -1 : kk + append8(ids + kk, NULL, NULL, i, CMP8(l, >=, hv), l, l);
+    }
+    for (; kk >= 0 && i < e; i++)
+        if (logits[i] >= l_head) kk = kk < HMAX ? (ids[kk] = i, kk + 1) : -1;
+    *k = kk;
+}
+
 // The general path's pass: p for every token, block by block (into s->prob when keep, else into a
 // block buffer that stays in L1), and per block the sums of P, all and those reaching min_p (the
 // draw skips whole blocks by them); returns the totals.
@@ -855,7 +941,8 @@ typedef struct {
     const Sampler *s;
     const float *logits;
     const ExpArgs *xa;
-    int keep, samp, nt; // samp: take top-p's sample
+    int keep, nt;
+    Head *hd; // top-p's band path: take its sample, list its head
     uint64_t z[PAR_MAX], z_min[PAR_MAX];
     int n_min[PAR_MAX];
 } ExpPass;
@@ -869,30 +956,28 @@ static void exp_task(void *ctx, int task, int thread) {
     const int n = s->n_valid, nblk = (n + BLK - 1) / BLK;
     const float min_p = s->min_p;
     uint64_t *blk = s->blk_mass, *blk_min = blk + nblk, zt = 0, zmt = 0;
-    int nt = 0, b_lo, b_hi;
+    int nt = 0, b_lo, b_hi, hk = 0;
     task_blocks(task, c->nt, nblk, &b_lo, &b_hi);
     float buf[BLK] __attribute__((aligned(32)));
     for (int b = b_lo; b < b_hi; b++) {
         const int b0 = b * BLK, e = b0 + BLK < n ? b0 + BLK : n;
         float *p = keep ? s->prob + b0 : buf;
         exp_block(logits, c->xa, b0, e, p);
-        for (int r = 0; c->samp && r < SAMP_BLK; r++) {
-            float *sp = samp_buf(s) + 16 * (b * SAMP_BLK + r);
-            const int at = samp_at(b, r);
-            if (b0 + at + 8 <= e) memcpy(sp, logits + b0 + at, 8 * sizeof *sp), memcpy(sp + 8, p + at, 8 * sizeof *p);
-        }
+        if (c->hd) band_extras(s, logits, p, b, e, c->hd->l_head, s->list + b_lo * BLK, &hk);
         uint64_t zb, zmb;
         int nb;
         block_sums(p, e - b0, c->xa->small, min_p, &zb, &zmb, &nb);
         blk[b] = zb, blk_min[b] = zmb, zt += zb, zmt += zmb, nt += nb;
     }
     c->z[task] = zt, c->z_min[task] = zmt, c->n_min[task] = nt;
+    if (c->hd) c->hd->k[task] = hk;
 }
 
-static void exp_pass(const Sampler *s, const float *logits, const ExpArgs *xa, int keep, int samp, uint64_t *z, uint64_t *z_min,
+static void exp_pass(const Sampler *s, const float *logits, const ExpArgs *xa, int keep, Head *hd, uint64_t *z, uint64_t *z_min,
                      int *n_min) {
     const int n = s->n_valid, nblk = (n + BLK - 1) / BLK;
-    ExpPass c = {.s = s, .logits = logits, .xa = xa, .keep = keep, .samp = samp, .nt = par_tasks(n, nblk)};
+    ExpPass c = {.s = s, .logits = logits, .xa = xa, .keep = keep, .hd = hd, .nt = par_tasks(n, nblk)};
+    if (hd) hd->nt = c.nt;
     par_run(c.nt, exp_task, &c);
     uint64_t zt = 0, zmt = 0;
     int nt = 0;
@@ -903,25 +988,39 @@ static void exp_pass(const Sampler *s, const float *logits, const ExpArgs *xa, i
 // The max pass, a task's blocks: the largest and smallest keys, and whether a logit is NaN or
 // infinite.
 typedef struct {
+    const Sampler *s;
     const float *logits;
-    int n, nt;
+    int n, nt, blk; // blk: each block's max too (blk_max)
     uint32_t kmax[PAR_MAX], kmin[PAR_MAX], bad[PAR_MAX];
 } MaxPass;
+// The largest and smallest keys of logits [i0, e), or'ed into *bad whether one is NaN or infinite
+// (written so that gcc vectorizes it).
+static inline void key_range(const float *logits, int i0, int e, uint32_t *kmax, uint32_t *kmin, uint32_t *bad) {
+    uint32_t hi = *kmax, lo = *kmin, bd = *bad;
+    for (int i = i0; i < e; i++) {
+        uint32_t b;
+        memcpy(&b, &logits[i], sizeof b);
+        bd |= (b & 0x7f800000u) == 0x7f800000u;
+        uint32_t k = b & 0x80000000u ? ~b : b | 0x80000000u;
+        hi = k > hi ? k : hi, lo = k < lo ? k : lo;
+    }
+    *kmax = hi, *kmin = lo, *bad = bd;
+}
+
 static void max_task(void *ctx, int task, int thread) {
     (void)thread;
     MaxPass *c = ctx;
-    const float *logits = c->logits;
+    const int nblk = (c->n + BLK - 1) / BLK;
     int b_lo, b_hi;
-    task_blocks(task, c->nt, (c->n + BLK - 1) / BLK, &b_lo, &b_hi);
-    const int e = b_hi * BLK < c->n ? b_hi * BLK : c->n;
+    task_blocks(task, c->nt, nblk, &b_lo, &b_hi);
     uint32_t kmax = 0, kmin = UINT32_MAX, bad = 0;
-    for (int i = b_lo * BLK; i < e; i++) {
-        uint32_t b;
-        memcpy(&b, &logits[i], sizeof b);
-        bad |= (b & 0x7f800000u) == 0x7f800000u;
-        uint32_t k = b & 0x80000000u ? ~b : b | 0x80000000u;
-        kmax = k > kmax ? k : kmax, kmin = k < kmin ? k : kmin;
-    }
+    if (!c->blk) key_range(c->logits, b_lo * BLK, b_hi * BLK < c->n ? b_hi * BLK : c->n, &kmax, &kmin, &bad);
+    else
+        for (int b = b_lo; b < b_hi; b++) { // block by block, each block's max kept
+            uint32_t bm = 0;
+            key_range(c->logits, b * BLK, (b + 1) * BLK < c->n ? (b + 1) * BLK : c->n, &bm, &kmin, &bad);
+            blk_max(c->s)[b] = bm, kmax = bm > kmax ? bm : kmax;
+        }
     c->kmax[task] = kmax, c->kmin[task] = kmin, c->bad[task] = bad;
 }
 
@@ -961,7 +1060,9 @@ int sampler_pick(const Sampler *s, float *logits, double u) {
     // tokens would run beside the pool's workers spinning for the next task, slower than the pass is
     // made faster)
     const int general = t > 0.0f && !(s->top_k > 0 && s->top_k < n) && !(s->min_p > 0.0f);
-    MaxPass mp = {.logits = logits, .n = n, .nt = general ? par_tasks(n, (n + BLK - 1) / BLK) : 1};
+    // top-p's band path may follow (its head skips blocks by their max)
+    const int band = t > 0.0f && !(s->top_k > 0 && s->top_k < n) && s->top_p < 1.0f && n >= BAND_MIN;
+    MaxPass mp = {.s = s, .logits = logits, .n = n, .nt = general ? par_tasks(n, (n + BLK - 1) / BLK) : 1, .blk = band};
     par_run(mp.nt, max_task, &mp);
     uint32_t kmax = 0, kmin = UINT32_MAX, bad = 0;
     for (int i = 0; i < mp.nt; i++) {
@@ -989,8 +1090,8 @@ int sampler_pick(const Sampler *s, float *logits, double u) {
     uint64_t z, z_min, *blk = s->blk_mass, *blk_min = s->blk_mass + (n + BLK - 1) / BLK;
     int n_min;
     const int keep = s_k < n || s->top_p < 1.0f; // the selects read p
-    const int band = s_k == n && s->top_p < 1.0f && n >= BAND_MIN; // top-p's band path follows
-    exp_pass(s, logits, &xa, keep, band, &z, &z_min, &n_min);
+    Head hd = {.l_head = m + t * HEAD_X};
+    exp_pass(s, logits, &xa, keep, band ? &hd : NULL, &z, &z_min, &n_min);
     int s_m = min_p > 0.0f ? (n_min > 0 ? n_min : 1) : n;
     // min-p's kept set is {p >= min_p} itself (p falls along rank order): no select for it;
     // past 1 no p reaches it, and the one best token (p = 1) is kept
@@ -998,10 +1099,11 @@ int sampler_pick(const Sampler *s, float *logits, double u) {
     int by_p = 0;
     if (s_m < n) cut.s = s_m, cut.mass = z_min, by_p = 1;
     if (min_p > 0.0f && n_min == 0) return first_max(logits, n, m);
-    Cut kp;
+    Cut kp = {0, 0, 0, 0};
     int band_k = 0;
-    if (band && top_p_band(s, logits, m, z, (double)s->top_p * (double)z, &kp, &band_k)) {
-        if (kp.s < cut.s) return top_p_draw(s, logits, band_k, kp, u);
+    const int fast = band ? top_p_band(s, logits, m, z, &hd, &kp, &band_k) : 0;
+    if (fast) {
+        if (kp.s < cut.s) return fast == 1 ? top_p_draw(s, logits, band_k, kp, u) : draw_ids(logits, m, t, s->keys, kp.s, kp.mass, u);
     } else if (s_k < n || s->top_p < 1.0f) {
         uint16_t *bin = s->bin;
 #pragma omp simd

@@ -359,6 +359,14 @@ int main(void) {
         bad += check_map("wide", big, n, 1.0f, 0, 0.95f, 0, 60);
         check(bad == 0, "152K top-p: a lone token far above a flat tail (small p above the band), logits far apart (x past -87)");
 
+        // the cut among a few heavy tokens (top-p's head, taken exactly): 5 peaks, then 100 more
+        bad = 0;
+        make_logits(big, n, PEAKED);
+        bad += check_map("heavy", big, n, 0.6f, 0, 0.9f, 0, 60) + check_map("heavy", big, n, 0.3f, 0, 0.99f, 0, 60);
+        for (int j = 0; j < 100; j++) big[(int)(frand() * n)] = (float)(15 - 0.01 * j);
+        bad += check_map("heavy", big, n, 0.8f, 0, 0.95f, 0, 60) + check_map("heavy", big, n, 0.8f, 0, 0.95f, 1e-6f, 60);
+        check(bad == 0, "152K top-p: the cut among a few heavy tokens (5, 105), min-p on and off");
+
         // a non-finite logit is reported with its index, not sampled
         Sampler ns;
         sampler_init(&ns, n, 0.8f, 0, 0.95f, 0, 1);
