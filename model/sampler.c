@@ -791,7 +791,7 @@ static void band_task(void *ctx, int task, int thread) {
         uint64_t bi = 0;
         v4d da = {0, 0, 0, 0};
         v8i ca = {0, 0, 0, 0, 0, 0, 0, 0};
-        int i = b0;
+        int i = key_float(blk_max(s)[b]) > l_out ? b0 : e; // a block wholly below the band adds nothing
         for (; i + 8 <= e; i += 8) {
             const v8 l = ld8(logits + i), p = ld8(prob + i), P = exact ? p : round40(&p);
             const v8i in = CMP8(l, >, vi), band = ~in & CMP8(l, >, vo);
