@@ -636,7 +636,7 @@ static int pick_min_p(const Sampler *s, const float *logits, const ExpArgs *xa, 
 // token) when the band holds too many tokens or the check fails; 1 with the cut in the band (the
 // draw's data left for top_p_draw); 2 with the cut in the head (the kept ids in ascending order
 // in keys[0, cut->s), for draw_ids).
-#define SAMP_BLK 2 // the sample: runs of 8 tokens a block (whole cache lines, not strided tokens)
+#define SAMP_BLK 1 // the sample: runs of 8 tokens a block (whole cache lines, not strided tokens)
 #define SBIN 1024
 #define BAND_MIN 32768 // fewer tokens: the histogram of every token costs little
 typedef struct {
