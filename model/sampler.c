@@ -716,6 +716,43 @@ static void head_cut(const Sampler *s, const float *logits, int nh, double targe
     }
 }
 
+// The band's edges from the sample's histogram (scale: tokens per sampled one): bins <= *b_hi
+// surely before the crossing, bins > *b_lo surely after it (4 sigma).
+static void band_edges(const double *w, const double *w2, int top, double scale, uint64_t z, double target, int *b_hi, int *b_lo) {
+    double tail = 0, var = 0;
+    *b_hi = -1, *b_lo = SBIN;
+    for (int b = top; b >= 0; b--) { // (the empty bins past top add nothing)
+        double mb = (double)z - tail * scale, sd = 4 * sqrt(var) * scale + 1e-9 * (double)z;
+        if (mb - sd >= target) *b_lo = b;
+        if (mb + sd < target) {
+            *b_hi = b;
+            return;
+        }
+        tail += w[b], var += w2[b];
+    }
+}
+
+// The band pass's lists (each task's from its first block's first token) joined in order at the
+// start of list and the keys scratch, their sums added up; returns the band's size, -1 past n / 8.
+static int band_join(const Sampler *s, const BandPass *c, uint64_t *m_in, uint64_t *m_band, long *c_in) {
+    const int n = s->n_valid, nblk = (n + BLK - 1) / BLK;
+    int *list = s->list, k = 0;
+    float *bl = (float *)s->keys, *bp = bl + n;
+    *m_in = 0, *m_band = 0, *c_in = 0;
+    for (int i = 0; i < c->nt; i++) {
+        if (c->k[i] < 0 || k + c->k[i] > n / 8) return -1;
+        int b_lo, b_hi;
+        task_blocks(i, c->nt, nblk, &b_lo, &b_hi);
+        if (k != b_lo * BLK) {
+            memmove(list + k, list + b_lo * BLK, (size_t)c->k[i] * sizeof *list);
+            memmove(bl + k, bl + b_lo * BLK, (size_t)c->k[i] * sizeof *bl);
+            memmove(bp + k, bp + b_lo * BLK, (size_t)c->k[i] * sizeof *bp);
+        }
+        k += c->k[i], *m_in += c->m_in[i], *m_band += c->m_band[i], *c_in += c->c_in[i];
+    }
+    return k;
+}
+
 static int top_p_band(const Sampler *s, const float *logits, float m, uint64_t z, const Head *hd, Cut *cut, int *band_k) {
     const int n = s->n_valid, nblk = (n + BLK - 1) / BLK;
     const float t = s->temperature;
@@ -726,45 +763,21 @@ static int top_p_band(const Sampler *s, const float *logits, float m, uint64_t z
     if (!(target > 0)) return 0;
     double w[SBIN + 1], w2[SBIN + 1];
     const float step = t / 32; // bin b: m - (b + 1) step < l <= m - b step, roughly; any monotone map will do
-    int top; // the sample of the tokens past the head when it is listed, else of all
+    int top, b_hi, b_lo; // the sample of the tokens past the head when it is listed, else of all
     const int ns = sample_hist(s, m, step, nh >= 0 ? hd->l_head : INFINITY, w, w2, &top);
-    const double scale = (double)(n - (nh >= 0 ? nh : 0)) / (ns > 0 ? ns : 1);
-    double tail = 0, var = 0;
-    int b_hi = -1, b_lo = SBIN; // bins <= b_hi: surely before the crossing; > b_lo: surely after
-    for (int b = top; b >= 0; b--) { // (the empty bins past top add nothing)
-        double mb = (double)z - tail * scale, sd = 4 * sqrt(var) * scale + 1e-9 * (double)z;
-        if (mb - sd >= target) b_lo = b;
-        if (mb + sd < target) {
-            b_hi = b;
-            break;
-        }
-        tail += w[b], var += w2[b];
-    }
+    band_edges(w, w2, top, (double)(n - (nh >= 0 ? nh : 0)) / (ns > 0 ? ns : 1), z, target, &b_hi, &b_lo);
     // in: l > l_in; the band: l_out < l <= l_in; monotone in l, so in ranks before band before out
     const float l_in = m - (float)(b_hi + 1) * step, l_out = b_lo < SBIN ? m - (float)(b_lo + 1) * step : -INFINITY;
     // every p above the band >= 2^-17 (within 2 ulp of e^x, x monotone in l): its sums in double
     const int exact = softmax_exp((l_in - m) / t) >= 0x1p-16f;
     BandPass c = {.s = s, .logits = logits, .l_in = l_in, .l_out = l_out, .nt = par_tasks(n, nblk), .exact = exact};
     par_run(c.nt, band_task, &c);
-    int *list = s->list, k = 0, cap = n / 8;
-    float *bl = (float *)s->keys, *bp = bl + n;
-    uint64_t m_in = 0, m_band = 0;
-    long c_in = 0;
-    for (int i = 0; i < c.nt; i++) { // each task's band, from its blocks' first entry, in order
-        if (c.k[i] < 0 || k + c.k[i] > cap) return 0;
-        int b_lo, b_hi;
-        task_blocks(i, c.nt, nblk, &b_lo, &b_hi);
-        if (k != b_lo * BLK) {
-            memmove(list + k, list + b_lo * BLK, (size_t)c.k[i] * sizeof *list);
-            memmove(bl + k, bl + b_lo * BLK, (size_t)c.k[i] * sizeof *bl);
-            memmove(bp + k, bp + b_lo * BLK, (size_t)c.k[i] * sizeof *bp);
-        }
-        k += c.k[i], m_in += c.m_in[i], m_band += c.m_band[i], c_in += c.c_in[i];
-    }
-    if (!((double)m_in < target && (double)(m_in + m_band) >= target)) return 0;
-    int *band_ids = (int *)(s->keys + 2 * (size_t)n); // the band, kept for the draw
-    memcpy(band_ids, list, (size_t)k * sizeof *list);
-    *cut = radix_select(list, bl, bp, k, 1, 0, target, c_in, m_in);
+    uint64_t m_in, m_band;
+    long c_in;
+    const int k = band_join(s, &c, &m_in, &m_band, &c_in);
+    if (k < 0 || !((double)m_in < target && (double)(m_in + m_band) >= target)) return 0;
+    memcpy(s->keys + 2 * (size_t)n, s->list, (size_t)k * sizeof *s->list); // the band's ids, kept for the draw
+    *cut = radix_select(s->list, (float *)s->keys, (float *)s->keys + n, k, 1, 0, target, c_in, m_in);
     *band_k = k;
     return 1;
 }
