@@ -2,6 +2,7 @@
 // probabilities are known, then the whole map from u to id against a reference written from the
 // definition with a full sort (exact: integer P), a chi-square test of many draws on 152K-token
 // vocabularies, the penalties, the seed. Ends with sampler_sample's time per token (printed only).
+#include "../model/pool.h"
 #include "../model/sampler.h"
 
 #include <math.h>
@@ -344,6 +345,29 @@ int main(void) {
         }
         check(bad == 0, "12 random top-p cases on 40K-70K tokens (flat / peaked / tied, min-p on and off): the map equals the definition's");
 
+        // the band's rarer arithmetic at 152K: p below 2^-16 above the band (P rounded one by one:
+        // a lone token far above a flat tail, T 1), and logits far apart (x past -87: exp's clamps)
+        bad = 0;
+        make_logits(big, n, FLAT);
+        for (int i = 0; i < n; i++) big[i] *= 0.25f;
+        big[n / 3] = 12.0f;
+        bad += check_map("lone peak", big, n, 1.0f, 0, 0.95f, 0, 60) + check_map("lone peak", big, n, 1.0f, 0, 0.6f, 0, 60);
+        make_logits(big, n, PEAKED);
+        for (int i = 0; i < n; i++) big[i] *= 8;
+        bad += check_map("wide", big, n, 0.8f, 0, 0.95f, 0, 60);
+        make_logits(big, n, FLAT);
+        for (int i = 0; i < n; i++) big[i] *= 40;
+        bad += check_map("wide", big, n, 1.0f, 0, 0.95f, 0, 60);
+        check(bad == 0, "152K top-p: a lone token far above a flat tail (small p above the band), logits far apart (x past -87)");
+
+        // the cut among a few heavy tokens (top-p's head, taken exactly): 5 peaks, then 100 more
+        bad = 0;
+        make_logits(big, n, PEAKED);
+        bad += check_map("heavy", big, n, 0.6f, 0, 0.9f, 0, 60) + check_map("heavy", big, n, 0.3f, 0, 0.99f, 0, 60);
+        for (int j = 0; j < 100; j++) big[(int)(frand() * n)] = (float)(15 - 0.01 * j);
+        bad += check_map("heavy", big, n, 0.8f, 0, 0.95f, 0, 60) + check_map("heavy", big, n, 0.8f, 0, 0.95f, 1e-6f, 60);
+        check(bad == 0, "152K top-p: the cut among a few heavy tokens (5, 105), min-p on and off");
+
         // a non-finite logit is reported with its index, not sampled
         Sampler ns;
         sampler_init(&ns, n, 0.8f, 0, 0.95f, 0, 1);
@@ -431,29 +455,34 @@ int main(void) {
 #else
         int n = 152064, runs = 101;
 #endif
-        float *lt = malloc((size_t)n * sizeof *lt);
+        float *lt[2] = {malloc((size_t)n * sizeof(float)), malloc((size_t)n * sizeof(float))}; // flat, peaked
+        make_logits(lt[FLAT], n, FLAT), make_logits(lt[PEAKED], n, PEAKED);
         double ms[101];
         struct { const char *name; float t; int k; float p, mp; } set[] = {
-            {"greedy", 0, 0, 1, 0}, {"T 0.8", 0.8f, 0, 1, 0}, {"top-p 0.95", 0.8f, 0, 0.95f, 0}, {"top-k 40", 0.8f, 40, 1, 0},
-            {"min-p 0.05", 0.8f, 0, 1, 0.05f}, {"k 40 p 0.95 min-p 0.05", 0.8f, 40, 0.95f, 0.05f}};
-        printf("sampler_sample, 152064 tokens, median of %d (ms):\n  %-24s %8s %8s\n", runs, "", "flat", "peaked");
+            {"greedy", 0, 0, 1, 0}, {"T 0.8", 0.8f, 0, 1, 0}, {"top-p 0.95", 0.8f, 0, 0.95f, 0}, {"top-p 0.95, T 1", 1.0f, 0, 0.95f, 0},
+            {"top-k 40", 0.8f, 40, 1, 0}, {"min-p 0.05", 0.8f, 0, 1, 0.05f}, {"k 40 p 0.95 min-p 0.05", 0.8f, 40, 0.95f, 0.05f}};
+        const int team = pool_threads(), teams[2] = {1, team};
+        printf("sampler_sample, 152064 tokens, median of %d (ms), T 0.8 but where said; one thread, then the pool's %d:\n", runs, team);
+        printf("  %-24s %8s %8s %8s %8s\n", "", "flat", "peaked", "flat", "peaked");
         for (size_t c = 0; c < sizeof set / sizeof set[0]; c++) {
-            double med[2];
-            for (int kind = 0; kind < 2; kind++) {
-                make_logits(lt, n, kind);
-                sampler_init(&s, n, set[c].t, set[c].k, set[c].p, set[c].mp, 3);
-                for (int i = 0; i < runs; i++) {
-                    double t0 = now_ms();
-                    sampler_sample(&s, lt);
-                    ms[i] = now_ms() - t0;
+            double med[2][2];
+            for (int th = 0; th < 2; th++)
+                for (int kind = 0; kind < 2; kind++) {
+                    pool_set_threads(teams[th]);
+                    sampler_init(&s, n, set[c].t, set[c].k, set[c].p, set[c].mp, 3);
+                    for (int i = 0; i < runs; i++) {
+                        double t0 = now_ms();
+                        sampler_sample(&s, lt[kind]);
+                        ms[i] = now_ms() - t0;
+                    }
+                    qsort(ms, (size_t)runs, sizeof ms[0], by_double);
+                    med[th][kind] = ms[runs / 2];
+                    sampler_free(&s);
                 }
-                qsort(ms, (size_t)runs, sizeof ms[0], by_double);
-                med[kind] = ms[runs / 2];
-                sampler_free(&s);
-            }
-            printf("  %-24s %8.3f %8.3f\n", set[c].name, med[0], med[1]);
+            printf("  %-24s %8.3f %8.3f %8.3f %8.3f\n", set[c].name, med[0][0], med[0][1], med[1][0], med[1][1]);
         }
-        free(lt);
+        pool_set_threads(team);
+        free(lt[0]), free(lt[1]);
     }
 
     printf("%d passed, %d failed\n", passed, failed);
