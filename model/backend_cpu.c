@@ -1,9 +1,12 @@
 // The CPU backend: the reference every other backend is checked against. fp32 math, the pool's
 // threads across output rows, bf16 weights widened and Q8_0 / Q4_K blocks dequantized on the fly
 // (several tokens), or multiplied as blocks by activations quantized per 32 (decode; quant.h).
+// A decode step's bf16 products run on the instruction set cpu_isa() picks (dot_bf16.h).
 #include "backend.h"
 #include "bf16.h"
 #include "config.h"
+#include "cpu_isa.h"
+#include "dot_bf16.h"
 #include "pool.h"
 #include "quant.h"
 
@@ -50,6 +53,8 @@ typedef struct {
     uint32_t dtype;
     int T, n, d, rows;
     const ActQ8 *act;             // decode with quantized weights: x quantized per 32
+    const DotBf16 *bf16;          // decode with bf16 weights: the kernels, and x laid out for them
+    const void *xp;
     float *buf[POOL_MAX_THREADS]; // per thread: weight rows widened to fp32 (allocated on first use)
 } Product;
 
@@ -62,9 +67,13 @@ static float *thread_buf(Product *p, int thread, size_t floats) {
 static void rows_task(void *ctx, int task, int thread) {
     (void)thread;
     Product *p = ctx;
-    int i1 = (task + 1) * p->rows < p->d ? (task + 1) * p->rows : p->d;
+    int i0 = task * p->rows, i1 = i0 + p->rows < p->d ? i0 + p->rows : p->d;
+    if (p->bf16) {
+        p->bf16->rows((const uint16_t *)p->w + (size_t)i0 * p->n, p->xp, p->n, i1 - i0, p->y + i0);
+        return;
+    }
     size_t rb = dtype_row_bytes(p->dtype, (uint64_t)p->n);
-    for (int i = task * p->rows; i < i1; i++)
+    for (int i = i0; i < i1; i++)
         p->y[i] = p->act ? dot_act((const uint8_t *)p->w + i * rb, p->dtype, p->act) : dot_row(p->w, p->dtype, (size_t)i, p->x, p->n);
 }
 
@@ -111,9 +120,15 @@ static void row_reuse_task(void *ctx, int task, int thread) {
 #endif
 
 static void matmul(float *y, const float *x, const void *w, uint32_t dtype, int T, int n, int d) {
-    Product p = {y, x, w, dtype, T, n, d, 16, NULL, {NULL}};
+    Product p = {y, x, w, dtype, T, n, d, 16, NULL, NULL, NULL, {NULL}};
     if (T == 1) { // decode: one pass over the weights, nothing to reuse; 16 rows a task
         ActQ8 act = {n, NULL, NULL, NULL};
+        void *xp = NULL;
+        if (dtype == DTYPE_BF16 && (xp = aligned_alloc(64, dot_bf16_x_bytes(n)))) { // else dot_row's loop
+            p.bf16 = dot_bf16_for(cpu_isa());
+            p.bf16->prep(x, n, xp);
+            p.xp = xp;
+        }
         if (dtype_is_quant(dtype)) { // the activations quantized once, as the GPU's decode does
             void *mem = malloc((size_t)n + (size_t)n / 32 * 8);
             if (!mem) {
@@ -126,6 +141,7 @@ static void matmul(float *y, const float *x, const void *w, uint32_t dtype, int 
         }
         pool_run((d + p.rows - 1) / p.rows, rows_task, &p);
         if (p.act) free(act.d);
+        free(xp);
         return;
     }
 #ifndef NO_BLAS
