@@ -10,6 +10,14 @@ CFLAGS  += -DNO_BLAS
 BLASLIBS =
 else
 BLASLIBS = -lopenblas
+# oneDNN (Debian libdnnl-dev) for prompt products in bf16 arithmetic (model/gemm_dnnl.h), when
+# its header is there and NO_DNNL is not 1; without it those products stay on OpenBLAS.
+ifneq ($(NO_DNNL),1)
+ifneq ($(wildcard /usr/include/oneapi/dnnl/dnnl.h),)
+CFLAGS  += -DHAVE_DNNL
+BLASLIBS += -ldnnl
+endif
+endif
 endif
 LDLIBS  += $(BLASLIBS)
 TOKLIBS  = -lutf8proc -lsentencepiece -lstdc++
@@ -45,7 +53,7 @@ CUDA_LIBS =
 endif
 
 # What `make deps` installs (Debian; apt needs root).
-DEB_DEPS = gcc g++ make clang valgrind libcjson-dev libutf8proc-dev libsentencepiece-dev sentencepiece libopenblas-openmp-dev python3 python3-pip
+DEB_DEPS = gcc g++ make clang valgrind libcjson-dev libutf8proc-dev libsentencepiece-dev sentencepiece libopenblas-openmp-dev libdnnl-dev python3 python3-pip
 
 # The C libraries the build needs (make deps installs them): say so before the first compile fails.
 # Checked by the make a user runs, not again by each make it runs in turn.
@@ -148,7 +156,7 @@ asan-bins: $(BUILD)/run $(BUILD)/export $(TEST_BIN) $(BUILD)/tests/tok_tool $(FU
 # has AVX-512, else x86-64-v2: other vector widths, other FMA use, other summation orders), so a
 # bound tuned to one machine's rounding fails here rather than on the next machine's CI.
 ALT_MARCH = $(if $(shell grep -m1 -ow avx512f /proc/cpuinfo 2>/dev/null),x86-64-v4,x86-64-v2)
-FLOAT_TESTS = test_attention test_bf16 test_dot_bf16 test_fp8 test_pariskv test_pariskv_model test_pariskv_policy test_quant test_selectors
+FLOAT_TESTS = test_attention test_bf16 test_dot_bf16 test_fp8 test_gemm_dnnl test_pariskv test_pariskv_model test_pariskv_policy test_quant test_selectors
 # The decode products' kernels are picked at run time (model/cpu_isa.h), whatever -march says: the
 # first run forces the portable ones (PKV_CPU_ISA=generic, vectorized as this -march allows), then
 # the model is checked end to end on each fp32-exact set this CPU has. (test_dot_bf16 checks every

@@ -1,12 +1,14 @@
 // The CPU backend: the reference every other backend is checked against. fp32 math, the pool's
 // threads across output rows, bf16 weights widened and Q8_0 / Q4_K blocks dequantized on the fly
 // (several tokens), or multiplied as blocks by activations quantized per 32 (decode; quant.h).
-// A decode step's bf16 products run on the instruction set cpu_isa() picks (dot_bf16.h).
+// A decode step's bf16 products run on the instruction set cpu_isa() picks (dot_bf16.h); with
+// PKV_CPU_ISA=avx512bf16 a prompt's go through oneDNN's bf16 matmul (gemm_dnnl.h) where built.
 #include "backend.h"
 #include "bf16.h"
 #include "config.h"
 #include "cpu_isa.h"
 #include "dot_bf16.h"
+#include "gemm_dnnl.h"
 #include "pool.h"
 #include "quant.h"
 
@@ -55,6 +57,8 @@ typedef struct {
     const ActQ8 *act;             // decode with quantized weights: x quantized per 32
     const DotBf16 *bf16;          // decode with bf16 weights: the kernels, and x laid out for them
     const void *xp;
+    GemmDnnl *dnnl;               // several tokens in bf16 arithmetic: oneDNN's panels, x in bf16
+    const uint16_t *xb;
     float *buf[POOL_MAX_THREADS]; // per thread: weight rows widened to fp32 (allocated on first use)
 } Product;
 
@@ -90,9 +94,21 @@ static void rows_task(void *ctx, int task, int thread) {
         p->y[i] = p->act ? dot_act((const uint8_t *)p->w + i * rb, p->dtype, p->act) : dot_row(p->w, p->dtype, (size_t)i, p->x, p->n);
 }
 
-#ifndef NO_BLAS
 #define PANEL 64 // weight rows a thread widens to fp32 and multiplies at once (64 x 4096 floats: 1 MiB)
 
+// Several tokens in bf16 arithmetic: oneDNN's matmul on a panel of PANEL bf16 weight rows as they
+// are stored, x rounded to bf16 once for all panels (products exact, sums in fp32). Should oneDNN
+// fail, the panel is computed row by row in fp32.
+static void dnnl_task(void *ctx, int task, int thread) {
+    (void)thread;
+    Product *p = ctx;
+    int i0 = task * PANEL, rows = p->d - i0 < PANEL ? p->d - i0 : PANEL;
+    if (gemm_dnnl_panel(p->dnnl, p->y, p->xb, p->w, i0) == 0) return;
+    for (int t = 0; t < p->T; t++)
+        for (int r = 0; r < rows; r++) p->y[(size_t)t * p->d + i0 + r] = dot_row(p->w, p->dtype, (size_t)(i0 + r), p->x + (size_t)t * p->n, p->n);
+}
+
+#ifndef NO_BLAS
 // Several tokens: OpenBLAS's sgemm on a panel of PANEL weight rows, widened (bf16) or dequantized
 // (Q8_0, Q4_K) once by the thread that multiplies it (OpenBLAS runs single-threaded inside our
 // tasks). The products' sums run in sgemm's order, not dot_f32's: results agree with the
@@ -133,7 +149,7 @@ static void row_reuse_task(void *ctx, int task, int thread) {
 #endif
 
 static void matmul(float *y, const float *x, const void *w, uint32_t dtype, int T, int n, int d) {
-    Product p = {y, x, w, dtype, T, n, d, 0, NULL, NULL, NULL, {NULL}};
+    Product p = {y, x, w, dtype, T, n, d, 0, NULL, NULL, NULL, NULL, NULL, {NULL}};
     if (T == 1) { // decode: one pass over the weights, nothing to reuse
         p.rows = decode_rows_per_task(d);
         ActQ8 act = {n, NULL, NULL, NULL};
@@ -158,6 +174,17 @@ static void matmul(float *y, const float *x, const void *w, uint32_t dtype, int 
         free(xp);
         return;
     }
+    uint16_t *xb = NULL;
+    if (dtype == DTYPE_BF16 && cpu_isa() == CPU_ISA_AVX512BF16 && (xb = malloc((size_t)T * n * sizeof(uint16_t))) &&
+        (p.dnnl = gemm_dnnl_create(GEMM_DNNL_BF16, T, n, d, PANEL))) {
+        dot_bf16_round(x, (size_t)T * n, xb);
+        p.xb = xb;
+        pool_run((d + PANEL - 1) / PANEL, dnnl_task, &p);
+        gemm_dnnl_destroy(p.dnnl);
+        free(xb);
+        return;
+    }
+    free(xb);
 #ifndef NO_BLAS
     pool_run((d + PANEL - 1) / PANEL, panel_task, &p);
 #else

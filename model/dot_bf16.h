@@ -39,6 +39,10 @@ const DotBf16 *dot_bf16_for(CpuIsa isa);
 // The prepared x's size for any set: n rounded up to 32 floats.
 static inline size_t dot_bf16_x_bytes(int n) { return (size_t)(n + 31) / 32 * 32 * sizeof(float); }
 
+// n floats rounded to bf16 to nearest even (vcvtne2ps2bf16 where the CPU has AVX512_BF16, else
+// f32_to_bf16; the two agree on every normal float): the activations of the bf16 products.
+void dot_bf16_round(const float *x, size_t n, uint16_t *out);
+
 // Each set's kernels (their own files); NULL off x86-64.
 extern const DotBf16 dot_bf16_generic;
 const DotBf16 *dot_bf16_avx2(void);

@@ -52,13 +52,27 @@ const DotBf16 *dot_bf16_avx512(void) { return &kernels; }
 
 // ---- avx512bf16: x rounded to bf16, vdpbf16ps on pairs ----
 
-// x to bf16 in its own order (pairs line up with the weights'), rounded to nearest even as
-// f32_to_bf16 does; padded with zeros to a whole block of 32.
+// n floats to bf16 with vcvtne2ps2bf16: to nearest even, as f32_to_bf16 (model/bf16.h) rounds
+// every normal float.
+AVX512BF16 static void round_bf16(const float *x, size_t n, uint16_t *o) {
+    size_t j = 0;
+    for (; j + 32 <= n; j += 32)
+        _mm512_storeu_si512(o + j, (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + j + 16), _mm512_loadu_ps(x + j)));
+    for (; j < n; j++) o[j] = f32_to_bf16(x[j]);
+}
+
+void dot_bf16_round(const float *x, size_t n, uint16_t *out) {
+    if (cpu_isa_supported(CPU_ISA_AVX512BF16)) round_bf16(x, n, out);
+    else
+        for (size_t j = 0; j < n; j++) out[j] = f32_to_bf16(x[j]);
+}
+
+// x to bf16 in its own order (pairs line up with the weights'), padded with zeros to a whole
+// block of 32.
 static void prep_bf16(const float *x, int n, void *xp) {
     uint16_t *o = xp;
-    int j = 0;
-    for (; j < n; j++) o[j] = f32_to_bf16(x[j]);
-    for (; j % 32; j++) o[j] = 0;
+    round_bf16(x, (size_t)n, o);
+    for (int j = n; j % 32; j++) o[j] = 0;
 }
 
 AVX512BF16 static inline __m512 dp(__m512 acc, __m512i w, const uint16_t *x) {
@@ -91,4 +105,7 @@ const DotBf16 *dot_bf16_avx512bf16(void) { return &kernels_bf16; }
 #else
 const DotBf16 *dot_bf16_avx512(void) { return NULL; }
 const DotBf16 *dot_bf16_avx512bf16(void) { return NULL; }
+void dot_bf16_round(const float *x, size_t n, uint16_t *out) {
+    for (size_t j = 0; j < n; j++) out[j] = f32_to_bf16(x[j]);
+}
 #endif
