@@ -6,7 +6,8 @@
 #
 # 1. Builds llama.cpp's llama-bench and llama-quantize (CPU only) from the llama.cpp that the
 #    PyPI sdist of llama-cpp-python ($LC_VER, default 0.3.36) vendors, under $LC_WORK (default
-#    /tmp/llamacpp_cpu; a kquant_check.sh build in /tmp/kquant_check is reused); nothing is written
+#    /tmp/llamacpp_cpu; a kquant_check.sh build in /tmp/kquant_check is reused; LC_SRC=DIR builds
+#    the llama.cpp tree in DIR instead, for a machine without network); nothing is written
 #    inside the repository. About 25 minutes the first time on two cores.
 # 2. SmolLM2-135M-Instruct.Q4_1.gguf -> F16 -> BF16 with llama-quantize; ./export of that BF16
 #    file gives our model.bin: both runners read the same bf16 weights.
@@ -43,11 +44,12 @@ for b in "$W/llama-build" /tmp/kquant_check/llama-build /tmp/kq/llama-build; do
 done
 if [ -z "$B" ]; then
     B=$W/llama-build
-    if ! [ -d "$W/llama_cpp_python-$VER" ]; then
+    LSRC=${LC_SRC:-$W/llama_cpp_python-$VER/vendor/llama.cpp} # LC_SRC: a llama.cpp tree already here (no network)
+    if ! [ -d "$LSRC" ]; then
         python3 -m pip download -q --no-binary :all: --no-deps "llama-cpp-python==$VER" -d "$W"
         tar -xzf "$W/llama_cpp_python-$VER.tar.gz" -C "$W"
     fi
-    cmake -S "$W/llama_cpp_python-$VER/vendor/llama.cpp" -B "$B" -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=OFF \
+    cmake -S "$LSRC" -B "$B" -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=OFF \
         -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
         -DLLAMA_BUILD_SERVER=OFF >"$W/cmake.log" 2>&1
 fi
