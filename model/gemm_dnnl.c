@@ -5,6 +5,7 @@
 
 #if defined(HAVE_DNNL)
 #include <oneapi/dnnl/dnnl.h>
+#include <omp.h>
 
 struct GemmDnnl {
     int T, n, d, panel;
@@ -31,6 +32,10 @@ static int make(GemmDnnl *g, int k, int rows, dnnl_data_type_t dt) {
 }
 
 GemmDnnl *gemm_dnnl_create(GemmDnnlType type, int T, int n, int d, int panel) {
+    // oneDNN (its OpenMP build) sizes a primitive's work for the creating thread's OpenMP count
+    // and opens a team that large at each call: one, as the panels run inside the pool's tasks
+    // (the pool sets it too, but only at its first operation, which may come after this).
+    omp_set_num_threads(1);
     GemmDnnl *g = calloc(1, sizeof *g);
     if (!g) return NULL;
     *g = (GemmDnnl){.T = T, .n = n, .d = d, .panel = panel, .elem = type == GEMM_DNNL_BF16 ? 2 : 4};
