@@ -44,7 +44,7 @@ AVX2 static inline __m256i tail_block(const uint16_t *w, int len) {
 }
 
 // One row: 4 chains of fused multiply-adds.
-AVX2 static float dot1(const uint16_t *w, const float *x, int n) {
+AVX2 static float dot(const uint16_t *w, const float *x, int n) {
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     int full = n / 16 * 16, j = 0;
     for (; j + 32 <= full; j += 32) {
@@ -56,34 +56,10 @@ AVX2 static float dot1(const uint16_t *w, const float *x, int n) {
     return hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
 }
 
-// Two rows at once (8 chains in flight, each x block loaded once for both), each row's 4 chains
-// summed exactly as dot1 sums them: a row's result does not depend on its pairing.
-AVX2 static void dot2(const uint16_t *w, const uint16_t *v, const float *x, int n, float *y) {
-    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
-    int full = n / 16 * 16, j = 0;
-    for (; j + 32 <= full; j += 32) {
-        a0 = fma_block(_mm256_loadu_si256((const __m256i *)(w + j)), x + j, a0, &a1);
-        b0 = fma_block(_mm256_loadu_si256((const __m256i *)(v + j)), x + j, b0, &b1);
-        a2 = fma_block(_mm256_loadu_si256((const __m256i *)(w + j + 16)), x + j + 16, a2, &a3);
-        b2 = fma_block(_mm256_loadu_si256((const __m256i *)(v + j + 16)), x + j + 16, b2, &b3);
-    }
-    if (j < full) {
-        a0 = fma_block(_mm256_loadu_si256((const __m256i *)(w + j)), x + j, a0, &a1);
-        b0 = fma_block(_mm256_loadu_si256((const __m256i *)(v + j)), x + j, b0, &b1);
-        j += 16;
-    }
-    if (j < n) {
-        a2 = fma_block(tail_block(w + j, n - j), x + j, a2, &a3);
-        b2 = fma_block(tail_block(v + j, n - j), x + j, b2, &b3);
-    }
-    y[0] = hsum(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
-    y[1] = hsum(_mm256_add_ps(_mm256_add_ps(b0, b1), _mm256_add_ps(b2, b3)));
-}
-
+// Row by row: one stream through the weights. (Two rows at once, 8 chains sharing each x load,
+// read 1.5x slower from memory and from L3 on the AMD EPYC, Zen 3: 8.0 against 12.1 GB/s.)
 AVX2 static void rows(const uint16_t *w, const void *xp, int n, int nr, float *y) {
-    int r = 0;
-    for (; r + 2 <= nr; r += 2) dot2(w + (size_t)r * n, w + (size_t)(r + 1) * n, xp, n, y + r);
-    if (r < nr) y[r] = dot1(w + (size_t)r * n, xp, n);
+    for (int r = 0; r < nr; r++) y[r] = dot(w + (size_t)r * n, xp, n);
 }
 
 static const DotBf16 kernels = {CPU_ISA_AVX2, prep, rows};
