@@ -10,6 +10,14 @@ CFLAGS  += -DNO_BLAS
 BLASLIBS =
 else
 BLASLIBS = -lopenblas
+# oneDNN (Debian libdnnl-dev) for prompt products in bf16 arithmetic (model/gemm_dnnl.h), when
+# its header is there and NO_DNNL is not 1; without it those products stay on OpenBLAS.
+ifneq ($(NO_DNNL),1)
+ifneq ($(wildcard /usr/include/oneapi/dnnl/dnnl.h),)
+CFLAGS  += -DHAVE_DNNL
+BLASLIBS += -ldnnl
+endif
+endif
 endif
 LDLIBS  += $(BLASLIBS)
 TOKLIBS  = -lutf8proc -lsentencepiece -lstdc++
@@ -46,7 +54,7 @@ CUDA_LIBS =
 endif
 
 # What `make deps` installs (Debian; apt needs root).
-DEB_DEPS = gcc g++ make clang valgrind libcjson-dev libutf8proc-dev libsentencepiece-dev sentencepiece libopenblas-openmp-dev libedit-dev python3 python3-pip
+DEB_DEPS = gcc g++ make clang valgrind libcjson-dev libutf8proc-dev libsentencepiece-dev sentencepiece libopenblas-openmp-dev libedit-dev libdnnl-dev python3 python3-pip
 
 # Line editing in ./run --chat on a terminal (arrows, history, Ctrl-R) through libedit, where its
 # header is installed (make deps installs it); without it (or with NO_LIBEDIT=1) chat reads plain
@@ -165,12 +173,19 @@ asan-bins: $(BUILD)/run $(BUILD)/export $(TEST_BIN) $(BUILD)/tests/tok_tool $(FU
 # has AVX-512, else x86-64-v2: other vector widths, other FMA use, other summation orders), so a
 # bound tuned to one machine's rounding fails here rather than on the next machine's CI.
 ALT_MARCH = $(if $(shell grep -m1 -ow avx512f /proc/cpuinfo 2>/dev/null),x86-64-v4,x86-64-v2)
-FLOAT_TESTS = test_attention test_bf16 test_fp8 test_pariskv test_pariskv_model test_pariskv_policy test_quant test_selectors
+FLOAT_TESTS = test_attention test_bf16 test_dot_bf16 test_fp8 test_gemm_dnnl test_pariskv test_pariskv_model test_pariskv_policy test_quant test_selectors
+# The decode products' kernels are picked at run time (model/cpu_isa.h), whatever -march says: the
+# first run forces the portable ones (PKV_CPU_ISA=generic, vectorized as this -march allows), then
+# the model is checked end to end on each fp32-exact set this CPU has. (test_dot_bf16 checks every
+# set's kernels, avx512bf16's too, against their bounds, in both runs.)
+MARCH_ISAS = $(if $(shell grep -m1 -ow avx2 /proc/cpuinfo 2>/dev/null),avx2) $(if $(shell grep -m1 -ow avx512bw /proc/cpuinfo 2>/dev/null),avx512)
 test-march:
 	@echo "=== float-sensitive tests built with -march=$(ALT_MARCH)"
 	$(MAKE) BUILD=build-march NO_CUDA=1 OPT="-O3 -march=$(ALT_MARCH)" build-march/run build-march/export \
 		$(addprefix build-march/tests/,$(FLOAT_TESTS))
-	PKV_BUILD=build-march PKV_ONLY="$(FLOAT_TESTS) test_hf_reference.py test_quant.py" bash tests/run_all.sh
+	PKV_CPU_ISA=generic PKV_BUILD=build-march PKV_ONLY="$(FLOAT_TESTS) test_hf_reference.py test_quant.py" bash tests/run_all.sh
+	@set -e; for isa in $(MARCH_ISAS); do echo "=== end to end with PKV_CPU_ISA=$$isa"; \
+		PKV_CPU_ISA=$$isa PKV_BUILD=build-march PKV_ONLY="test_hf_reference.py" bash tests/run_all.sh; done
 
 # valgrind over generate, score and chat (tests/valgrind.sh): a CPU-only x86-64-v3 build in
 # build-vg/, since valgrind cannot decode AVX-512 (-march=native here).

@@ -1,9 +1,14 @@
 // The CPU backend: the reference every other backend is checked against. fp32 math, the pool's
 // threads across output rows, bf16 weights widened and Q8_0 / Q4_K blocks dequantized on the fly
 // (several tokens), or multiplied as blocks by activations quantized per 32 (decode; quant.h).
+// A decode step's bf16 products run on the instruction set cpu_isa() picks (dot_bf16.h); with
+// PKV_CPU_ISA=avx512bf16 a prompt's go through oneDNN's bf16 matmul (gemm_dnnl.h) where built.
 #include "backend.h"
 #include "bf16.h"
 #include "config.h"
+#include "cpu_isa.h"
+#include "dot_bf16.h"
+#include "gemm_dnnl.h"
 #include "pool.h"
 #include "quant.h"
 
@@ -52,6 +57,10 @@ typedef struct {
     uint32_t dtype;
     int T, n, d, rows;
     const ActQ8 *act;             // decode with quantized weights: x quantized per 32
+    const DotBf16 *bf16;          // decode with bf16 weights: the kernels, and x laid out for them
+    const void *xp;
+    GemmDnnl *dnnl;               // several tokens in bf16 arithmetic: oneDNN's panels, x in bf16
+    const uint16_t *xb;
     float *buf[POOL_MAX_THREADS]; // per thread: weight rows widened to fp32 (allocated on first use)
 } Product;
 
@@ -60,19 +69,48 @@ static float *thread_buf(Product *p, int thread, size_t floats) {
     return p->buf[thread];
 }
 
+// Decode: each thread's share of the rows in DECODE_TASKS_PER_THREAD contiguous runs, each a
+// whole number of 16-row groups (a 64-byte line of y, so no line is written by two threads),
+// claimed one at a time from the pool. Few, long runs: each claim moves the pool's counter line
+// between cores, and each run restarts the thread's stream through the weights that the
+// prefetcher follows; 16-row tasks made 12,800 claims a token on SmolLM2-135M and split every
+// matrix into runs of 18 KiB alternating between the threads. Eight a thread still leave a
+// descheduled thread holding up an eighth of its share, not half of the product.
+#define DECODE_TASKS_PER_THREAD 8
+static int decode_rows_per_task(int d) {
+    int parts = pool_threads() * DECODE_TASKS_PER_THREAD, rows = (d + parts - 1) / parts;
+    return rows < 16 ? 16 : (rows + 15) / 16 * 16;
+}
+
 // Decode: each weight row read once, its dot product with the one x.
 static void rows_task(void *ctx, int task, int thread) {
     (void)thread;
     Product *p = ctx;
-    int i1 = (task + 1) * p->rows < p->d ? (task + 1) * p->rows : p->d;
+    int i0 = task * p->rows, i1 = i0 + p->rows < p->d ? i0 + p->rows : p->d;
+    if (p->bf16) {
+        p->bf16->rows((const uint16_t *)p->w + (size_t)i0 * p->n, p->xp, p->n, i1 - i0, p->y + i0);
+        return;
+    }
     size_t rb = dtype_row_bytes(p->dtype, (uint64_t)p->n);
-    for (int i = task * p->rows; i < i1; i++)
+    for (int i = i0; i < i1; i++)
         p->y[i] = p->act ? dot_act((const uint8_t *)p->w + i * rb, p->dtype, p->act) : dot_row(p->w, p->dtype, (size_t)i, p->x, p->n);
 }
 
-#ifndef NO_BLAS
 #define PANEL 64 // weight rows a thread widens to fp32 and multiplies at once (64 x 4096 floats: 1 MiB)
 
+// Several tokens in bf16 arithmetic: oneDNN's matmul on a panel of PANEL bf16 weight rows as they
+// are stored, x rounded to bf16 once for all panels (products exact, sums in fp32). Should oneDNN
+// fail, the panel is computed row by row in fp32.
+static void dnnl_task(void *ctx, int task, int thread) {
+    (void)thread;
+    Product *p = ctx;
+    int i0 = task * PANEL, rows = p->d - i0 < PANEL ? p->d - i0 : PANEL;
+    if (gemm_dnnl_panel(p->dnnl, p->y, p->xb, p->w, i0) == 0) return;
+    for (int t = 0; t < p->T; t++)
+        for (int r = 0; r < rows; r++) p->y[(size_t)t * p->d + i0 + r] = dot_row(p->w, p->dtype, (size_t)(i0 + r), p->x + (size_t)t * p->n, p->n);
+}
+
+#ifndef NO_BLAS
 // Several tokens: OpenBLAS's sgemm on a panel of PANEL weight rows, widened (bf16) or dequantized
 // (Q8_0, Q4_K) once by the thread that multiplies it (OpenBLAS runs single-threaded inside our
 // tasks). The products' sums run in sgemm's order, not dot_f32's: results agree with the
@@ -113,9 +151,16 @@ static void row_reuse_task(void *ctx, int task, int thread) {
 #endif
 
 static void matmul(float *y, const float *x, const void *w, uint32_t dtype, int T, int n, int d) {
-    Product p = {y, x, w, dtype, T, n, d, 16, NULL, {NULL}};
-    if (T == 1) { // decode: one pass over the weights, nothing to reuse; 16 rows a task
+    Product p = {y, x, w, dtype, T, n, d, 0, NULL, NULL, NULL, NULL, NULL, {NULL}};
+    if (T == 1) { // decode: one pass over the weights, nothing to reuse
+        p.rows = decode_rows_per_task(d);
         ActQ8 act = {n, NULL, NULL, NULL};
+        void *xp = NULL;
+        if (dtype == DTYPE_BF16 && (xp = aligned_alloc(64, dot_bf16_x_bytes(n)))) { // else dot_row's loop
+            p.bf16 = dot_bf16_for(cpu_isa());
+            p.bf16->prep(x, n, xp);
+            p.xp = xp;
+        }
         if (dtype_is_quant(dtype)) { // the activations quantized once, as the GPU's decode does
             void *mem = malloc((size_t)n + (size_t)n / 32 * 8);
             if (!mem) {
@@ -128,8 +173,20 @@ static void matmul(float *y, const float *x, const void *w, uint32_t dtype, int 
         }
         pool_run((d + p.rows - 1) / p.rows, rows_task, &p);
         if (p.act) free(act.d);
+        free(xp);
         return;
     }
+    uint16_t *xb = NULL;
+    if (dtype == DTYPE_BF16 && cpu_isa() == CPU_ISA_AVX512BF16 && (xb = malloc((size_t)T * n * sizeof(uint16_t))) &&
+        (p.dnnl = gemm_dnnl_create(GEMM_DNNL_BF16, T, n, d, PANEL))) {
+        dot_bf16_round(x, (size_t)T * n, xb);
+        p.xb = xb;
+        pool_run((d + PANEL - 1) / PANEL, dnnl_task, &p);
+        gemm_dnnl_destroy(p.dnnl);
+        free(xb);
+        return;
+    }
+    free(xb);
 #ifndef NO_BLAS
     pool_run((d + PANEL - 1) / PANEL, panel_task, &p);
 #else

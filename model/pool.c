@@ -22,17 +22,20 @@
 // and a field after it (the next operation's) fails its claim, since `claim` changed in between,
 // and uses nothing. (Without the close such a worker could claim index n of the finished
 // operation while holding the next one's larger n, and run that task twice.)
+// The words every task touches sit on cache lines of their own: a line that two cores write
+// travels between them at each write, and on a machine whose cores share no cache (two vCPUs on
+// different dies) each trip costs a memory latency.
 static struct {
     int max, team, started, blas_single;
-    _Atomic uint64_t claim;  // (operation id << 32) | next task index
-    _Atomic uint32_t seq;    // bumped for each operation: sleeping workers wait on it
-    _Atomic uint32_t done;   // tasks of the current operation finished
-    _Atomic int sleepers;    // workers asleep on seq
+    _Alignas(64) _Atomic uint64_t claim; // (operation id << 32) | next task index
+    _Alignas(64) _Atomic uint32_t done;  // tasks of the current operation finished
     _Atomic int caller_asleep;
+    _Alignas(64) _Atomic uint32_t seq;   // bumped for each operation: sleeping workers wait on it
+    _Atomic int sleepers;                // workers asleep on seq
     _Atomic(PoolTask) fn;
     _Atomic(void *) ctx;
     _Atomic int n, team_now;
-    uint32_t op;             // the caller's operation counter
+    uint32_t op;                         // the caller's operation counter
 } P = {.team = 0};
 
 static void futex_wait(_Atomic uint32_t *addr, uint32_t val) { syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAIT_PRIVATE, val, NULL, NULL, 0); }
@@ -64,19 +67,21 @@ static int spin(_Atomic uint32_t *addr, uint32_t val, int equal) {
     }
 }
 
-// Claims and runs tasks of the operation seen in `claim` until none is left.
+// Claims and runs tasks of the operation seen in `claim` until none is left, then counts them
+// done at once (one write to `done` per thread and operation, not per task).
 static void work(int thread) {
     uint64_t c = atomic_load_explicit(&P.claim, memory_order_acquire);
     if (thread >= atomic_load_explicit(&P.team_now, memory_order_acquire)) return;
-    uint32_t op = (uint32_t)(c >> 32), n = (uint32_t)atomic_load_explicit(&P.n, memory_order_acquire);
+    uint32_t op = (uint32_t)(c >> 32), n = (uint32_t)atomic_load_explicit(&P.n, memory_order_acquire), ran = 0;
     PoolTask fn = atomic_load_explicit(&P.fn, memory_order_acquire);
     void *ctx = atomic_load_explicit(&P.ctx, memory_order_acquire);
     while ((uint32_t)(c >> 32) == op && (uint32_t)c < n) {
         if (!atomic_compare_exchange_weak_explicit(&P.claim, &c, c + 1, memory_order_acq_rel, memory_order_acquire)) continue;
         fn(ctx, (int)(uint32_t)c, thread);
-        if (atomic_fetch_add(&P.done, 1) + 1 == n && atomic_load(&P.caller_asleep)) futex_wake(&P.done, 1);
+        ran++;
         c = atomic_load_explicit(&P.claim, memory_order_acquire);
     }
+    if (ran && atomic_fetch_add(&P.done, ran) + ran == n && atomic_load(&P.caller_asleep)) futex_wake(&P.done, 1);
 }
 
 static void *worker(void *arg) {

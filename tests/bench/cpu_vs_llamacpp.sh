@@ -6,7 +6,8 @@
 #
 # 1. Builds llama.cpp's llama-bench and llama-quantize (CPU only) from the llama.cpp that the
 #    PyPI sdist of llama-cpp-python ($LC_VER, default 0.3.36) vendors, under $LC_WORK (default
-#    /tmp/llamacpp_cpu; a kquant_check.sh build in /tmp/kquant_check is reused); nothing is written
+#    /tmp/llamacpp_cpu; a kquant_check.sh build in /tmp/kquant_check is reused; LC_SRC=DIR builds
+#    the llama.cpp tree in DIR instead, for a machine without network); nothing is written
 #    inside the repository. About 25 minutes the first time on two cores.
 # 2. SmolLM2-135M-Instruct.Q4_1.gguf -> F16 -> BF16 with llama-quantize; ./export of that BF16
 #    file gives our model.bin: both runners read the same bf16 weights.
@@ -19,6 +20,10 @@
 #    llama.cpp's, decode <= 1.0x llama.cpp's time).
 # The machine should be otherwise idle: a busy neighbour moves every figure (the alternation keeps
 # the two runners' conditions alike).
+#   LC_CPUS=0,1   both runners under `taskset -c 0,1` (a 2-core table on a bigger machine)
+#   LC_ISA=avx512 ./run's products on that instruction set (PKV_CPU_ISA, model/cpu_isa.h; default:
+#                 ./run's own default, avx512 or avx2); the table's header says which set ran
+#                 (as ./run confirms it), the CPU's flags and its threads per core
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -39,11 +44,12 @@ for b in "$W/llama-build" /tmp/kquant_check/llama-build /tmp/kq/llama-build; do
 done
 if [ -z "$B" ]; then
     B=$W/llama-build
-    if ! [ -d "$W/llama_cpp_python-$VER" ]; then
+    LSRC=${LC_SRC:-$W/llama_cpp_python-$VER/vendor/llama.cpp} # LC_SRC: a llama.cpp tree already here (no network)
+    if ! [ -d "$LSRC" ]; then
         python3 -m pip download -q --no-binary :all: --no-deps "llama-cpp-python==$VER" -d "$W"
         tar -xzf "$W/llama_cpp_python-$VER.tar.gz" -C "$W"
     fi
-    cmake -S "$W/llama_cpp_python-$VER/vendor/llama.cpp" -B "$B" -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=OFF \
+    cmake -S "$LSRC" -B "$B" -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=OFF \
         -DBUILD_SHARED_LIBS=OFF -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
         -DLLAMA_BUILD_SERVER=OFF >"$W/cmake.log" 2>&1
 fi
@@ -68,18 +74,28 @@ for n in (512, 4096):
 EOF
 
 # ---- 3. alternating measurements ----
-lc_pp() { "$LB" -m "$W/smollm2-BF16.gguf" -p 512 -n 0 -t "$1" -r 1 -o csv 2>/dev/null | tail -1 | tr -d '"' | awk -F, '{print $(NF-1)}'; }
+TS=()
+[ -n "${LC_CPUS:-}" ] && TS=(taskset -c "$LC_CPUS")
+if [ -z "${LC_ISA:-}" ]; then # ./run's default, named so that ./run confirms it on stderr
+    LC_ISA=generic
+    grep -qw avx2 /proc/cpuinfo && LC_ISA=avx2
+    grep -qw avx512bw /proc/cpuinfo && LC_ISA=avx512
+fi
+export PKV_CPU_ISA=$LC_ISA
+lc_pp() { "${TS[@]}" "$LB" -m "$W/smollm2-BF16.gguf" -p 512 -n 0 -t "$1" -r 1 -o csv 2>/dev/null | tail -1 | tr -d '"' | awk -F, '{print $(NF-1)}'; }
 lc_tg() { # ms per token of 64 generated after depth $2
-    "$LB" -m "$W/smollm2-BF16.gguf" -p 0 -n 64 -d "$2" -t "$1" -r 1 -o csv 2>/dev/null | tail -1 | tr -d '"' | awk -F, '{printf "%.3f", 1000 / $(NF-1)}'
+    "${TS[@]}" "$LB" -m "$W/smollm2-BF16.gguf" -p 0 -n 64 -d "$2" -t "$1" -r 1 -o csv 2>/dev/null | tail -1 | tr -d '"' | awk -F, '{printf "%.3f", 1000 / $(NF-1)}'
 }
 ours() { # prefill tok/s, or decode ms/token, from the stats line
     local line
-    line=$(./run "$M" --ids -f "$W/ids$2.txt" -n "$3" --temp 0 --ignore-eos --threads "$1" --device cpu --attn full 2>&1 >/dev/null | grep "prompt .* tokens |")
+    line=$("${TS[@]}" ./run "$M" --ids -f "$W/ids$2.txt" -n "$3" --temp 0 --ignore-eos --threads "$1" --device cpu --attn full 2>&1 >/dev/null | grep "prompt .* tokens |")
     if [ "$3" = 0 ]; then echo "$line" | sed -n 's/.*prefill \([0-9.]*\) tok\/s.*/\1/p'
     else echo "$line" | sed -n 's/.*decode \([0-9.]*\) ms\/token.*/\1/p'; fi
 }
 median() { tr ' ' '\n' | grep . | sort -g | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : (a[NR/2] + a[NR/2+1]) / 2}'; }
 echo "machine: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) CPUs; $(date -u +%F); llama.cpp $("$LB" --version 2>&1 | grep -o 'version: [0-9]* ([0-9a-f]*)' | head -1)"
+echo "cpu flags: $(grep -m1 -ow -e avx2 -e avx512f -e avx512_bf16 -e avx512_vnni -e amx_bf16 /proc/cpuinfo | sort -u | tr '\n' ' ')threads per core: $(lscpu | sed -n 's/^Thread(s) per core: *//p'); taskset: ${LC_CPUS:-none}"
+echo "./run: $(./run --version | head -1); $(./run "$M" --ids -p 1 -n 1 --device cpu 2>&1 >/dev/null | grep -m1 '^cpu: products on')"
 printf "%-8s | %-14s | %12s | %12s | %8s | %s\n" threads test ./run llama.cpp ratio target
 printf -- "---------+----------------+--------------+--------------+----------+-------\n"
 for t in $THREADS; do

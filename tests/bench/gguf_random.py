@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """Writes a GGUF of random weights of Llama-3.1-8B's shape (vocab of the tokenizer given) for the
 GPU comparison with llama.cpp (tests/bench/gpu_vs_llamacpp.sh): llama.cpp reads it as it is and
-./export reads the same file, so both runners multiply the same numbers.
+./export reads the same file, so both runners multiply the same numbers. --shape smollm2: the
+shape of SmolLM2-135M (tied embeddings) instead, for the CPU comparison on a machine the real
+model cannot be copied to (tests/bench/cpu_vs_llamacpp.sh; the speed does not depend on the values).
 
-  gguf_random.py TOKENIZER.gguf OUT.gguf bf16|q8_0|q4_k|q4_0 [--layers N]
+  gguf_random.py TOKENIZER.gguf OUT.gguf bf16|q8_0|q4_k|q4_0 [--layers N] [--shape smollm2]
   gguf_random.py MODEL.gguf OUT.gguf tokenizer     # OUT: MODEL's tokenizer metadata alone (small)
 
 TOKENIZER.gguf: a GGUF whose tokenizer.* metadata is copied (the pack step makes one from
@@ -20,6 +22,10 @@ from gguf import GGMLQuantizationType as Q
 from gguf import GGUFReader, GGUFValueType, GGUFWriter
 
 DIM, HIDDEN, HEADS, KV_HEADS, LAYERS = 4096, 14336, 32, 8, 32
+SHAPES = {  # dim, hidden, heads, kv heads, layers, rope theta, context, tied embeddings
+    "llama3.1-8b": (4096, 14336, 32, 8, 32, 500000.0, 131072, False),
+    "smollm2": (576, 1536, 9, 3, 30, 100000.0, 8192, True),
+}
 rng = np.random.default_rng(7)
 _pool = {}
 
@@ -87,7 +93,12 @@ def main():
     if len(sys.argv) < 4 or sys.argv[3] not in ("bf16", "q8_0", "q4_k", "q4_0", "tokenizer"):
         sys.exit(__doc__)
     tok_path, out, kind = sys.argv[1], sys.argv[2], sys.argv[3]
-    layers = int(sys.argv[sys.argv.index("--layers") + 1]) if "--layers" in sys.argv else LAYERS
+    shape = sys.argv[sys.argv.index("--shape") + 1] if "--shape" in sys.argv else "llama3.1-8b"
+    if shape not in SHAPES:
+        sys.exit(f"--shape: one of {', '.join(SHAPES)}")
+    global DIM, HIDDEN, HEADS, KV_HEADS
+    DIM, HIDDEN, HEADS, KV_HEADS, layers, theta, ctx, tied = SHAPES[shape]
+    layers = int(sys.argv[sys.argv.index("--layers") + 1]) if "--layers" in sys.argv else layers
     w = GGUFWriter(out, "llama")
     vocab = copy_tokenizer(GGUFReader(tok_path), w)
     if kind == "tokenizer":
@@ -95,14 +106,14 @@ def main():
         w.write_kv_data_to_file()
         w.close()
         return
-    w.add_name(f"random Llama-3.1-8B shape, {kind}")
+    w.add_name(f"random {shape} shape, {kind}")
     w.add_block_count(layers)
-    w.add_context_length(131072)
+    w.add_context_length(ctx)
     w.add_embedding_length(DIM)
     w.add_feed_forward_length(HIDDEN)
     w.add_head_count(HEADS)
     w.add_head_count_kv(KV_HEADS)
-    w.add_rope_freq_base(500000.0)
+    w.add_rope_freq_base(theta)
     w.add_layer_norm_rms_eps(1e-5)
     w.add_rope_dimension_count(DIM // HEADS)
     w.add_vocab_size(vocab)
@@ -130,7 +141,8 @@ def main():
         matrix(f"blk.{i}.ffn_up.weight", HIDDEN, DIM, mat_q)
         matrix(f"blk.{i}.ffn_down.weight", DIM, HIDDEN, mat_q)
     w.add_tensor("output_norm.weight", ones)
-    matrix("output.weight", vocab, DIM, edge_q)
+    if not tied:
+        matrix("output.weight", vocab, DIM, edge_q)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file(progress=False)

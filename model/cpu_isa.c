@@ -1,0 +1,76 @@
+// Run-time choice of the products' instruction set (cpu_isa.h).
+#include "cpu_isa.h"
+
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+
+static const char *const names[CPU_ISA_COUNT] = {"generic", "avx2", "avx512", "avx512bf16"};
+
+const char *cpu_isa_name(CpuIsa isa) { return (unsigned)isa < CPU_ISA_COUNT ? names[isa] : "?"; }
+
+int cpu_isa_parse(const char *s) {
+    for (int i = 0; i < CPU_ISA_COUNT; i++)
+        if (strcmp(s, names[i]) == 0) return i;
+    return -1;
+}
+
+#if defined(__x86_64__)
+static uint64_t xgetbv0(void) { // the OS-enabled register state (XCR0); needs OSXSAVE
+    uint32_t lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return (uint64_t)hi << 32 | lo;
+}
+
+static CpuIsa detect(void) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return CPU_ISA_GENERIC;
+    int fma = c >> 12 & 1, osxsave = c >> 27 & 1, avx = c >> 28 & 1;
+    if (!osxsave || !avx || !fma) return CPU_ISA_GENERIC;
+    uint64_t xcr0 = xgetbv0();
+    if ((xcr0 & 0x6) != 0x6) return CPU_ISA_GENERIC; // XMM and YMM state saved
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !(b >> 5 & 1)) return CPU_ISA_GENERIC; // AVX2
+    // AVX-512 F (bit 16), DQ (17), BW (30), VL (31), and the opmask and ZMM state saved (XCR0 5-7)
+    int avx512 = (b >> 16 & 1) && (b >> 17 & 1) && (b >> 30 & 1) && (b >> 31 & 1) && (xcr0 & 0xe0) == 0xe0;
+    if (!avx512) return CPU_ISA_AVX2;
+    if (__get_cpuid_count(7, 1, &a, &b, &c, &d) && (a >> 5 & 1)) return CPU_ISA_AVX512BF16; // AVX512_BF16
+    return CPU_ISA_AVX512;
+}
+#else
+static CpuIsa detect(void) { return CPU_ISA_GENERIC; }
+#endif
+
+static CpuIsa best = CPU_ISA_GENERIC, chosen = CPU_ISA_GENERIC;
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+
+static void init(void) {
+    best = detect();
+    chosen = best > CPU_ISA_AVX512 ? CPU_ISA_AVX512 : best;
+    const char *env = getenv("PKV_CPU_ISA");
+    if (!env || !*env) return;
+    int want = cpu_isa_parse(env);
+    if (want < 0)
+        fprintf(stderr, "warning: PKV_CPU_ISA=%s is none of generic, avx2, avx512, avx512bf16: using %s\n", env, names[chosen]);
+    else if (want > (int)best)
+        fprintf(stderr, "warning: PKV_CPU_ISA=%s: this CPU lacks it, using %s\n", env, names[chosen]);
+    else
+        chosen = (CpuIsa)want;
+    fprintf(stderr, "cpu: products on %s (PKV_CPU_ISA=%s; this CPU's best: %s)\n", names[chosen], env, names[best]);
+}
+
+CpuIsa cpu_isa_best(void) {
+    pthread_once(&once, init);
+    return best;
+}
+
+int cpu_isa_supported(CpuIsa isa) { return isa <= cpu_isa_best(); }
+
+CpuIsa cpu_isa(void) {
+    pthread_once(&once, init);
+    return chosen;
+}
