@@ -397,17 +397,23 @@ def test_line_editing(tiny):
                     break
         return seen.count(what) >= count
 
+    # Keys are typed only once libedit reads: between lines the terminal is cooked (there ^R is
+    # the line discipline's reprint) and libedit's setup flushes what came before (TCSAFLUSH).
+    def typed(keys):
+        wait_for(lambda: blocked_reading_stdin(pid) or proc_state(pid) in ("Z", ""), 30)
+        os.write(fd, keys)
+
     cleared = b"[conversation cleared]"
     ok = expect(b"> ")
-    os.write(fd, b"/reset\r")
+    typed(b"/reset\r")
     ok &= expect(cleared, 1)
-    os.write(fd, b"\x1b[A\r")  # Up: the last line again
+    typed(b"\x1b[A\r")  # Up: the last line again
     ok &= expect(cleared, 2)
-    os.write(fd, b"\x12res")  # Ctrl-R: the history searched for "res"
+    typed(b"\x12res")  # Ctrl-R: the history searched for "res"
     time.sleep(0.5)
     os.write(fd, b"\r")
     ok &= expect(cleared, 3)
-    os.write(fd, b"/ext\x1b[Di\r")  # Left, then 'i': "/exit"
+    typed(b"/ext\x1b[Di\r")  # Left, then 'i': "/exit"
     for _ in range(300):
         done, wstatus = os.waitpid(pid, os.WNOHANG)
         if done:
