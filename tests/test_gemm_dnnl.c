@@ -108,11 +108,13 @@ static int check_type(GemmDnnlType type, Rng *r) {
 int main(void) {
     Rng r = {2929};
     int skipped = 0;
-    if (!gemm_dnnl_create(GEMM_DNNL_F32, 1, 64, 64, PANEL)) {
+    GemmDnnl *probe = gemm_dnnl_create(GEMM_DNNL_F32, 1, 64, 64, PANEL);
+    if (!probe) {
         printf("SKIP oneDNN is not built in (the Makefile found no oneapi/dnnl/dnnl.h: apt-get install libdnnl-dev)\n");
         printf("0 passed, 0 failed, 1 skipped\n");
         return 77;
     }
+    gemm_dnnl_destroy(probe);
     printf("oneDNN dispatches to %s on this CPU; the products' set: %s\n", gemm_dnnl_isa(), cpu_isa_name(cpu_isa_best()));
     check(check_type(GEMM_DNNL_F32, &r), "fp32: oneDNN has an fp32 matmul here");
     if (!check_type(GEMM_DNNL_BF16, &r)) {
