@@ -306,6 +306,23 @@ def blocked_reading_stdin(pid):
     return proc_state(pid) == "S"
 
 
+def wait_reading(pid):
+    """Until the chat blocks in its read of stdin (or has exited): keys typed earlier can be lost."""
+    wait_for(lambda: blocked_reading_stdin(pid) or proc_state(pid) in ("Z", ""), 30)
+
+
+def exit_code(pid):
+    """The child's exit status within 30 s; a hang is a failure (killed), not a stuck test."""
+    for _ in range(300):
+        done, wstatus = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(wstatus)
+        time.sleep(0.1)
+    os.kill(pid, signal.SIGKILL)
+    _, wstatus = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(wstatus)
+
+
 def test_terminal(tiny):
     """On a terminal: prompts, a line ending in '\\' continued, Ctrl-C at the prompt, Ctrl-D."""
     pid, fd = pty.fork()
@@ -346,17 +363,9 @@ def test_terminal(tiny):
     ok &= expect(b"Ctrl-D quits")
     # Ctrl-D only once the next read has begun: libedit sets the terminal up before it reads
     # (TCSAFLUSH), which drops a key typed in between -- on a busy machine the test types fast.
-    wait_for(lambda: blocked_reading_stdin(pid) or proc_state(pid) in ("Z", ""), 30)
+    wait_reading(pid)
     os.write(fd, b"\x04")  # Ctrl-D: end of input
-    for _ in range(300):  # a hang is a failure, not a stuck test
-        done, wstatus = os.waitpid(pid, os.WNOHANG)
-        if done:
-            break
-        time.sleep(0.1)
-    else:
-        os.kill(pid, signal.SIGKILL)
-        _, wstatus = os.waitpid(pid, 0)
-    rc = os.waitstatus_to_exitcode(wstatus)
+    rc = exit_code(pid)
     os.close(fd)
     want = render(tiny, [{"role": "user", "content": "line one\nline two"}])
     m = re.match(rb"\[prefill (\d+) tokens", stats)
@@ -400,7 +409,7 @@ def test_line_editing(tiny):
     # Keys are typed only once libedit reads: between lines the terminal is cooked (there ^R is
     # the line discipline's reprint) and libedit's setup flushes what came before (TCSAFLUSH).
     def typed(keys):
-        wait_for(lambda: blocked_reading_stdin(pid) or proc_state(pid) in ("Z", ""), 30)
+        wait_reading(pid)
         os.write(fd, keys)
 
     cleared = b"[conversation cleared]"
@@ -414,15 +423,7 @@ def test_line_editing(tiny):
     os.write(fd, b"\r")
     ok &= expect(cleared, 3)
     typed(b"/ext\x1b[Di\r")  # Left, then 'i': "/exit"
-    for _ in range(300):
-        done, wstatus = os.waitpid(pid, os.WNOHANG)
-        if done:
-            break
-        time.sleep(0.1)
-    else:
-        os.kill(pid, signal.SIGKILL)
-        _, wstatus = os.waitpid(pid, 0)
-    rc = os.waitstatus_to_exitcode(wstatus)
+    rc = exit_code(pid)
     os.close(fd)
     check("line editing on a terminal: Up recalls, Ctrl-R searches, Left edits ('/ext' <- 'i' is /exit); no message reached the model",
           ok and rc == 0 and b"[prefill" not in seen, f"{status(rc)}, output {seen[-400:]!r}")
