@@ -98,9 +98,9 @@ AI v8 exp8(const v8 *xp, int clamp) {
     return clamp ? (v8)((v8i)p & CMP8(x, >=, V8(-87.0f))) : p;
 }
 
-// Appends band's set lanes, in order, to ids (as i + lane), bl (l's lane) and bp (p's; bl NULL:
-// ids alone); returns how many. Writes 8 entries to each whatever the count (the caller leaves
-// room). With AVX2 it
+// Appends band's set lanes, in order, to ids (as i + lane), bl (l's lane, unless NULL) and bp
+// (p's, unless NULL); returns how many. Writes 8 entries to each whatever the count (the caller
+// leaves room). With AVX2 it
 // takes no branch: the band's lanes are few and scattered, and a branch on them mispredicted
 // often enough to cost 40% of the band's pass.
 #ifdef __AVX2__
@@ -122,17 +122,16 @@ AI int append8_(int *ids, float *bl, float *bp, int i, const v8i *band, const v8
     const int mk = _mm256_movemask_ps((__m256)*band);
     const __m256i at = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)&LANES[mk]));
     _mm256_storeu_si256((__m256i *)ids, _mm256_add_epi32(_mm256_set1_epi32(i), at));
-    if (bl) {
-        _mm256_storeu_ps(bl, _mm256_permutevar8x32_ps((__m256)*l, at));
-        _mm256_storeu_ps(bp, _mm256_permutevar8x32_ps((__m256)*p, at));
-    }
+    if (bl) _mm256_storeu_ps(bl, _mm256_permutevar8x32_ps((__m256)*l, at));
+    if (bp) _mm256_storeu_ps(bp, _mm256_permutevar8x32_ps((__m256)*p, at));
     return __builtin_popcount((unsigned)mk);
 #else
     int k = 0;
     if (any8(*band))
         for (int j = 0; j < 8; j++) {
             ids[k] = i + j;
-            if (bl) bl[k] = (*l)[j], bp[k] = (*p)[j];
+            if (bl) bl[k] = (*l)[j];
+            if (bp) bp[k] = (*p)[j];
             k -= (*band)[j]; // 0 or -1
         }
     return k;
@@ -326,6 +325,7 @@ typedef struct {
 } Head;
 static void exp_pass(const Sampler *s, const float *logits, const ExpArgs *xa, int keep, Head *hd, uint64_t *z, uint64_t *z_min,
                      int *n_min);
+static void exp_block(const float *logits, const ExpArgs *xa, int b0, int e, float *dst);
 
 // The prefix of rank order that a target ends: by count (the first `count` tokens) when by_mass
 // is 0, else the shortest whose P sum, in double, is >= mass. The histogram is filled.
@@ -642,6 +642,7 @@ static int pick_min_p(const Sampler *s, const float *logits, const ExpArgs *xa, 
 typedef struct {
     const Sampler *s;
     const float *logits;
+    const ExpArgs *xa;
     float l_in, l_out;
     int nt, exact;
     int k[PAR_MAX];
@@ -753,8 +754,9 @@ static int band_join(const Sampler *s, const BandPass *c, uint64_t *m_in, uint64
     return k;
 }
 
-static int top_p_band(const Sampler *s, const float *logits, float m, uint64_t z, const Head *hd, Cut *cut, int *band_k) {
+static int top_p_band(const Sampler *s, const float *logits, const ExpArgs *xa, uint64_t z, const Head *hd, Cut *cut, int *band_k) {
     const int n = s->n_valid, nblk = (n + BLK - 1) / BLK;
+    const float m = xa->m;
     const float t = s->temperature;
     const double target = (double)s->top_p * (double)z;
     uint64_t m_head;
@@ -770,7 +772,7 @@ static int top_p_band(const Sampler *s, const float *logits, float m, uint64_t z
     const float l_in = m - (float)(b_hi + 1) * step, l_out = b_lo < SBIN ? m - (float)(b_lo + 1) * step : -INFINITY;
     // every p above the band >= 2^-17 (within 2 ulp of e^x, x monotone in l): its sums in double
     const int exact = softmax_exp((l_in - m) / t) >= 0x1p-16f;
-    BandPass c = {.s = s, .logits = logits, .l_in = l_in, .l_out = l_out, .nt = par_tasks(n, nblk), .exact = exact};
+    BandPass c = {.s = s, .logits = logits, .xa = xa, .l_in = l_in, .l_out = l_out, .nt = par_tasks(n, nblk), .exact = exact};
     par_run(c.nt, band_task, &c);
     uint64_t m_in, m_band;
     long c_in;
@@ -811,7 +813,7 @@ static void band_task(void *ctx, int task, int thread) {
             const v8 pi = (v8)((v8i)P & in);
             da += d_lo(pi) + d_hi(pi), ca -= in;
             if (k + 8 > cap) return;
-            k += append8(list + k, bl + k, bp + k, i, band, l, p);
+            k += append8(list + k, bl + k, NULL, i, band, l, p);
         }
         bi = (uint64_t)(((da[0] + da[1]) + (da[2] + da[3])) * (exact ? 0x1p40 : 1.0));
         c_in += ca[0] + ca[1] + ca[2] + ca[3] + ca[4] + ca[5] + ca[6] + ca[7];
@@ -819,11 +821,12 @@ static void band_task(void *ctx, int task, int thread) {
             if (logits[i] > l_in) bi += fixed40(prob[i]), c_in++;
             else if (logits[i] > l_out) {
                 if (k == cap) return;
-                list[k] = i, bl[k] = logits[i], bp[k] = prob[i], k++;
+                list[k] = i, bl[k] = logits[i], k++;
             }
         }
         blk_in[b] = bi, m_in += bi;
     }
+    exp_block(bl, c->xa, 0, k, bp); // the band's p again, from its logits: fewer stores in the loop above
     for (int j = 0; j < k; j++) m_band += fixed40(bp[j]);
     c->k[task] = k, c->m_in[task] = m_in, c->m_band[task] = m_band, c->c_in[task] = c_in;
 }
@@ -1119,7 +1122,7 @@ int sampler_pick(const Sampler *s, float *logits, double u) {
     if (min_p > 0.0f && n_min == 0) return first_max(logits, n, m);
     Cut kp = {0, 0, 0, 0};
     int band_k = 0;
-    const int fast = band ? top_p_band(s, logits, m, z, &hd, &kp, &band_k) : 0;
+    const int fast = band ? top_p_band(s, logits, &xa, z, &hd, &kp, &band_k) : 0;
     if (fast) {
         if (kp.s < cut.s) return fast == 1 ? top_p_draw(s, logits, band_k, kp, u) : draw_ids(logits, m, t, s->keys, kp.s, kp.mass, u);
     } else if (s_k < n || s->top_p < 1.0f) {
