@@ -1001,28 +1001,27 @@ static void exp_pass(const Sampler *s, const float *logits, const ExpArgs *xa, i
     *z = zt, *z_min = zmt, *n_min = nt;
 }
 
-// The max pass, a task's blocks: the largest and smallest keys, and whether a logit is NaN or
-// infinite.
+// The max pass, a task's blocks: the largest and smallest keys.
 typedef struct {
     const Sampler *s;
     const float *logits;
-    int n, nt, min, blk; // min: the smallest key too; blk: each block's max too (blk_max)
-    uint32_t kmax[PAR_MAX], kmin[PAR_MAX], bad[PAR_MAX];
+    int n, nt, blk; // blk: each block's max too (blk_max)
+    uint32_t kmax[PAR_MAX], kmin[PAR_MAX];
 } MaxPass;
-// The largest key of logits [i0, e) and (kmin not NULL) the smallest, or'ed into *bad whether one
-// is NaN or infinite (written so that gcc vectorizes it).
-AI void key_range(const float *logits, int i0, int e, uint32_t *kmax, uint32_t *kmin, uint32_t *bad) {
-    uint32_t hi = *kmax, lo = kmin ? *kmin : 0, bd = *bad;
+// The largest and smallest keys of logits [i0, e) folded into *kmax, *kmin (written so that gcc
+// vectorizes it). A NaN or an infinity has a key past every finite float's (KEY_HI, KEY_LO), so
+// these two tell whether there is one.
+#define KEY_HI 0xff800000u // +infinity's key; a positive NaN's is larger
+#define KEY_LO 0x007fffffu // -infinity's key; a negative NaN's is smaller
+AI void key_range(const float *logits, int i0, int e, uint32_t *kmax, uint32_t *kmin) {
+    uint32_t hi = *kmax, lo = *kmin;
     for (int i = i0; i < e; i++) {
         uint32_t b;
         memcpy(&b, &logits[i], sizeof b);
-        bd |= (b & 0x7f800000u) == 0x7f800000u;
         uint32_t k = b & 0x80000000u ? ~b : b | 0x80000000u;
-        hi = k > hi ? k : hi;
-        if (kmin) lo = k < lo ? k : lo;
+        hi = k > hi ? k : hi, lo = k < lo ? k : lo;
     }
-    *kmax = hi, *bad = bd;
-    if (kmin) *kmin = lo;
+    *kmax = hi, *kmin = lo;
 }
 
 static void max_task(void *ctx, int task, int thread) {
@@ -1031,16 +1030,15 @@ static void max_task(void *ctx, int task, int thread) {
     const int nblk = (c->n + BLK - 1) / BLK;
     int b_lo, b_hi;
     task_blocks(task, c->nt, nblk, &b_lo, &b_hi);
-    uint32_t kmax = 0, kmin = 0, bad = 0; // (kmin 0: not taken)
-    if (!c->blk && !c->min) key_range(c->logits, b_lo * BLK, b_hi * BLK < c->n ? b_hi * BLK : c->n, &kmax, NULL, &bad);
-    else if (!c->blk) kmin = UINT32_MAX, key_range(c->logits, b_lo * BLK, b_hi * BLK < c->n ? b_hi * BLK : c->n, &kmax, &kmin, &bad);
+    uint32_t kmax = 0, kmin = UINT32_MAX;
+    if (!c->blk) key_range(c->logits, b_lo * BLK, b_hi * BLK < c->n ? b_hi * BLK : c->n, &kmax, &kmin);
     else
-        for (int b = (kmin = UINT32_MAX, b_lo); b < b_hi; b++) { // block by block, each block's max kept
+        for (int b = b_lo; b < b_hi; b++) { // block by block, each block's max kept
             uint32_t bm = 0;
-            key_range(c->logits, b * BLK, (b + 1) * BLK < c->n ? (b + 1) * BLK : c->n, &bm, &kmin, &bad);
+            key_range(c->logits, b * BLK, (b + 1) * BLK < c->n ? (b + 1) * BLK : c->n, &bm, &kmin);
             blk_max(c->s)[b] = bm, kmax = bm > kmax ? bm : kmax;
         }
-    c->kmax[task] = kmax, c->kmin[task] = kmin, c->bad[task] = bad;
+    c->kmax[task] = kmax, c->kmin[task] = kmin;
 }
 
 // The general path's draw, when the kept set is the prefix ending at a cut: the kept P's sum per
@@ -1081,22 +1079,17 @@ int sampler_pick(const Sampler *s, float *logits, double u) {
     const int general = t > 0.0f && !(s->top_k > 0 && s->top_k < n) && !(s->min_p > 0.0f);
     // top-p's band path may follow (its head skips blocks by their max)
     const int band = t > 0.0f && !(s->top_k > 0 && s->top_k < n) && s->top_p < 1.0f && n >= BAND_MIN;
-    // the min where the exp passes will use it (not for greedy, nor for top-k's few exps)
     const int s_k = s->top_k > 0 && s->top_k < n ? s->top_k : n, small_k = s_k <= KMAX && s_k < n;
-    MaxPass mp = {.s = s, .logits = logits, .n = n, .nt = general ? par_tasks(n, (n + BLK - 1) / BLK) : 1,
-                  .min = t > 0.0f && !small_k, .blk = band};
+    MaxPass mp = {.s = s, .logits = logits, .n = n, .nt = general ? par_tasks(n, (n + BLK - 1) / BLK) : 1, .blk = band};
     par_run(mp.nt, max_task, &mp);
-    uint32_t kmax = 0, kmin = UINT32_MAX, bad = 0;
-    for (int i = 0; i < mp.nt; i++) {
-        kmax = mp.kmax[i] > kmax ? mp.kmax[i] : kmax, kmin = mp.kmin[i] < kmin ? mp.kmin[i] : kmin;
-        bad |= mp.bad[i];
-    }
-    if (bad)
+    uint32_t kmax = 0, kmin = UINT32_MAX;
+    for (int i = 0; i < mp.nt; i++) kmax = mp.kmax[i] > kmax ? mp.kmax[i] : kmax, kmin = mp.kmin[i] < kmin ? mp.kmin[i] : kmin;
+    if (kmax >= KEY_HI || kmin <= KEY_LO) // a NaN or an infinity
         for (int i = 0; i < n; i++)
             if (!isfinite(logits[i])) return -1 - i;
     float m = key_float(kmax);
     if (t <= 0.0f) return first_max(logits, n, m); // -0 and +0 are equal
-    const ExpArgs xa = exp_args(mp.min ? key_float(kmin) : -INFINITY, m, t); // (no min: the safe way)
+    const ExpArgs xa = exp_args(key_float(kmin), m, t);
     if (small_k) {
         int id = pick_top_k(s, logits, m, u);
         if (id >= 0) return id;
