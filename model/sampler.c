@@ -1115,9 +1115,10 @@ int sampler_pick(const Sampler *s, float *logits, double u) {
     if (min_p > 0.0f && n_min == 0) return first_max(logits, n, m);
     Cut kp = {0, 0, 0, 0};
     int band_k = 0;
-    const int fast = band ? top_p_band(s, logits, &xa, z, &hd, &kp, &band_k) : 0;
-    if (fast) {
-        if (kp.s < cut.s) return fast == 1 ? top_p_draw(s, logits, band_k, kp, u) : draw_ids(logits, m, t, s->keys, kp.s, kp.mass, u);
+    const int tp = band ? top_p_band(s, logits, &xa, z, &hd, &kp, &band_k) : 0; // 1: in the band, 2: in the head
+    if (tp) {
+        if (kp.s < cut.s && tp == 1) return top_p_draw(s, logits, band_k, kp, u);
+        if (kp.s < cut.s) return draw_ids(logits, m, t, s->keys, kp.s, kp.mass, u);
     } else if (s_k < n || s->top_p < 1.0f) {
         uint16_t *bin = s->bin;
 #pragma omp simd
