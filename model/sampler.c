@@ -98,9 +98,9 @@ AI v8 exp8(const v8 *xp, int clamp) {
     return clamp ? (v8)((v8i)p & CMP8(x, >=, V8(-87.0f))) : p;
 }
 
-// Appends band's set lanes, in order, to ids (as i + lane), bl (l's lane) and bp (p's; bl NULL:
-// ids alone); returns how many. Writes 8 entries to each whatever the count (the caller leaves
-// room). With AVX2 it
+// Appends band's set lanes, in order, to ids (as i + lane), bl (l's lane, unless NULL) and bp
+// (p's, unless NULL); returns how many. Writes 8 entries to each whatever the count (the caller
+// leaves room). With AVX2 it
 // takes no branch: the band's lanes are few and scattered, and a branch on them mispredicted
 // often enough to cost 40% of the band's pass.
 #ifdef __AVX2__
@@ -122,17 +122,16 @@ AI int append8_(int *ids, float *bl, float *bp, int i, const v8i *band, const v8
     const int mk = _mm256_movemask_ps((__m256)*band);
     const __m256i at = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)&LANES[mk]));
     _mm256_storeu_si256((__m256i *)ids, _mm256_add_epi32(_mm256_set1_epi32(i), at));
-    if (bl) {
-        _mm256_storeu_ps(bl, _mm256_permutevar8x32_ps((__m256)*l, at));
-        _mm256_storeu_ps(bp, _mm256_permutevar8x32_ps((__m256)*p, at));
-    }
+    if (bl) _mm256_storeu_ps(bl, _mm256_permutevar8x32_ps((__m256)*l, at));
+    if (bp) _mm256_storeu_ps(bp, _mm256_permutevar8x32_ps((__m256)*p, at));
     return __builtin_popcount((unsigned)mk);
 #else
     int k = 0;
     if (any8(*band))
         for (int j = 0; j < 8; j++) {
             ids[k] = i + j;
-            if (bl) bl[k] = (*l)[j], bp[k] = (*p)[j];
+            if (bl) bl[k] = (*l)[j];
+            if (bp) bp[k] = (*p)[j];
             k -= (*band)[j]; // 0 or -1
         }
     return k;
@@ -326,6 +325,7 @@ typedef struct {
 } Head;
 static void exp_pass(const Sampler *s, const float *logits, const ExpArgs *xa, int keep, Head *hd, uint64_t *z, uint64_t *z_min,
                      int *n_min);
+static void exp_block(const float *logits, const ExpArgs *xa, int b0, int e, float *dst);
 
 // The prefix of rank order that a target ends: by count (the first `count` tokens) when by_mass
 // is 0, else the shortest whose P sum, in double, is >= mass. The histogram is filled.
@@ -642,6 +642,7 @@ static int pick_min_p(const Sampler *s, const float *logits, const ExpArgs *xa, 
 typedef struct {
     const Sampler *s;
     const float *logits;
+    const ExpArgs *xa;
     float l_in, l_out;
     int nt, exact;
     int k[PAR_MAX];
@@ -753,8 +754,9 @@ static int band_join(const Sampler *s, const BandPass *c, uint64_t *m_in, uint64
     return k;
 }
 
-static int top_p_band(const Sampler *s, const float *logits, float m, uint64_t z, const Head *hd, Cut *cut, int *band_k) {
+static int top_p_band(const Sampler *s, const float *logits, const ExpArgs *xa, uint64_t z, const Head *hd, Cut *cut, int *band_k) {
     const int n = s->n_valid, nblk = (n + BLK - 1) / BLK;
+    const float m = xa->m;
     const float t = s->temperature;
     const double target = (double)s->top_p * (double)z;
     uint64_t m_head;
@@ -770,7 +772,7 @@ static int top_p_band(const Sampler *s, const float *logits, float m, uint64_t z
     const float l_in = m - (float)(b_hi + 1) * step, l_out = b_lo < SBIN ? m - (float)(b_lo + 1) * step : -INFINITY;
     // every p above the band >= 2^-17 (within 2 ulp of e^x, x monotone in l): its sums in double
     const int exact = softmax_exp((l_in - m) / t) >= 0x1p-16f;
-    BandPass c = {.s = s, .logits = logits, .l_in = l_in, .l_out = l_out, .nt = par_tasks(n, nblk), .exact = exact};
+    BandPass c = {.s = s, .logits = logits, .xa = xa, .l_in = l_in, .l_out = l_out, .nt = par_tasks(n, nblk), .exact = exact};
     par_run(c.nt, band_task, &c);
     uint64_t m_in, m_band;
     long c_in;
@@ -811,7 +813,7 @@ static void band_task(void *ctx, int task, int thread) {
             const v8 pi = (v8)((v8i)P & in);
             da += d_lo(pi) + d_hi(pi), ca -= in;
             if (k + 8 > cap) return;
-            k += append8(list + k, bl + k, bp + k, i, band, l, p);
+            k += append8(list + k, bl + k, NULL, i, band, l, p);
         }
         bi = (uint64_t)(((da[0] + da[1]) + (da[2] + da[3])) * (exact ? 0x1p40 : 1.0));
         c_in += ca[0] + ca[1] + ca[2] + ca[3] + ca[4] + ca[5] + ca[6] + ca[7];
@@ -819,11 +821,12 @@ static void band_task(void *ctx, int task, int thread) {
             if (logits[i] > l_in) bi += fixed40(prob[i]), c_in++;
             else if (logits[i] > l_out) {
                 if (k == cap) return;
-                list[k] = i, bl[k] = logits[i], bp[k] = prob[i], k++;
+                list[k] = i, bl[k] = logits[i], k++;
             }
         }
         blk_in[b] = bi, m_in += bi;
     }
+    exp_block(bl, c->xa, 0, k, bp); // the band's p again, from its logits: fewer stores in the loop above
     for (int j = 0; j < k; j++) m_band += fixed40(bp[j]);
     c->k[task] = k, c->m_in[task] = m_in, c->m_band[task] = m_band, c->c_in[task] = c_in;
 }
@@ -998,28 +1001,27 @@ static void exp_pass(const Sampler *s, const float *logits, const ExpArgs *xa, i
     *z = zt, *z_min = zmt, *n_min = nt;
 }
 
-// The max pass, a task's blocks: the largest and smallest keys, and whether a logit is NaN or
-// infinite.
+// The max pass, a task's blocks: the largest and smallest keys.
 typedef struct {
     const Sampler *s;
     const float *logits;
-    int n, nt, min, blk; // min: the smallest key too; blk: each block's max too (blk_max)
-    uint32_t kmax[PAR_MAX], kmin[PAR_MAX], bad[PAR_MAX];
+    int n, nt, blk; // blk: each block's max too (blk_max)
+    uint32_t kmax[PAR_MAX], kmin[PAR_MAX];
 } MaxPass;
-// The largest key of logits [i0, e) and (kmin not NULL) the smallest, or'ed into *bad whether one
-// is NaN or infinite (written so that gcc vectorizes it).
-AI void key_range(const float *logits, int i0, int e, uint32_t *kmax, uint32_t *kmin, uint32_t *bad) {
-    uint32_t hi = *kmax, lo = kmin ? *kmin : 0, bd = *bad;
+// The largest and smallest keys of logits [i0, e) folded into *kmax, *kmin (written so that gcc
+// vectorizes it). A NaN or an infinity has a key past every finite float's (KEY_HI, KEY_LO), so
+// these two tell whether there is one.
+#define KEY_HI 0xff800000u // +infinity's key; a positive NaN's is larger
+#define KEY_LO 0x007fffffu // -infinity's key; a negative NaN's is smaller
+AI void key_range(const float *logits, int i0, int e, uint32_t *kmax, uint32_t *kmin) {
+    uint32_t hi = *kmax, lo = *kmin;
     for (int i = i0; i < e; i++) {
         uint32_t b;
         memcpy(&b, &logits[i], sizeof b);
-        bd |= (b & 0x7f800000u) == 0x7f800000u;
         uint32_t k = b & 0x80000000u ? ~b : b | 0x80000000u;
-        hi = k > hi ? k : hi;
-        if (kmin) lo = k < lo ? k : lo;
+        hi = k > hi ? k : hi, lo = k < lo ? k : lo;
     }
-    *kmax = hi, *bad = bd;
-    if (kmin) *kmin = lo;
+    *kmax = hi, *kmin = lo;
 }
 
 static void max_task(void *ctx, int task, int thread) {
@@ -1028,16 +1030,15 @@ static void max_task(void *ctx, int task, int thread) {
     const int nblk = (c->n + BLK - 1) / BLK;
     int b_lo, b_hi;
     task_blocks(task, c->nt, nblk, &b_lo, &b_hi);
-    uint32_t kmax = 0, kmin = 0, bad = 0; // (kmin 0: not taken)
-    if (!c->blk && !c->min) key_range(c->logits, b_lo * BLK, b_hi * BLK < c->n ? b_hi * BLK : c->n, &kmax, NULL, &bad);
-    else if (!c->blk) kmin = UINT32_MAX, key_range(c->logits, b_lo * BLK, b_hi * BLK < c->n ? b_hi * BLK : c->n, &kmax, &kmin, &bad);
+    uint32_t kmax = 0, kmin = UINT32_MAX;
+    if (!c->blk) key_range(c->logits, b_lo * BLK, b_hi * BLK < c->n ? b_hi * BLK : c->n, &kmax, &kmin);
     else
-        for (int b = (kmin = UINT32_MAX, b_lo); b < b_hi; b++) { // block by block, each block's max kept
+        for (int b = b_lo; b < b_hi; b++) { // block by block, each block's max kept
             uint32_t bm = 0;
-            key_range(c->logits, b * BLK, (b + 1) * BLK < c->n ? (b + 1) * BLK : c->n, &bm, &kmin, &bad);
+            key_range(c->logits, b * BLK, (b + 1) * BLK < c->n ? (b + 1) * BLK : c->n, &bm, &kmin);
             blk_max(c->s)[b] = bm, kmax = bm > kmax ? bm : kmax;
         }
-    c->kmax[task] = kmax, c->kmin[task] = kmin, c->bad[task] = bad;
+    c->kmax[task] = kmax, c->kmin[task] = kmin;
 }
 
 // The general path's draw, when the kept set is the prefix ending at a cut: the kept P's sum per
@@ -1078,22 +1079,17 @@ int sampler_pick(const Sampler *s, float *logits, double u) {
     const int general = t > 0.0f && !(s->top_k > 0 && s->top_k < n) && !(s->min_p > 0.0f);
     // top-p's band path may follow (its head skips blocks by their max)
     const int band = t > 0.0f && !(s->top_k > 0 && s->top_k < n) && s->top_p < 1.0f && n >= BAND_MIN;
-    // the min where the exp passes will use it (not for greedy, nor for top-k's few exps)
     const int s_k = s->top_k > 0 && s->top_k < n ? s->top_k : n, small_k = s_k <= KMAX && s_k < n;
-    MaxPass mp = {.s = s, .logits = logits, .n = n, .nt = general ? par_tasks(n, (n + BLK - 1) / BLK) : 1,
-                  .min = t > 0.0f && !small_k, .blk = band};
+    MaxPass mp = {.s = s, .logits = logits, .n = n, .nt = general ? par_tasks(n, (n + BLK - 1) / BLK) : 1, .blk = band};
     par_run(mp.nt, max_task, &mp);
-    uint32_t kmax = 0, kmin = UINT32_MAX, bad = 0;
-    for (int i = 0; i < mp.nt; i++) {
-        kmax = mp.kmax[i] > kmax ? mp.kmax[i] : kmax, kmin = mp.kmin[i] < kmin ? mp.kmin[i] : kmin;
-        bad |= mp.bad[i];
-    }
-    if (bad)
+    uint32_t kmax = 0, kmin = UINT32_MAX;
+    for (int i = 0; i < mp.nt; i++) kmax = mp.kmax[i] > kmax ? mp.kmax[i] : kmax, kmin = mp.kmin[i] < kmin ? mp.kmin[i] : kmin;
+    if (kmax >= KEY_HI || kmin <= KEY_LO) // a NaN or an infinity
         for (int i = 0; i < n; i++)
             if (!isfinite(logits[i])) return -1 - i;
     float m = key_float(kmax);
     if (t <= 0.0f) return first_max(logits, n, m); // -0 and +0 are equal
-    const ExpArgs xa = exp_args(mp.min ? key_float(kmin) : -INFINITY, m, t); // (no min: the safe way)
+    const ExpArgs xa = exp_args(key_float(kmin), m, t);
     if (small_k) {
         int id = pick_top_k(s, logits, m, u);
         if (id >= 0) return id;
@@ -1119,9 +1115,10 @@ int sampler_pick(const Sampler *s, float *logits, double u) {
     if (min_p > 0.0f && n_min == 0) return first_max(logits, n, m);
     Cut kp = {0, 0, 0, 0};
     int band_k = 0;
-    const int fast = band ? top_p_band(s, logits, m, z, &hd, &kp, &band_k) : 0;
-    if (fast) {
-        if (kp.s < cut.s) return fast == 1 ? top_p_draw(s, logits, band_k, kp, u) : draw_ids(logits, m, t, s->keys, kp.s, kp.mass, u);
+    const int tp = band ? top_p_band(s, logits, &xa, z, &hd, &kp, &band_k) : 0; // 1: in the band, 2: in the head
+    if (tp) {
+        if (kp.s < cut.s && tp == 1) return top_p_draw(s, logits, band_k, kp, u);
+        if (kp.s < cut.s) return draw_ids(logits, m, t, s->keys, kp.s, kp.mass, u);
     } else if (s_k < n || s->top_p < 1.0f) {
         uint16_t *bin = s->bin;
 #pragma omp simd

@@ -376,8 +376,13 @@ int main(void) {
         int r1 = sampler_pick(&ns, big, 0.3);
         big[70001] = 0;
         int r2 = sampler_pick(&ns, big, 0.3);
+        big[90000] = 0, big[120000] = -INFINITY, big[130000] = -NAN;
+        int r3 = sampler_pick(&ns, big, 0.3);
+        big[120000] = 0;
+        int r4 = sampler_pick(&ns, big, 0.3);
         sampler_free(&ns);
-        check(r1 == -1 - 70001 && r2 == -1 - 90000, "a non-finite logit: -1 - its index (the first one)");
+        check(r1 == -1 - 70001 && r2 == -1 - 90000 && r3 == -1 - 120000 && r4 == -1 - 130000,
+              "a non-finite logit (+-infinity, +-NaN): -1 - its index (the first one)");
 
         // ---- chi-square of draws on 152K tokens ----
         make_logits(big, n, FLAT);
