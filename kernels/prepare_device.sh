@@ -17,7 +17,7 @@ echo "$(git describe --always --dirty 2>/dev/null || echo no-git) built $(date -
 strip -o .dev/run run && strip -o .dev/export export
 for t in $TESTS; do strip -o ".dev/$t" "build-dev/kernels/$t"; done
 for l in libutf8proc.so.2 libcjson.so.1 libgomp.so.1 libsentencepiece.so.0 libstdc++.so.6 libopenblas.so.0 libgfortran.so.5 libquadmath.so.0 \
-         libedit.so.2 libbsd.so.0 libmd.so.0 libtinfo.so.6; do # libedit: chat's line editing
+         libedit.so.2 libbsd.so.0 libmd.so.0 libtinfo.so.6 libdnnl.so.2 libOpenCL.so.1; do # libedit: chat's line editing; libdnnl: the CPU path's prompt GEMMs
     cp -L /lib/x86_64-linux-gnu/$l .dev/lib/
 done
 touch -d '2000-01-01' run export   # the next plain `make` relinks the native build
