@@ -47,7 +47,7 @@ endif
 ifneq ($(NVCC),)
 CUDA_SRC  = $(filter-out kernels/test_%.cu,$(wildcard kernels/*.cu)) $(wildcard offload/*.cu)
 CUDA_OBJ  = $(patsubst %.cu,$(BUILD)/%.o,$(CUDA_SRC))
-CUDA_LIBS = -L$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++
+CUDA_LIBS = -L$(CUDA_HOME)/lib64 -lcublas -lcudart -lstdc++ -ldl
 else
 CUDA_OBJ  = $(BUILD)/kernels/no_cuda.o
 CUDA_LIBS =

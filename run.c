@@ -1206,13 +1206,17 @@ static void run_chat(const Model *m, const Tokenizer *tok, const Options *o) {
 // ---- bench, synthetic ----
 
 // The GPU when there is one (or when asked), else the CPU.
-static void select_device(Model *m, const char *device) {
+// gpus: --gpus (0 or 1: one GPU).
+static void select_device(Model *m, const char *device, int gpus) {
     const Backend *cuda = backend_cuda_get();
     int want_gpu = device && strcmp(device, "gpu") == 0, want_cpu = device && strcmp(device, "cpu") == 0;
     int have_gpu = cuda && cuda->available();
     if (want_gpu && !have_gpu)
         die(cuda ? "--device gpu: no CUDA device is available" : "--device gpu: this build has no CUDA support");
     if (have_gpu && !want_cpu) m->be = cuda;
+    if (gpus > 1 && m->be != cuda)
+        die("--gpus %d: %s", gpus, want_cpu ? "the CPU path runs on the CPU (drop --device cpu)" : cuda ? "no CUDA device is available" : "this build has no CUDA support");
+    m->gpus = gpus;
 }
 
 // --quant for a --synthetic model: its matrices made as blocks on the GPU.
@@ -1257,7 +1261,7 @@ static int run_bench(const Options *o) {
     } else if (model_load(&m, o->model_path, err) != 0) {
         die("%s", err);
     }
-    select_device(&m, o->device ? o->device : "gpu");
+    select_device(&m, o->device ? o->device : "gpu", o->gpus);
     if (!m.be->bench) die("--bench needs the GPU backend");
     int ctxs[32], n = bench_contexts(o->bench_ctx, ctxs);
     int pkv = o->attn_set && o->attn.method == ATTN_PARISKV;
@@ -1286,7 +1290,7 @@ static int run_synthetic(Options *o) {
     if (model_synthetic(&m, o->synthetic) != 0) die("unknown --synthetic model '%s' (llama3.1-8b, qwen3-8b, qwen3-0.6b)", o->synthetic);
     synthetic_quant(&m, o->quant);
     if (o->device && strcmp(o->device, "cpu") == 0) die("--synthetic runs on the GPU (its weights are made there)");
-    select_device(&m, "gpu");
+    select_device(&m, "gpu", o->gpus);
     resolve_attention(o, &m);
     if (o->score_file) run_score(&m, NULL, o);
     else run_generate(&m, NULL, o);
@@ -1333,7 +1337,7 @@ static int run_model_file(Options *o) {
     Model m;
     char err[MODEL_ERR_LEN], tok_err[TOK_ERR_LEN];
     if (model_load(&m, o->model_path, err) != 0) die("%s", err);
-    select_device(&m, o->device);
+    select_device(&m, o->device, o->gpus);
     resolve_attention(o, &m);
     const FileHeader *h = m.file.header;
     Tokenizer *tok = tokenizer_load(m.file.data + h->tokenizer_offset, h->tokenizer_size, tok_err);

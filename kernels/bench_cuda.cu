@@ -85,6 +85,8 @@ typedef struct {
 // One row for state g, its zone filled as after an N-token prompt: the greedy median on the
 // positions before the index update, then from pos0 again the sampled steps the rest of the row
 // reads (the same rows rewritten), then where the time goes. stream: the top-k stream's label.
+static void bench_comm(void *g, uint32_t n_layers);
+
 static int bench_pkv_row(void *g, const PkvBench *b, int N, int pos0, double fill_s, double index_s, const char *stream) {
     const AttnConfig *attn = b->attn;
     int warmup = b->warmup, n_all = warmup + b->steps, U = attn->update, n_greedy = warmup + b->steps / 2 - 1;
@@ -159,14 +161,15 @@ static void stream_label(char *buf, size_t n, double keep, double ret) {
 // between a drop and a return. The row prints the rate it got.
 static int bench_pariskv(const Model *m, const int *ctx_list, int n_ctx, int steps, int chunk, const AttnConfig *attn, const Sampler *smp, double bw,
                          double keep, double ret) {
-    PkvBench b = {attn, smp, bw, h2d_bandwidth(), gpu_model_step_bytes(m), 8, steps, NULL, NULL, NULL};
+    PkvBench b = {attn, smp, bw, h2d_bandwidth(), gpu_model_step_bytes(m, m->gpus > 1 ? m->gpus : 1), 8, steps, NULL, NULL, NULL};
     printf("pariskv: k %d, sink %d, local %d, update %d, zone in %s; host-to-device bulk copy %.1f GB/s\n", attn->topk, attn->sink,
            attn->local, attn->update, attn->zone_fp8                   ? "pinned host memory, fp8 rows"
            : attn->store == KV_STORE_HOST ? "pinned host memory"
            : attn->store == KV_STORE_GPU  ? "GPU memory"
                                           : "auto",
            b.pcie / 1e9);
-    printf("floor = (weights + index, window and selection bytes) / HBM bandwidth + top-k rows from host / bulk PCIe bandwidth\n");
+    printf("floor = (weights + index, window and selection bytes) / HBM bandwidth + top-k rows from host / bulk PCIe bandwidth%s\n",
+           m->gpus > 1 ? ", one GPU's share of each (its KV heads, its rows from its host store)" : "");
     const char *sv = getenv("PKV_SELECT");
     printf("selection: %s\n", sv && !strcmp(sv, "fused") ? "fused (one cluster kernel a layer; PKV_SELECT=fused)"
                                                         : "staged (five kernels a layer)");
@@ -193,6 +196,7 @@ static int bench_pariskv(const Model *m, const int *ctx_list, int n_ctx, int ste
             rc = 1;
             break;
         }
+        if (i == 0 && gpu_count(g) > 1) bench_comm(g, m->c.n_layers);
         if (i == 0) {
             double bytes = 0;
             int lines = gpu_pkv_cache_lines(g, &bytes);
@@ -226,6 +230,15 @@ static int bench_pariskv(const Model *m, const int *ctx_list, int n_ctx, int ste
     return rc;
 }
 
+// --gpus N: what a step's communication between the GPUs takes alone.
+static void bench_comm(void *g, uint32_t n_layers) {
+    double ms = 0;
+    if (gpu_comm_time(g, 50, &ms) == cudaSuccess)
+        printf("communication a step (%d GPUs, NCCL): %u all-reduces of the residual + the logits' gather, alone %.3f ms (median of 50)\n",
+               gpu_count(g), 2 * n_layers, ms);
+    else printf("communication a step: cannot time it\n");
+}
+
 // Where a prefill of n tokens went: causal attention (2 * head_dim * heads * layers * n^2 flops:
 // QK^T and PV over the causal half) in the flash kernel, timed by events around it, and the rest
 // (the GEMMs: 2 flops per weight and token; norms, RoPE, launches).
@@ -250,11 +263,15 @@ extern "C" int gpu_bench(const Model *m, const int *ctx_list, int n_ctx, int ste
     int dev = 0;
     cudaGetDevice(&dev);
     cudaGetDeviceProperties(&prop, dev);
-    // A decode step reads every matrix once (quantized ones as their blocks), of the embedding one row.
-    size_t step_wbytes = gpu_model_step_bytes(m);
-    printf("device: %s, measured read bandwidth %.2f TB/s\n", prop.name, bw / 1e12);
-    printf("model: %u layers, dim %u, %u heads / %u KV heads x %u, FFN %u, vocab %u; weights read per step %.2f GB\n",
-           c->n_layers, c->dim, c->n_heads, c->n_kv_heads, c->head_dim, c->hidden_dim, c->vocab_size, step_wbytes / 1e9);
+    // A decode step reads every matrix once (quantized ones as their blocks), of the embedding one
+    // row; split over N GPUs each reads its share at once, so the floor is one GPU's bytes over
+    // one GPU's bandwidth.
+    int ngpu = m->gpus > 1 ? m->gpus : 1;
+    size_t step_wbytes = gpu_model_step_bytes(m, ngpu);
+    if (ngpu > 1) printf("device: %d x %s (tensor parallel, --gpus %d), measured read bandwidth %.2f TB/s each\n", ngpu, prop.name, ngpu, bw / 1e12);
+    else printf("device: %s, measured read bandwidth %.2f TB/s\n", prop.name, bw / 1e12);
+    printf("model: %u layers, dim %u, %u heads / %u KV heads x %u, FFN %u, vocab %u; weights read per step %.2f GB%s\n",
+           c->n_layers, c->dim, c->n_heads, c->n_kv_heads, c->head_dim, c->hidden_dim, c->vocab_size, step_wbytes / 1e9, ngpu > 1 ? " per GPU" : "");
     if (attn && attn->method == ATTN_PARISKV) {
         if (real_prefill) {
             fprintf(stderr, "error: --bench-prefill times dense attention; the ParisKV benchmark fills the zone with random K/V\n");
@@ -280,6 +297,7 @@ extern "C" int gpu_bench(const Model *m, const int *ctx_list, int n_ctx, int ste
             rc = 1;
             break;
         }
+        if (i == 0 && ngpu > 1) bench_comm(g, c->n_layers);
         double prefill_s = -1, attn_ms = -1;
         if (real_prefill) {
             gpu_prefill_attention_ms(g, 1);
@@ -315,7 +333,7 @@ extern "C" int gpu_bench(const Model *m, const int *ctx_list, int n_ctx, int ste
         if (rc == 0) {
             float med = percentile(ms, steps, 0.5), p10 = percentile(ms, steps, 0.1), p90 = percentile(ms, steps, 0.9);
             // KV read by the steps: positions 0 .. N+warmup+k; use the mean over the timed steps.
-            double kv_bytes = (double)gpu_kv_bytes(c, 1) * (N + warmup + steps / 2.0 + 1);
+            double kv_bytes = (double)gpu_kv_bytes(c, 1) * (N + warmup + steps / 2.0 + 1) / ngpu; // one GPU's KV heads
             double floor_ms = ((double)step_wbytes + kv_bytes) / bw * 1e3;
             char pf[32] = "-";
             if (prefill_s >= 0) snprintf(pf, sizeof pf, "%.2f", prefill_s);

@@ -14,7 +14,7 @@ extern "C" {
 
 // Times each layer's prefill attention (events around the kernel) from now on; returns the
 // milliseconds summed so far (-1: could not make the events).
-extern "C" double gpu_prefill_attention_ms(void *dev, int start) {
+double one_prefill_attention_ms(void *dev, int start) {
     GpuState *g = (GpuState *)dev;
     if (start && !g->attn_ev) {
         cudaEvent_t *ev = (cudaEvent_t *)calloc(2 * (size_t)g->c.n_layers, sizeof(cudaEvent_t));
@@ -30,7 +30,7 @@ extern "C" double gpu_prefill_attention_ms(void *dev, int start) {
     return g->attn_ev ? g->attn_ms : -1;
 }
 
-extern "C" cudaError_t gpu_fill_kv_random(void *dev, int n_tokens) {
+cudaError_t one_fill_kv_random(void *dev, int n_tokens) {
     GpuState *g = (GpuState *)dev;
     const Config *c = &g->c;
     size_t per_head = (size_t)n_tokens * c->head_dim, stride = (size_t)g->dcap * c->head_dim;
@@ -45,7 +45,7 @@ extern "C" cudaError_t gpu_fill_kv_random(void *dev, int n_tokens) {
 
 // Times n decode steps at position pos (graph replays, CUDA events; sample: each ending in the
 // sampler as set by gpu_sample_config, else in the logits' copy); per-step ms into ms_out.
-extern "C" cudaError_t gpu_time_decode(void *dev, int pos, int warmup, int n, int sample, float *ms_out) {
+cudaError_t one_time_decode(void *dev, int pos, int warmup, int n, int sample, float *ms_out) {
     GpuState *g = (GpuState *)dev;
     cudaEvent_t a, b;
     CU_TRY(cudaEventCreate(&a));
@@ -100,18 +100,18 @@ extern "C" double gpu_read_bandwidth(void) {
     return (double)n / (t[8] * 1e-3);
 }
 
-extern "C" size_t gpu_state_weight_bytes(void *dev) { return ((GpuState *)dev)->weight_bytes; }
+size_t one_state_weight_bytes(void *dev) { return ((GpuState *)dev)->weight_bytes; }
 
 // ---- ParisKV ----
 
-extern "C" void *gpu_create_bench(const Model *m, int ctx, int chunk, const AttnConfig *attn, char *err) {
-    return gpu_create_sized(m, ctx, chunk, 0, attn, attn && (attn->store == KV_STORE_HOST || attn->zone_fp8) ? pkv_min_positions(attn, chunk) : 0,
+void *one_create_bench(const Model *m, const Shard *sh, int ctx, int chunk, const AttnConfig *attn, char *err) {
+    return gpu_create_sized(m, sh, ctx, chunk, 0, attn, attn && (attn->store == KV_STORE_HOST || attn->zone_fp8) ? pkv_min_positions(attn, chunk) : 0,
                          err);
 }
 
 // As after a prompt of n tokens: random K/V in every zone slot of the context and every device
 // cache slot, then the index of the zone [sink, zone_end(n)) built. *fill_s, *index_s: seconds.
-extern "C" cudaError_t gpu_pkv_fill(void *dev, int n, double *fill_s, double *index_s, char *err) {
+cudaError_t one_pkv_fill(void *dev, int n, double *fill_s, double *index_s, char *err) {
     GpuState *g = (GpuState *)dev;
     Pkv *p = &g->pkv;
     if (!p->on) return cudaErrorInvalidValue;
@@ -210,7 +210,7 @@ void pkv_stream_free(Pkv *p) {
     p->stream = NULL, p->stream_d = p->stream_h = NULL;
 }
 
-extern "C" cudaError_t gpu_pkv_stream(void *dev, double keep, double ret, char *err) {
+cudaError_t one_pkv_stream(void *dev, double keep, double ret, char *err) {
     GpuState *g = (GpuState *)dev;
     Pkv *p = &g->pkv;
     CU_TRY(cudaStreamSynchronize(g->st));
@@ -239,7 +239,7 @@ extern "C" cudaError_t gpu_pkv_stream(void *dev, double keep, double ret, char *
     return cudaSuccess;
 }
 
-extern "C" int gpu_pkv_cache_lines(void *dev, double *bytes) {
+int one_pkv_cache_lines(void *dev, double *bytes) {
     GpuState *g = (GpuState *)dev;
     const Config *c = &g->c;
     int n = g->pkv.on ? g->pkv.rc.n : 0;
@@ -247,7 +247,7 @@ extern "C" int gpu_pkv_cache_lines(void *dev, double *bytes) {
     return n;
 }
 
-extern "C" cudaError_t gpu_pkv_cache_stats(void *dev, double *hits, double *rows, int reset) {
+cudaError_t one_pkv_cache_stats(void *dev, double *hits, double *rows, int reset) {
     return pkv_cache_stats((GpuState *)dev, NULL, hits, rows, reset);
 }
 
@@ -257,7 +257,7 @@ extern "C" cudaError_t gpu_pkv_cache_stats(void *dev, double *hits, double *rows
 // selection at a repeated position repeats itself, which a warm cache would flatter -- except
 // under the locality stream, which sets the overlap itself (and is drawn before each step,
 // outside its timing).
-extern "C" cudaError_t gpu_pkv_time(void *dev, int pos0, int n, int sample, float *ms_out, int *updated, char *err) {
+cudaError_t one_pkv_time(void *dev, int pos0, int n, int sample, float *ms_out, int *updated, char *err) {
     GpuState *g = (GpuState *)dev;
     Pkv *p = &g->pkv;
     cudaEvent_t a, b;
@@ -283,7 +283,7 @@ extern "C" cudaError_t gpu_pkv_time(void *dev, int pos0, int n, int sample, floa
 
 // Bytes one ParisKV step reads at pos: from device memory (index, window and sink rows, the
 // selection's own arrays) and through PCIe (the top-k rows from a host store).
-extern "C" void gpu_pkv_step_bytes(void *dev, int pos, double *device_bytes, double *host_bytes) {
+void one_pkv_step_bytes(void *dev, int pos, double *device_bytes, double *host_bytes) {
     GpuState *g = (GpuState *)dev;
     Pkv *p = &g->pkv;
     const AttnConfig *cf = &p->cfg;
@@ -297,12 +297,12 @@ extern "C" void gpu_pkv_step_bytes(void *dev, int pos, double *device_bytes, dou
     *host_bytes = p->kv.host ? k * (double)p->hs.row_bytes * g->c.n_layers * g->c.n_kv_heads : 0;
 }
 
-extern "C" int gpu_pkv_device_positions(void *dev) { return ((GpuState *)dev)->dcap; }
+int one_pkv_device_positions(void *dev) { return ((GpuState *)dev)->dcap; }
 
 // Median of n steps at one position (no index update) with the stages in `skip` left out
 // (PKV_DECODE_SKIP's bits): the per-stage breakdown of the benchmark (with the sampler last
 // configured, if any).
-extern "C" cudaError_t gpu_pkv_time_skip(void *dev, int pos, int skip, int n, float *median_ms, char *err) {
+cudaError_t one_pkv_time_skip(void *dev, int pos, int skip, int n, float *median_ms, char *err) {
     GpuState *g = (GpuState *)dev;
     int keep = g->skip;
     gpu_drop_graphs(g); // captured with the stages of skip
@@ -310,7 +310,7 @@ extern "C" cudaError_t gpu_pkv_time_skip(void *dev, int pos, int skip, int n, fl
     float *t = (float *)malloc(sizeof(float) * (size_t)n);
     int *u = (int *)malloc(sizeof(int) * (size_t)n);
     cudaError_t e = t && u ? cudaSuccess : cudaErrorMemoryAllocation;
-    for (int i = 0; i < n && e == cudaSuccess; i++) e = gpu_pkv_time(dev, pos, 1, g->sample_on, &t[i], &u[i], err); // the step as last timed
+    for (int i = 0; i < n && e == cudaSuccess; i++) e = one_pkv_time(dev, pos, 1, g->sample_on, &t[i], &u[i], err); // the step as last timed
     if (e == cudaSuccess) {
         for (int i = 0; i < n; i++)
             for (int j = i + 1; j < n; j++)

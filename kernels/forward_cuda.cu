@@ -136,7 +136,7 @@ cudaError_t gpu_decode_step(GpuState *g, int pkv, int sample) {
     return cudaGraphLaunch(*exec, g->st);
 }
 
-extern "C" float *gpu_forward(void *dev, const int *tokens, int T, int pos, int all_logits, char *err) {
+float *one_forward(void *dev, const int *tokens, int T, int pos, int all_logits, char *err) {
     GpuState *g = (GpuState *)dev;
     if (g->pkv.on) return pkv_forward(g, tokens, T, pos, all_logits, 0, err);
     cudaError_t e;
@@ -161,7 +161,7 @@ extern "C" float *gpu_forward(void *dev, const int *tokens, int T, int pos, int 
 
 // ---- sampling inside the decode step ----
 
-extern "C" int gpu_sample_config(void *dev, const Sampler *s, char *err) {
+int one_sample_config(void *dev, const Sampler *s, char *err) {
     GpuState *g = (GpuState *)dev;
     SampleParams sp = {s->n_valid, s->temperature, s->top_k, s->top_p, s->min_p, s->repeat, s->presence, s->frequency};
     cudaError_t e = cudaStreamSynchronize(g->st);
@@ -185,7 +185,7 @@ extern "C" int gpu_sample_config(void *dev, const Sampler *s, char *err) {
     return 0;
 }
 
-extern "C" int gpu_decode_sample(void *dev, int token, int pos, float u, const int *pen_ids, const int *pen_counts, int n_pen, char *err) {
+int one_decode_sample(void *dev, int token, int pos, float u, const int *pen_ids, const int *pen_counts, int n_pen, char *err) {
     GpuState *g = (GpuState *)dev;
     if (!g->sample_on) {
         gpu_set_err(err, "internal: gpu_decode_sample before gpu_sample_config");
@@ -219,13 +219,13 @@ extern "C" int gpu_decode_sample(void *dev, int token, int pos, float u, const i
     return g->h_out[0];
 }
 
-// ---- the backend table ----
+// ---- the rest of the backend table (gpus.cu holds the table, over one GPU or several) ----
 
 // Whether a prompt of n tokens must come in one forward call (prefilled layer by layer).
-static int gpu_prompt_whole(void *dev, int n) { return gpu_prefill_is_layered((GpuState *)dev, n); }
+int one_prompt_whole(void *dev, int n) { return gpu_prefill_is_layered((GpuState *)dev, n); }
 
 // A chat's /reset: the sequence forgotten, the host store's pages given back.
-static size_t gpu_reset(void *dev) {
+size_t one_reset(void *dev) {
     GpuState *g = (GpuState *)dev;
     Pkv *p = &g->pkv;
     cudaStreamSynchronize(g->st);
@@ -235,7 +235,7 @@ static size_t gpu_reset(void *dev) {
 }
 
 // --profile: the row cache's hit rate over the run, and its spread over the layers.
-static void gpu_profile(void *dev, FILE *f) {
+void one_profile(void *dev, FILE *f) {
     GpuState *g = (GpuState *)dev;
     const Pkv *p = &g->pkv;
     if (!p->on || !p->cfg.profile) return;
@@ -263,15 +263,3 @@ static void gpu_profile(void *dev, FILE *f) {
             p->rc.n, hits, rows, rows > 0 ? hits / rows : 0.0, lo, lo_at, hi, hi_at);
     free(v);
 }
-
-static int gpu_available(void) {
-    int n = 0;
-    return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
-
-static const Backend backend_cuda = {
-    "cuda", NULL, NULL, NULL, NULL, NULL, NULL, gpu_available, gpu_create, gpu_set_prefill_len, gpu_forward, gpu_destroy, gpu_bench, 4096, gpu_prompt_whole,
-    gpu_session_save, gpu_session_load, gpu_reset, gpu_sample_config, gpu_decode_sample, gpu_profile,
-};
-
-extern "C" const Backend *backend_cuda_get(void) { return &backend_cuda; }

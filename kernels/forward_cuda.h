@@ -22,8 +22,10 @@ struct Sampler;
 int gpu_sample_config(void *dev, const struct Sampler *s, char *err);
 int gpu_decode_sample(void *dev, int token, int pos, float u, const int *pen_ids, const int *pen_counts, int n_pen, char *err);
 size_t gpu_weight_bytes(const Config *c);   // bytes of weights a decode step reads (bf16 weights)
-size_t gpu_model_step_bytes(const Model *m);   // the same for m's weights as the GPU keeps them (blocks read as blocks)
-size_t gpu_model_weight_bytes(const Model *m); // GPU memory m's weights take there
+// The same for m's weights as the GPU keeps them (blocks read as blocks), and the GPU memory they
+// take there: one GPU's share when m is split over gpus GPUs (1: all of it).
+size_t gpu_model_step_bytes(const Model *m, int gpus);
+size_t gpu_model_weight_bytes(const Model *m, int gpus);
 size_t gpu_kv_bytes(const Config *c, int ctx);
 size_t gpu_state_weight_bytes(void *dev);
 // Fills positions 0 .. n_tokens-1 of every layer's cache with random K/V (contexts too long to prefill).
@@ -34,6 +36,10 @@ cudaError_t gpu_time_decode(void *dev, int pos, int warmup, int n, int sample, f
 // --bench-prefill's breakdown: start != 0 starts timing each layer's prefill attention (events
 // around the kernel); returns the milliseconds summed over the forward passes since (-1: none).
 double gpu_prefill_attention_ms(void *dev, int start);
+// The GPUs the state spans (Model.gpus), and what a decode step's communication between them
+// takes alone (its all-reduces and the logits' gather, replayed as a graph: median ms; 0 on one).
+int gpu_count(void *dev);
+cudaError_t gpu_comm_time(void *dev, int reps, double *median_ms);
 // Measured streaming read bandwidth of the device, bytes per second.
 double gpu_read_bandwidth(void);
 // ./run --bench: for each context, fill (real prefill of random tokens in chunks, or random

@@ -383,10 +383,12 @@ template <int FMT, int EPI, bool NORM_IN, bool STATS, int QW>
 static cudaError_t launch_v(void *y, const QMat *m, const bf16 *x, const float *g, QNorm nl, size_t smem, cudaStream_t st) {
     auto k = gemv_q_kernel<FMT, EPI, NORM_IN, STATS, QW>;
     if (smem > 48 * 1024) {
-        static size_t set = 0; // the largest size this instantiation was allowed so far
-        if (smem > set) {
+        static size_t set[64]; // the largest size this instantiation was allowed so far, per device (an attribute is per device)
+        int dev = 0;
+        CU_TRY(cudaGetDevice(&dev));
+        if (dev >= 64 || smem > set[dev]) {
             CU_TRY(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-            set = smem;
+            if (dev < 64) set[dev] = smem;
         }
     }
     static size_t fit_smem[4];

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the repo root, with binaries from kernels/prepare_device.sh in .dev/:
 # kernel tests against the CPU reference, whole-model GPU vs CPU, and the decode benchmark.
-# Usage: kernels/gpu_checks.sh [kernels|mutants|models|smollm2|sampling|quant|quantbench|pkvrand|pkvchat|pkvsmol|pkvfp8|pkvcache|pkvtable|pkvlayer|pkvchunk|pkvdrift|session|sessbench|pkvsan|pkvlong|pkvbench|bench|prefill|peer|hfcheck|all]...
+# Usage: kernels/gpu_checks.sh [kernels|mutants|models|smollm2|sampling|quant|quantbench|pkvrand|pkvchat|pkvsmol|pkvfp8|pkvcache|pkvtable|pkvlayer|pkvchunk|pkvdrift|session|sessbench|pkvsan|pkvlong|pkvbench|bench|prefill|peer|hfcheck|tp|tpbench|all]...
+# tp, tpbench need two GPUs (--gpus 2) and are left out of `all`.
 # Exits non-zero when any check fails: every command's status counts (pipefail: a `cmd | tee`
 # fails when cmd does), and a GPU/CPU mismatch is a failure, not a note.
 set -uo pipefail
@@ -12,7 +13,7 @@ unpack_dev || exit 1   # the carried build, afresh when .dev holds another; says
 OUT=${OUT:-/tmp/gpu-out}
 mkdir -p "$OUT"
 status=0
-want() { for a in "${STEPS[@]}"; do [ "$a" = "$1" ] || [ "$a" = all ] && return 0; done; return 1; }
+want() { for a in "${STEPS[@]}"; do [ "$a" = "$1" ] || { [ "$a" = all ] && [ "${1#tp}" = "$1" ]; } && return 0; done; return 1; }
 # nll_close LABEL A B: the mean NLLs of two `./run --score` outputs within 0.02 of each other.
 nll_close() {
     python3 - "$@" <<'PY'
@@ -555,6 +556,67 @@ if want sampling; then
             timeout 200 $D/run --synthetic $m --ids -f /tmp/ids8192.txt -n 600 --ctx 9000 $t 2>&1 >/dev/null | grep TPOT |
                 sed "s/^/$m $t: /" | tee -a "$OUT/sampling-tpot.txt" || status=1
         done
+    done
+fi
+if want tp; then
+    # --gpus 2 (tensor parallel over NCCL) against one GPU, same binary, same weights: the two
+    # differ only in the order fp32 partial sums meet (W_o's and W_down's two halves summed by the
+    # all-reduce instead of in one GEMV / GEMM), so scores agree to within what that moves after
+    # bf16 rounding of the activations, and greedy ids agree.
+    echo "=== tp: --gpus 2 vs one GPU"
+    [ "$(nvidia-smi -L | grep -c GPU)" -ge 2 ] || { echo "FAIL tp needs 2 GPUs"; status=1; }
+    $D/run --synthetic qwen3-0.6b --ids -p "1 2 3" -n 4 --gpus 3 > /dev/null 2> /tmp/tp3.err; rc=$?
+    [ $rc = 1 ] && [ "$(wc -l < /tmp/tp3.err)" = 1 ] && grep -q "gpus 3" /tmp/tp3.err && echo "ok   --gpus 3 on 2 GPUs refused in one line: $(cat /tmp/tp3.err)" ||
+        { echo "FAIL --gpus 3 on 2 GPUs (exit $rc):"; cat /tmp/tp3.err; status=1; }
+    for d in tiny-llama31 tiny-qwen3 tiny-llama31-q8; do
+        src=${d%-q8}; q=; [ $d != $src ] && q="--quant q8_0"
+        $D/export tests/data/$src /tmp/$d.bin $q >/dev/null 2>&1 || { echo "FAIL export $d"; status=1; continue; }
+        for n in 1 2; do
+            $D/run /tmp/$d.bin --score tests/data/$src/ids.txt --ids --device gpu --gpus $n > /tmp/$d.tp$n 2>"$OUT/$d.tp$n.err" ||
+                { echo "FAIL $d --score --gpus $n:"; cat "$OUT/$d.tp$n.err"; status=1; }
+        done
+        python3 tests/compare_scores.py /tmp/$d.tp2 /tmp/$d.tp1 ${TP_TOL:-0.05} || status=1
+        prompt=$(head -c 40 tests/data/$src/ids.txt | awk '{NF=10; print}')
+        g1=$($D/run /tmp/$d.bin --ids -p "$prompt" -n 32 --temp 0 --ignore-eos --gpus 1 2>/dev/null) || g1="FAILED"
+        g2=$($D/run /tmp/$d.bin --ids -p "$prompt" -n 32 --temp 0 --ignore-eos --gpus 2 2>"$OUT/$d.tpg.err") || g2="FAILED"
+        [ "$g1" = "$g2" ] && [ $(echo "$g1" | wc -w) -eq 32 ] && echo "ok   $d greedy 32 tokens --gpus 2 == one GPU" ||
+            { echo "FAIL $d greedy --gpus 2: $g2 vs $g1"; status=1; }
+    done
+    # Random weights of a real shape (qwen3-0.6b: 16 heads / 8 KV heads x 128; each GPU's share of
+    # every matrix is the same hash of its place in the whole as one GPU's), 3,000 random ids.
+    python3 -c "import random; random.seed(7); print(' '.join(str(random.randrange(151936)) for _ in range(3000)))" > /tmp/ids3k.txt
+    for a in full pariskv; do
+        for n in 1 2; do
+            rm -f /tmp/rec.$a.$n
+            PKV_RECALL=/tmp/rec.$a.$n timeout 200 $D/run --synthetic qwen3-0.6b --ids -f /tmp/ids3k.txt -n 48 --temp 0 --ignore-eos --attn $a \
+                --gpus $n > /tmp/syn.$a.$n 2>"$OUT/syn.$a.$n.err" || { echo "FAIL synthetic --attn $a --gpus $n:"; tail -n 3 "$OUT/syn.$a.$n.err"; status=1; }
+            timeout 200 $D/run --synthetic qwen3-0.6b --score /tmp/ids3k.txt --ids --attn $a --gpus $n > /tmp/synsc.$a.$n 2>>"$OUT/syn.$a.$n.err" ||
+                { echo "FAIL synthetic --score --attn $a --gpus $n"; status=1; }
+        done
+        cmp -s /tmp/syn.$a.1 /tmp/syn.$a.2 && [ -s /tmp/syn.$a.1 ] && echo "ok   qwen3-0.6b shape, 3,000 ids, --attn $a: 48 greedy ids --gpus 2 == one GPU" ||
+            { echo "FAIL qwen3-0.6b --attn $a greedy --gpus 2: $(head -c 200 /tmp/syn.$a.2) vs $(head -c 200 /tmp/syn.$a.1)"; status=1; }
+        python3 tests/compare_scores.py /tmp/synsc.$a.2 /tmp/synsc.$a.1 ${TP_TOL_SYN:-0.05} || status=1
+    done
+    # ParisKV's selections: layer 0 sees the same queries on both (the residual before any
+    # all-reduce), so its Recall@k lines per KV head must be identical; later layers within noise.
+    if [ -s /tmp/rec.pariskv.1 ]; then
+        sort /tmp/rec.pariskv.1 > /tmp/rec.1s; sort /tmp/rec.pariskv.2 > /tmp/rec.2s
+        l0=$(awk '$2 == 0' /tmp/rec.1s | wc -l)
+        [ "$l0" -gt 0 ] && cmp -s <(awk '$2 == 0' /tmp/rec.1s) <(awk '$2 == 0' /tmp/rec.2s) && echo "ok   pariskv layer 0 Recall@k per KV head identical ($l0 lines)" ||
+            { echo "FAIL pariskv layer-0 recall lines differ ($l0 lines)"; status=1; }
+        echo "     all layers: $(cmp -s /tmp/rec.1s /tmp/rec.2s && echo identical || echo "$(diff /tmp/rec.1s /tmp/rec.2s | grep -c '^<') of $(wc -l < /tmp/rec.1s) lines differ"); mean recall $(awk '{s+=$4} END {printf "%.4f", s/NR}' /tmp/rec.1s) vs $(awk '{s+=$4} END {printf "%.4f", s/NR}' /tmp/rec.2s)"
+    else
+        echo "FAIL no PKV_RECALL lines"; status=1
+    fi
+    # Sampling: the same --seed gives the same tokens on 2 GPUs run twice (both ranks pick one id).
+    for k in 1 2; do $D/run --synthetic qwen3-0.6b --ids -f /tmp/ids3k.txt -n 48 --temp 0.8 --top-p 0.95 --seed 5 --gpus 2 > /tmp/tps.$k 2>/dev/null || echo "FAIL sampled run $k"; done
+    cmp -s /tmp/tps.1 /tmp/tps.2 && [ -s /tmp/tps.1 ] && echo "ok   sampled --seed 5 --gpus 2 repeats exactly" || { echo "FAIL sampled --gpus 2 does not repeat"; status=1; }
+fi
+if want tpbench; then
+    # One GPU beside two in the same call: dense decode at 4K, ParisKV with the host store.
+    echo "=== tpbench"
+    for n in 1 2; do
+        timeout 200 $D/run --bench --synthetic llama3.1-8b --gpus $n --bench-ctx ${TP_CTX:-4096,32768} --bench-steps 64 2>&1 | grep -v "^warning" | tee -a "$OUT/tpbench.txt" || status=1
     done
 fi
 if want bench; then

@@ -43,7 +43,7 @@ static void gpu_free(GpuState *g) {
     cudaFree(g->rope_cs);
     cudaFree(g->kcache), cudaFree(g->vcache);
     cudaFree(g->x), cudaFree(g->xb), cudaFree(g->proj), cudaFree(g->q), cudaFree(g->att), cudaFree(g->hb);
-    cudaFree(g->logits);
+    cudaFree(g->logits), cudaFree(g->logits_gather);
     cudaFree(g->partial), cudaFree(g->counters), cudaFree(g->sumsq_a), cudaFree(g->sumsq_b), cudaFree(g->d_tokens), cudaFree(g->d_pos);
     cudaFreeHost(g->h_tokens), cudaFreeHost(g->h_pos), cudaFreeHost(g->h_logits), cudaFreeHost(g->h_step);
     cudaFree(g->sample_scratch), cudaFreeHost(g->h_u), cudaFreeHost(g->h_pen), cudaFreeHost(g->h_out);
@@ -130,15 +130,16 @@ static int row_cache_lines(const Config *c, const AttnConfig *a, size_t free_b) 
 // The pre-flight check: weights, activations, ParisKV's index and the device cache against the
 // GPU's free memory; under ParisKV where the zone goes, and how many positions the device cache
 // holds (dcap_want > 0: the caller's choice). 0, or -1 with the numbers in err.
-static int plan_memory(const Model *m, int ctx, int chunk, int logit_rows, const AttnConfig *attn, int dcap_want, MemPlan *mp, char *err) {
-    const Config *c = &m->c;
+static int plan_memory(const Model *m, const Config *c, int nranks, int ctx, int chunk, int logit_rows, const AttnConfig *attn, int dcap_want,
+                       MemPlan *mp, char *err) {
     size_t free_b = 0, total_b = 0;
     if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
         gpu_set_err(err, "cannot query GPU memory");
         return -1;
     }
     size_t slack = 256u << 20; // cuBLAS workspace and slack
-    size_t need_w = gpu_model_weight_bytes(m), need_a = gpu_activation_bytes(c, ctx, chunk, logit_rows);
+    size_t need_w = gpu_model_weight_bytes(m, nranks), need_a = gpu_activation_bytes(c, ctx, chunk, logit_rows);
+    if (nranks > 1 && logit_rows > 1) need_a += (size_t)logit_rows * c->vocab_size * 4; // the logits' gather buffer
     size_t need_p = mp->pkv ? pkv_device_bytes(c, attn, ctx) : 0, per_pos = gpu_kv_bytes(c, 1), need_c = 0;
     int dcap = ctx, host = 0;
     if (mp->pkv) {
@@ -205,6 +206,7 @@ static cudaError_t alloc_activations(GpuState *g, size_t need_kv) {
     ALLOC(g->att, T * q * 2);
     ALLOC(g->hb, T * h * 2);
     ALLOC(g->logits, (size_t)g->logit_rows * c->vocab_size * 4);
+    if (g->shard.n > 1 && g->logit_rows > 1) ALLOC(g->logits_gather, (size_t)g->logit_rows * c->vocab_size * 4);
     ALLOC(g->partial, attn_decode_scratch_floats(c->n_heads, c->n_kv_heads, hd, g->dcap) * 4);
     ALLOC(g->counters, c->n_kv_heads * sizeof(unsigned));
     if (e == cudaSuccess) e = cudaMemset(g->counters, 0, c->n_kv_heads * sizeof(unsigned));
@@ -277,23 +279,27 @@ static cudaError_t alloc_pkv(GpuState *g, const AttnConfig *attn, int host, int 
 }
 #undef ALLOC
 
-void *gpu_create_sized(const Model *m, int ctx, int chunk, int all_logits, const AttnConfig *attn, int dcap_want, char *err) {
-    const Config *c = &m->c;
+void *gpu_create_sized(const Model *m, const Shard *sh, int ctx, int chunk, int all_logits, const AttnConfig *attn, int dcap_want, char *err) {
+    Shard one = {0, 1, NULL}, s = sh ? *sh : one;
+    Config local = shard_config(&m->c, s.n);
+    const Config *c = &local;
     MemPlan mp = {0, 0, 0, 0, 0, 0, 0, 0, 0};
     if (check_runnable(c, ctx, attn, &mp.pkv, err) != 0) return NULL;
     int logit_rows = all_logits ? chunk : 1;
-    if (plan_memory(m, ctx, chunk, logit_rows, attn, dcap_want, &mp, err) != 0) return NULL;
+    if (plan_memory(m, c, s.n, ctx, chunk, logit_rows, attn, dcap_want, &mp, err) != 0) return NULL;
     GpuState *g = (GpuState *)calloc(1, sizeof(GpuState));
     if (!g) {
         gpu_set_err(err, "out of memory");
         return NULL;
     }
     g->c = *c;
+    g->shard = s;
+    g->vocab_n = (int)(c->vocab_size / s.n), g->vocab0 = s.rank * g->vocab_n;
     g->ctx = ctx;
     g->dcap = mp.dcap;
     g->chunk = chunk;
     g->logit_rows = logit_rows;
-    g->weight_bytes = gpu_model_step_bytes(m);
+    g->weight_bytes = gpu_model_step_bytes(m, s.n);
     if (mp.host && host_store_open(&g->pkv.hs, c->n_layers, c->n_kv_heads, c->head_dim, attn->zone_fp8, ctx - attn->sink, err) != 0) {
         free(g);
         return NULL;
@@ -314,11 +320,12 @@ void *gpu_create_sized(const Model *m, int ctx, int chunk, int all_logits, const
         gpu_free(g);
         return NULL;
     }
-    if (mp.pkv && dcap_want <= 0) {
+    if (mp.pkv && dcap_want <= 0 && s.rank == 0) {
         char rc[96] = "";
         if (mp.host && mp.lines) snprintf(rc, sizeof rc, ", zone row cache %d rows per layer and KV head (%.2f GiB)", mp.lines, gib(mp.need_c));
         else if (mp.host) snprintf(rc, sizeof rc, ", zone row cache off");
-        fprintf(stderr, "pariskv on the GPU: retrieval zone in %s (%.2f GiB at %d positions), index %.2f GiB, device KV cache %d positions%s\n",
+        fprintf(stderr, "pariskv on the GPU%s: retrieval zone in %s (%.2f GiB at %d positions), index %.2f GiB, device KV cache %d positions%s\n",
+                s.n > 1 ? "s (each GPU's share of the KV heads)" : "",
                 mp.host ? (attn->zone_fp8 ? "pinned host memory, fp8" : "pinned host memory") : "GPU memory",
                 gib(mp.host ? host_store_bytes(c->n_layers, c->n_kv_heads, c->head_dim, attn->zone_fp8, ctx - attn->sink)
                             : gpu_kv_bytes(c, 1) * (size_t)(ctx - attn->sink)), ctx, gib(mp.need_p - mp.need_c), mp.dcap, rc);
@@ -326,16 +333,16 @@ void *gpu_create_sized(const Model *m, int ctx, int chunk, int all_logits, const
     return g;
 }
 
-extern "C" void *gpu_create(const Model *m, int ctx, int chunk, int all_logits, const AttnConfig *attn, char *err) {
-    return gpu_create_sized(m, ctx, chunk, all_logits, attn, 0, err);
+void *one_create(const Model *m, const Shard *sh, int ctx, int chunk, int all_logits, const AttnConfig *attn, char *err) {
+    return gpu_create_sized(m, sh, ctx, chunk, all_logits, attn, 0, err);
 }
 
-extern "C" void gpu_set_prefill_len(void *dev, int prefill_len) {
+void one_set_prefill_len(void *dev, int prefill_len) {
     GpuState *g = (GpuState *)dev;
     g->pkv.cfg.prefill_len = prefill_len;
 }
 
-extern "C" void gpu_destroy(void *dev) { gpu_free((GpuState *)dev); }
+void one_destroy(void *dev) { gpu_free((GpuState *)dev); }
 
 void gpu_drop_graphs(GpuState *g) {
     for (int k = 0; k < 2; k++) {

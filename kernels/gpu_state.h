@@ -76,8 +76,20 @@ typedef struct {
     int *dbg_nsel, *h_dbg_nsel; // (n_layers, n_kv)
 } Pkv;
 
+// This state's share of a model spread over several GPUs (tensor parallel, gpus.cu): rank r of
+// n owns KV heads [r n_kv / n, (r + 1) n_kv / n) with their query heads, the same share of the FFN's
+// hidden units and of the LM head's vocabulary rows; the residual stream is whole on every rank.
+// n == 1: the whole model, no communication.
+typedef struct {
+    int rank, n;
+    void *comm;         // the rank's NCCL communicator (ncclComm_t), NULL when n == 1
+} Shard;
+
 struct GpuState {
-    Config c;
+    Config c;           // the rank's share: n_heads, n_kv_heads, hidden_dim divided by shard.n (vocab_size whole)
+    Shard shard;
+    int vocab0, vocab_n; // the LM head's rows here: [vocab0, vocab0 + vocab_n) of the vocabulary
+    float *logits_gather; // (logit_rows, vocab) the ranks' logit slices gathered, before their reordering (n > 1, logit_rows > 1)
     int ctx, chunk, logit_rows;
     cudaStream_t st;
     cublasHandle_t blas;
@@ -130,6 +142,13 @@ struct GpuState {
 };
 
 void gpu_set_err(char *err, const char *fmt, ...);
+
+// ---- communication between the ranks (gpus.cu; no-ops when shard.n == 1) ----
+
+// x (n floats, on this rank's device) summed over the ranks, in place, on g->st.
+cudaError_t tp_all_reduce(GpuState *g, float *x, size_t n);
+// buf (n_ranks * count floats): rank r's slice at r * count gathered into every rank's buf, in place.
+cudaError_t tp_all_gather(GpuState *g, float *buf, size_t count);
 
 // ---- the layer sequence (layer.cu) ----
 
@@ -190,14 +209,21 @@ cudaError_t pkv_cache_stats(GpuState *g, unsigned long long *per_layer, double *
 
 // ---- weights and state (gpu_weights.cu, gpu_create.cu) ----
 
+// The share of c that rank r of n holds (Shard): heads, KV heads and hidden units divided by n.
+Config shard_config(const Config *c, int n);
+// Why m cannot be split over n GPUs (NULL: it can).
+const char *shard_refusal(const Model *m, int n);
+
 // Activations of a state for chunk tokens and a context (decode scratch), logit_rows rows of logits.
 size_t gpu_activation_bytes(const Config *c, int ctx, int chunk, int logit_rows);
-// Uploads (or, for a synthetic model, makes) every weight into g (g->layers allocated).
+// Uploads (or, for a synthetic model, makes) every weight of g's share of m into g (g->layers
+// allocated; g->c, g->shard set).
 cudaError_t gpu_upload_weights(GpuState *g, const Model *m);
 void gpu_free_weights(GpuState *g);
 // gpu_create with the device cache's size under a host store chosen by the caller (dcap_want
 // > 0, the benchmark: no prompt to hold) or from the memory left (0).
-void *gpu_create_sized(const Model *m, int ctx, int chunk, int all_logits, const AttnConfig *attn, int dcap_want, char *err);
+// sh: the share of m this state holds (NULL: all of it).
+void *gpu_create_sized(const Model *m, const Shard *sh, int ctx, int chunk, int all_logits, const AttnConfig *attn, int dcap_want, char *err);
 // The positions the device cache needs at least under ParisKV with the zone in the host store.
 int pkv_min_positions(const AttnConfig *a, int chunk);
 // Makes the ParisKV index cover the zone [sink, zone_end) before a step at pos that sees it.
@@ -218,16 +244,42 @@ int gpu_prefill_is_layered(const GpuState *g, int n);
 // layer and KV head, Recall@k of the step's selection against the zone's exact top-k.
 cudaError_t pkv_recall_step(GpuState *g, int pos);
 
-// Saved sessions (session_gpu.cu; model/backend.h's session_save / session_load).
+// Saved sessions (session_gpu.cu; model/backend.h's session_save / session_load): one_session_*.
 struct SessionGpuLayout;
 struct SessionStream;
-extern "C" int gpu_session_save(void *dev, const struct SessionGpuLayout *L, struct SessionStream *out, char *err);
-extern "C" int gpu_session_load(void *dev, const struct SessionGpuLayout *L, struct SessionStream *in, char *err);
+struct Sampler;
 
 // Positions [pos, pos + T) past the dense phase as one pass (pkv_chunk.cu): how many of them one
 // chunk takes (those before the next index update, at most the chunk size), and the pass, with
 // the logits of every position (all_logits) or of the last into logits_out (pinned host).
 int pkv_chunk_len(const GpuState *g, int pos, int T);
 cudaError_t pkv_chunk(GpuState *g, const int *tokens, int T, int pos, int all_logits, float *logits_out, char *err);
+
+// One GPU's state behind the public entry points of forward_cuda.h (gpus.cu calls them on every
+// rank): each is the gpu_ function of the same name for one state.
+void *one_create(const Model *m, const Shard *sh, int ctx, int chunk, int all_logits, const AttnConfig *attn, char *err);
+void one_set_prefill_len(void *dev, int prefill_len);
+float *one_forward(void *dev, const int *tokens, int T, int pos, int all_logits, char *err);
+void one_destroy(void *dev);
+int one_sample_config(void *dev, const struct Sampler *s, char *err);
+int one_decode_sample(void *dev, int token, int pos, float u, const int *pen_ids, const int *pen_counts, int n_pen, char *err);
+int one_prompt_whole(void *dev, int n);
+size_t one_reset(void *dev);
+void one_profile(void *dev, FILE *f);
+int one_session_save(void *dev, const struct SessionGpuLayout *L, struct SessionStream *out, char *err);
+int one_session_load(void *dev, const struct SessionGpuLayout *L, struct SessionStream *in, char *err);
+size_t one_state_weight_bytes(void *dev);
+cudaError_t one_fill_kv_random(void *dev, int n_tokens);
+cudaError_t one_time_decode(void *dev, int pos, int warmup, int n, int sample, float *ms_out);
+double one_prefill_attention_ms(void *dev, int start);
+void *one_create_bench(const Model *m, const Shard *sh, int ctx, int chunk, const AttnConfig *attn, char *err);
+cudaError_t one_pkv_fill(void *dev, int n, double *fill_s, double *index_s, char *err);
+cudaError_t one_pkv_time(void *dev, int pos0, int n, int sample, float *ms_out, int *updated, char *err);
+void one_pkv_step_bytes(void *dev, int pos, double *device_bytes, double *host_bytes);
+int one_pkv_device_positions(void *dev);
+cudaError_t one_pkv_time_skip(void *dev, int pos, int skip, int n, float *median_ms, char *err);
+int one_pkv_cache_lines(void *dev, double *bytes);
+cudaError_t one_pkv_cache_stats(void *dev, double *hits, double *rows, int reset);
+cudaError_t one_pkv_stream(void *dev, double keep, double ret, char *err);
 
 #endif

@@ -3,6 +3,7 @@
 // quantized groups kept as blocks, random ones for --synthetic models -- and the activations'
 // share of the pre-flight check (gpu_create.cu).
 #include <stdlib.h>
+#include <string.h>
 
 #include "gpu_state.h"
 #include "kernels.h"
@@ -39,9 +40,9 @@ size_t gpu_activation_bytes(const Config *c, int ctx, int chunk, int logit_rows)
 static uint32_t group_dt(uint32_t a, uint32_t b, uint32_t c) { return a == b && b == c && dtype_is_quant(a) ? a : (uint32_t)DTYPE_BF16; }
 
 // Layer l's groups: QKV, O, gate/up, down (a quantized group whose rows the GPU's kernels do not
-// take as blocks -- Q4_0 rows not whole 64-weight units -- is widened to bf16).
-static void layer_dts(const Model *m, uint32_t l, uint32_t dt[4]) {
-    const Config *c = &m->c;
+// take as blocks -- Q4_0 rows not whole 64-weight units -- is widened to bf16), for the share c of
+// m's layers a GPU holds (its columns: W_o's and W_down's are split between the GPUs).
+static void layer_dts(const Model *m, const Config *c, uint32_t l, uint32_t dt[4]) {
     size_t cols[4] = {c->dim, (size_t)c->n_heads * c->head_dim, c->dim, c->hidden_dim};
     if (!m->token_embd) { // synthetic: every matrix in the dtype asked for
         dt[0] = dt[1] = dt[2] = dt[3] = m->synthetic_dt;
@@ -68,31 +69,65 @@ static size_t mat_bytes(uint32_t dt, size_t rows, size_t cols) {
     return dtype_is_quant(dt) ? qmat_qs_bytes(dt, rows, cols) + qmat_meta_bytes(dt, rows, cols) : rows * cols * 2;
 }
 
-// Bytes of the four groups of layer l.
-static size_t layer_mat_bytes(const Model *m, uint32_t l) {
-    const Config *c = &m->c;
+// Bytes of the four groups of layer l (c: the share a GPU holds).
+static size_t layer_mat_bytes(const Model *m, const Config *c, uint32_t l) {
     size_t hd = c->head_dim, dim = c->dim, q = c->n_heads * hd, kv = c->n_kv_heads * hd, h = c->hidden_dim;
     uint32_t dt[4];
-    layer_dts(m, l, dt);
+    layer_dts(m, c, l, dt);
     return mat_bytes(dt[0], q + 2 * kv, dim) + mat_bytes(dt[1], dim, q) + mat_bytes(dt[2], 2 * h, dim) + mat_bytes(dt[3], dim, h);
 }
 
-size_t gpu_model_step_bytes(const Model *m) {
+Config shard_config(const Config *c, int n) {
+    Config s = *c;
+    s.n_heads /= n, s.n_kv_heads /= n, s.hidden_dim /= n;
+    return s;
+}
+
+const char *shard_refusal(const Model *m, int n) {
+    static const char *names[4] = {"W_q/W_k/W_v", "W_o", "W_gate/W_up", "W_down"};
+    static char why[256];
     const Config *c = &m->c;
-    size_t b = mat_bytes(head_dt(m), c->vocab_size, c->dim);
-    for (uint32_t l = 0; l < c->n_layers; l++) b += layer_mat_bytes(m, l);
+    if (n < 2) return NULL;
+    if (c->n_kv_heads % n) {
+        snprintf(why, sizeof why, "its %u KV heads do not divide between %d GPUs", c->n_kv_heads, n);
+        return why;
+    }
+    if (c->hidden_dim % (8u * n) || c->vocab_size % n) {
+        snprintf(why, sizeof why, "its FFN (%u) or vocabulary (%u) does not divide between %d GPUs in whole rows of 8", c->hidden_dim, c->vocab_size, n);
+        return why;
+    }
+    Config s = shard_config(c, n);
+    for (uint32_t l = 0; l < c->n_layers; l++) {
+        uint32_t whole[4], part[4];
+        layer_dts(m, c, l, whole), layer_dts(m, &s, l, part);
+        for (int k = 0; k < 4; k++)
+            if (whole[k] != part[k]) {
+                snprintf(why, sizeof why, "layer %u's %s in %s splits into columns that are not whole blocks", l, names[k], dtype_name(whole[k]));
+                return why;
+            }
+    }
+    return NULL;
+}
+
+size_t gpu_model_step_bytes(const Model *m, int n) {
+    Config s = shard_config(&m->c, n);
+    const Config *c = &s;
+    size_t b = mat_bytes(head_dt(m), c->vocab_size / n, c->dim);
+    for (uint32_t l = 0; l < c->n_layers; l++) b += layer_mat_bytes(m, c, l);
     return b;
 }
 
-size_t gpu_model_weight_bytes(const Model *m) {
-    const Config *c = &m->c;
+size_t gpu_model_weight_bytes(const Model *m, int n) {
+    Config s = shard_config(&m->c, n);
+    const Config *c = &s;
     size_t hd = c->head_dim, dim = c->dim, q = c->n_heads * hd, kv = c->n_kv_heads * hd, h = c->hidden_dim, vocab = c->vocab_size;
-    size_t b = vocab * dim * 2 * (c->tied_embeddings ? 1 : 2) + dim * 4, deq = 0; // embedding and head in bf16 (prefill's logits)
-    if (dtype_is_quant(head_dt(m))) b += mat_bytes(head_dt(m), vocab, dim);
+    // The embedding whole on every GPU, the head's share in bf16 (prefill's logits; a tied head is the embedding's rows)
+    size_t b = vocab * dim * 2 + (c->tied_embeddings ? 0 : vocab / n * dim * 2) + dim * 4, deq = 0;
+    if (dtype_is_quant(head_dt(m))) b += mat_bytes(head_dt(m), vocab / n, dim);
     for (uint32_t l = 0; l < c->n_layers; l++) {
         uint32_t dt[4];
-        layer_dts(m, l, dt);
-        b += layer_mat_bytes(m, l) + (2 * dim + 2 * hd) * 4;
+        layer_dts(m, c, l, dt);
+        b += layer_mat_bytes(m, c, l) + (2 * dim + 2 * hd) * 4;
         size_t big[4] = {(q + 2 * kv) * dim, dim * q, 2 * h * dim, dim * h};
         for (int k = 0; k < 4; k++)
             if (dtype_is_quant(dt[k]) && big[k] * 2 > deq) deq = big[k] * 2;
@@ -100,27 +135,62 @@ size_t gpu_model_weight_bytes(const Model *m) {
     return b + deq;
 }
 
-// Copies a host matrix (rows, cols) in dtype (f32, bf16, or blocks: widened) to device bf16 at
-// dst, with the given row pitch (in elements) so rows can be interleaved.
-static cudaError_t upload_matrix(bf16 *dst, size_t dst_pitch, const void *src, uint32_t dtype, size_t rows, size_t cols) {
-    if (dtype == DTYPE_BF16) return cudaMemcpy2D(dst, dst_pitch * 2, src, cols * 2, cols * 2, rows, cudaMemcpyHostToDevice);
+// A block of a host matrix: rows [row0, row0 + rows) and columns [col0, col0 + cols) of a matrix of
+// src_cols columns (a GPU's share of it; all of it on one GPU).
+typedef struct {
+    const void *src;
+    uint32_t dtype;
+    size_t src_cols, row0, rows, col0, cols;
+} Slice;
+
+static Slice whole(const void *src, uint32_t dtype, size_t rows, size_t cols) { return (Slice){src, dtype, cols, 0, rows, 0, cols}; }
+
+// Copies a slice in dtype (f32, bf16, or blocks: widened) to device bf16 at dst, with the given
+// row pitch (in elements) so rows can be interleaved.
+static cudaError_t upload_matrix(bf16 *dst, size_t dst_pitch, Slice m) {
+    size_t cols = m.cols;
+    if (m.dtype == DTYPE_BF16)
+        return cudaMemcpy2D(dst, dst_pitch * 2, (const uint16_t *)m.src + m.row0 * m.src_cols + m.col0, m.src_cols * 2, cols * 2, m.rows,
+                            cudaMemcpyHostToDevice);
     size_t R = 256;
-    float *wide = (float *)malloc(R * cols * 4);
+    float *wide = (float *)malloc(R * m.src_cols * 4);
     uint16_t *staging = (uint16_t *)malloc(R * cols * 2);
     cudaError_t e = wide && staging ? cudaSuccess : cudaErrorMemoryAllocation;
-    for (size_t r0 = 0; r0 < rows && e == cudaSuccess; r0 += R) {
-        size_t n = rows - r0 < R ? rows - r0 : R;
-        weights_rows_to_f32(src, dtype, r0, n, cols, wide);
-        for (size_t i = 0; i < n * cols; i++) staging[i] = f32_to_bf16(wide[i]);
+    for (size_t r0 = 0; r0 < m.rows && e == cudaSuccess; r0 += R) {
+        size_t n = m.rows - r0 < R ? m.rows - r0 : R;
+        weights_rows_to_f32(m.src, m.dtype, m.row0 + r0, n, m.src_cols, wide);
+        for (size_t i = 0; i < n; i++)
+            for (size_t j = 0; j < cols; j++) staging[i * cols + j] = f32_to_bf16(wide[i * m.src_cols + m.col0 + j]);
         e = cudaMemcpy2D(dst + r0 * dst_pitch, dst_pitch * 2, staging, cols * 2, cols * 2, n, cudaMemcpyHostToDevice);
     }
     free(wide), free(staging);
     return e;
 }
 
-// A group kept quantized: members[i] (src_rows[i] rows of GGML blocks) become rows
-// row0[i] + k * step[i] of q.
-static cudaError_t upload_qgroup(QMat *q, uint32_t dt, size_t rows, size_t cols, int n, const void *const *members, const size_t *src_rows,
+// A slice of a matrix of GGML blocks as a (rows, cols) matrix of its own: a pointer into src when
+// it is whole rows, else its rows' blocks copied into *tmp (freed by the caller; NULL: none).
+static const void *block_slice(Slice m, void **tmp) {
+    size_t rb = dtype_row_bytes(m.dtype, m.src_cols), sb = dtype_row_bytes(m.dtype, m.cols), off = dtype_row_bytes(m.dtype, m.col0);
+    const uint8_t *first = (const uint8_t *)m.src + m.row0 * rb;
+    *tmp = NULL;
+    if (m.cols == m.src_cols) return first;
+    uint8_t *t = (uint8_t *)malloc(m.rows * sb);
+    if (!t) return NULL;
+    for (size_t r = 0; r < m.rows; r++) memcpy(t + r * sb, first + r * rb + off, sb);
+    *tmp = t;
+    return t;
+}
+
+// Random bf16 weights as the slice of a matrix of src_cols columns: element (i, j) of the whole
+// matrix is hash(seed, i src_cols + j) whatever the split, so the GPUs' shares together are one
+// GPU's matrix.
+static cudaError_t fill_slice(bf16 *dst, size_t dst_pitch, Slice m, unsigned long long seed, float scale, cudaStream_t st) {
+    return fill_random_bf16_2d(dst, dst_pitch, m.rows, m.cols, m.src_cols, m.row0, m.col0, seed, scale, st);
+}
+
+// A group kept quantized: members[i] (slices of GGML blocks, as many rows as src_rows[i]) become
+// rows row0[i] + k * step[i] of q.
+static cudaError_t upload_qgroup(QMat *q, uint32_t dt, size_t rows, size_t cols, int n, const Slice *members, const size_t *src_rows,
                                  const size_t *row0, const size_t *step) {
     q->dt = dt, q->rows = (int)rows, q->cols = (int)cols;
     size_t qb = qmat_qs_bytes(dt, rows, cols), mb = qmat_meta_bytes(dt, rows, cols);
@@ -130,7 +200,13 @@ static cudaError_t upload_qgroup(QMat *q, uint32_t dt, size_t rows, size_t cols,
     int8_t *hq = (int8_t *)malloc(qb);
     uint8_t *hm = (uint8_t *)malloc(mb);
     cudaError_t e = hq && hm ? cudaSuccess : cudaErrorMemoryAllocation;
-    for (int i = 0; i < n && e == cudaSuccess; i++) qmat_repack_rows(dt, (const uint8_t *)members[i], src_rows[i], cols, row0[i], step[i], hq, hm);
+    for (int i = 0; i < n && e == cudaSuccess; i++) {
+        void *tmp;
+        const void *src = block_slice(members[i], &tmp);
+        if (!src) e = cudaErrorMemoryAllocation;
+        else qmat_repack_rows(dt, (const uint8_t *)src, src_rows[i], cols, row0[i], step[i], hq, hm);
+        free(tmp);
+    }
     if (e == cudaSuccess) e = cudaMemcpy(q->qs, hq, qb, cudaMemcpyHostToDevice);
     if (e == cudaSuccess) e = cudaMemcpy(q->meta, hm, mb, cudaMemcpyHostToDevice);
     free(hq), free(hm);
@@ -143,9 +219,10 @@ static cudaError_t upload_f32(float **dst, const float *src, size_t n) {
 }
 
 cudaError_t gpu_upload_weights(GpuState *g, const Model *m) {
-    const Config *c = &g->c;
+    const Config *c = &g->c, *C = &m->c; // this GPU's share, the whole model
     size_t hd = c->head_dim, dim = c->dim, q = c->n_heads * hd, kv = c->n_kv_heads * hd, h = c->hidden_dim;
-    size_t vocab = c->vocab_size;
+    size_t Q = C->n_heads * hd, KV = C->n_kv_heads * hd, H = C->hidden_dim; // whole
+    size_t r = (size_t)g->shard.rank, vocab = c->vocab_size, v0 = (size_t)g->vocab0, vn = (size_t)g->vocab_n;
     int synthetic = m->token_embd == NULL;
     cudaError_t e = cudaSuccess;
     unsigned long long seed = 1234;
@@ -155,20 +232,22 @@ cudaError_t gpu_upload_weights(GpuState *g, const Model *m) {
         e = (call);                     \
         if (e != cudaSuccess) goto out; \
     } while (0)
+    // The embedding whole on every GPU (any token's row); the head's rows [v0, v0 + vn).
     TRY(cudaMalloc(&g->embd, vocab * dim * 2));
     if (synthetic) TRY(fill_random_bf16(g->embd, vocab * dim, seed++, 1.0f, 0.0f, g->st));
-    else TRY(upload_matrix(g->embd, dim, m->token_embd, m->token_embd_dt, vocab, dim));
+    else TRY(upload_matrix(g->embd, dim, whole(m->token_embd, m->token_embd_dt, vocab, dim)));
     if (c->tied_embeddings) {
-        g->head = g->embd;
+        g->head = g->embd + v0 * dim;
     } else {
-        TRY(cudaMalloc(&g->head, vocab * dim * 2));
-        if (synthetic) TRY(fill_random_bf16(g->head, vocab * dim, seed++, sqrtf(3.0f / dim), 0.0f, g->st));
-        else TRY(upload_matrix(g->head, dim, m->output, m->output_dt, vocab, dim));
+        Slice hs = {m->output, m->output_dt, dim, v0, vn, 0, dim};
+        TRY(cudaMalloc(&g->head, vn * dim * 2));
+        if (synthetic) TRY(fill_slice(g->head, dim, hs, seed++, sqrtf(3.0f / dim), g->st));
+        else TRY(upload_matrix(g->head, dim, hs));
     }
     if (dtype_is_quant(head_dt(m))) { // the decode step's head reads the blocks
-        size_t one = vocab, zero = 0, unit = 1;
-        const void *src = synthetic ? NULL : (c->tied_embeddings ? m->token_embd : m->output);
-        TRY(upload_qgroup(&g->qhead, head_dt(m), vocab, dim, 1, synthetic ? NULL : &src, &one, &zero, &unit));
+        size_t zero = 0, unit = 1;
+        Slice src = {c->tied_embeddings ? m->token_embd : m->output, head_dt(m), dim, v0, vn, 0, dim};
+        TRY(upload_qgroup(&g->qhead, head_dt(m), vn, dim, 1, synthetic ? NULL : &src, &vn, &zero, &unit));
         if (synthetic) TRY(qmat_fill_random(&g->qhead, seed++, sqrtf(3.0f / dim), g->st));
     }
     TRY(cudaMalloc(&g->out_norm, dim * 4));
@@ -179,16 +258,16 @@ cudaError_t gpu_upload_weights(GpuState *g, const Model *m) {
         GpuLayer *w = &g->layers[l];
         const LayerWeights *lw = synthetic ? NULL : &m->layers[l];
         uint32_t dt[4];
-        layer_dts(m, l, dt);
+        layer_dts(m, c, l, dt);
         size_t rows[4] = {q + 2 * kv, dim, 2 * h, dim}, cols[4] = {dim, q, dim, h};
         QMat *qm[4] = {&w->qqkv, &w->qo, &w->qgu, &w->qdown};
         bf16 **bm[4] = {&w->wqkv, &w->wo, &w->wgu, &w->wdown};
         for (int k = 0; k < 4; k++) {
             if (dtype_is_quant(dt[k])) {
                 if (rows[k] * cols[k] > deq) deq = rows[k] * cols[k];
-                if (synthetic) {
+                if (synthetic) { // each GPU's blocks drawn apart: a split quantized synthetic model is not one GPU's (timing only)
                     TRY(upload_qgroup(qm[k], dt[k], rows[k], cols[k], 0, NULL, NULL, NULL, NULL));
-                    TRY(qmat_fill_random(qm[k], seed++, sqrtf(3.0f / cols[k]), g->st));
+                    TRY(qmat_fill_random(qm[k], seed++ + 977 * r, sqrtf(3.0f / (k == 1 ? Q : k == 3 ? H : dim)), g->st));
                 }
             } else {
                 TRY(cudaMalloc(bm[k], rows[k] * cols[k] * 2));
@@ -200,12 +279,35 @@ cudaError_t gpu_upload_weights(GpuState *g, const Model *m) {
             TRY(cudaMalloc(&w->q_norm, hd * 4));
             TRY(cudaMalloc(&w->k_norm, hd * 4));
         }
+        // This GPU's rows of W_q, W_k, W_v (its heads), rows of W_gate, W_up (its hidden units), and
+        // the matching columns of W_o and W_down. As slices of the whole matrices; a synthetic
+        // model's W_q, W_k, W_v are one matrix (rows Q + 2 KV) as one GPU makes it.
+        const void *src[7] = {NULL};
+        uint32_t sdt[7] = {0};
+        if (!synthetic) {
+            const void *s7[7] = {lw->wq, lw->wk, lw->wv, lw->wo, lw->w_gate, lw->w_up, lw->w_down};
+            uint32_t d7[7] = {lw->wq_dt, lw->wk_dt, lw->wv_dt, lw->wo_dt, lw->w_gate_dt, lw->w_up_dt, lw->w_down_dt};
+            memcpy(src, s7, sizeof src), memcpy(sdt, d7, sizeof sdt);
+        }
+        Slice sq = {src[0], sdt[0], dim, r * q, q, 0, dim}, sk = {src[1], sdt[1], dim, r * kv, kv, 0, dim},
+              sv = {src[2], sdt[2], dim, r * kv, kv, 0, dim}, so = {src[3], sdt[3], Q, 0, dim, r * q, q},
+              sg = {src[4], sdt[4], dim, r * h, h, 0, dim}, su = {src[5], sdt[5], dim, r * h, h, 0, dim},
+              sd = {src[6], sdt[6], H, 0, dim, r * h, h};
         if (synthetic) { // uniform with variance 1/n keeps activations at unit scale
-            float a = sqrtf(3.0f / dim), ah = sqrtf(3.0f / h), aq = sqrtf(3.0f / q);
-            if (w->wqkv) TRY(fill_random_bf16(w->wqkv, (q + 2 * kv) * dim, seed++, a, 0.0f, g->st));
-            if (w->wo) TRY(fill_random_bf16(w->wo, dim * q, seed++, aq, 0.0f, g->st));
-            if (w->wgu) TRY(fill_random_bf16(w->wgu, 2 * h * dim, seed++, a, 0.0f, g->st));
-            if (w->wdown) TRY(fill_random_bf16(w->wdown, dim * h, seed++, ah, 0.0f, g->st));
+            float a = sqrtf(3.0f / dim), ah = sqrtf(3.0f / H), aq = sqrtf(3.0f / Q);
+            if (w->wqkv) { // rows of the one (Q + 2 KV, dim) matrix
+                unsigned long long s1 = seed++;
+                sk.row0 += Q, sv.row0 += Q + KV;
+                TRY(fill_slice(w->wqkv, dim, sq, s1, a, g->st));
+                TRY(fill_slice(w->wqkv + q * dim, dim, sk, s1, a, g->st));
+                TRY(fill_slice(w->wqkv + (q + kv) * dim, dim, sv, s1, a, g->st));
+            }
+            if (w->wo) TRY(fill_slice(w->wo, q, so, seed++, aq, g->st));
+            if (w->wgu) { // rows 2i (gate) and 2i + 1 (up) of one (2 H, dim) matrix: this GPU's are contiguous
+                Slice gu = {NULL, 0, dim, 2 * r * h, 2 * h, 0, dim};
+                TRY(fill_slice(w->wgu, dim, gu, seed++, a, g->st));
+            }
+            if (w->wdown) TRY(fill_slice(w->wdown, h, sd, seed++, ah, g->st));
             TRY(fill_random_f32(w->attn_norm, dim, seed++, 0.1f, 1.0f, g->st));
             TRY(fill_random_f32(w->ffn_norm, dim, seed++, 0.1f, 1.0f, g->st));
             if (c->qk_norm) {
@@ -214,31 +316,31 @@ cudaError_t gpu_upload_weights(GpuState *g, const Model *m) {
             }
         } else {
             if (w->wqkv) {
-                TRY(upload_matrix(w->wqkv, dim, lw->wq, lw->wq_dt, q, dim));
-                TRY(upload_matrix(w->wqkv + q * dim, dim, lw->wk, lw->wk_dt, kv, dim));
-                TRY(upload_matrix(w->wqkv + (q + kv) * dim, dim, lw->wv, lw->wv_dt, kv, dim));
+                TRY(upload_matrix(w->wqkv, dim, sq));
+                TRY(upload_matrix(w->wqkv + q * dim, dim, sk));
+                TRY(upload_matrix(w->wqkv + (q + kv) * dim, dim, sv));
             } else {
-                const void *src[3] = {lw->wq, lw->wk, lw->wv};
+                Slice s3[3] = {sq, sk, sv};
                 size_t n[3] = {q, kv, kv}, r0[3] = {0, q, q + kv}, st[3] = {1, 1, 1};
-                TRY(upload_qgroup(&w->qqkv, dt[0], q + 2 * kv, dim, 3, src, n, r0, st));
+                TRY(upload_qgroup(&w->qqkv, dt[0], q + 2 * kv, dim, 3, s3, n, r0, st));
             }
-            if (w->wo) TRY(upload_matrix(w->wo, q, lw->wo, lw->wo_dt, dim, q));
+            if (w->wo) TRY(upload_matrix(w->wo, q, so));
             else {
                 size_t n = dim, r0 = 0, st = 1;
-                TRY(upload_qgroup(&w->qo, dt[1], dim, q, 1, &lw->wo, &n, &r0, &st));
+                TRY(upload_qgroup(&w->qo, dt[1], dim, q, 1, &so, &n, &r0, &st));
             }
             if (w->wgu) {
-                TRY(upload_matrix(w->wgu, 2 * dim, lw->w_gate, lw->w_gate_dt, h, dim));
-                TRY(upload_matrix(w->wgu + dim, 2 * dim, lw->w_up, lw->w_up_dt, h, dim));
+                TRY(upload_matrix(w->wgu, 2 * dim, sg));
+                TRY(upload_matrix(w->wgu + dim, 2 * dim, su));
             } else {
-                const void *src[2] = {lw->w_gate, lw->w_up};
+                Slice s2[2] = {sg, su};
                 size_t n[2] = {h, h}, r0[2] = {0, 1}, st[2] = {2, 2};
-                TRY(upload_qgroup(&w->qgu, dt[2], 2 * h, dim, 2, src, n, r0, st));
+                TRY(upload_qgroup(&w->qgu, dt[2], 2 * h, dim, 2, s2, n, r0, st));
             }
-            if (w->wdown) TRY(upload_matrix(w->wdown, h, lw->w_down, lw->w_down_dt, dim, h));
+            if (w->wdown) TRY(upload_matrix(w->wdown, h, sd));
             else {
                 size_t n = dim, r0 = 0, st = 1;
-                TRY(upload_qgroup(&w->qdown, dt[3], dim, h, 1, &lw->w_down, &n, &r0, &st));
+                TRY(upload_qgroup(&w->qdown, dt[3], dim, h, 1, &sd, &n, &r0, &st));
             }
             TRY(cudaMemcpy(w->attn_norm, lw->attn_norm, dim * 4, cudaMemcpyHostToDevice));
             TRY(cudaMemcpy(w->ffn_norm, lw->ffn_norm, dim * 4, cudaMemcpyHostToDevice));
@@ -273,7 +375,7 @@ void gpu_free_weights(GpuState *g) {
         free(g->layers);
         g->layers = NULL;
     }
-    if (g->head != g->embd) cudaFree(g->head);
+    if (g->head < g->embd || g->head >= g->embd + (size_t)g->c.vocab_size * g->c.dim) cudaFree(g->head); // a tied head is rows of the embedding
     qmat_free(&g->qhead), cudaFree(g->wdeq);
     cudaFree(g->embd), cudaFree(g->out_norm), cudaFree(g->inv_freq);
     g->head = g->embd = g->wdeq = NULL, g->out_norm = g->inv_freq = NULL;

@@ -40,6 +40,8 @@ cudaError_t scale_columns(bf16 *W, size_t rows, int cols, const float *g, cudaSt
 // Decode: x (dim) fp32 = row of E for *token, x_bf16 = bf16(x), *sumsq = sum of x² (the stats
 // gemv_bf16_normed reads, as one sum).
 cudaError_t embed_stats(float *x, bf16 *x_bf16, float *sumsq, const bf16 *E, const int *token, int dim, cudaStream_t st);
+// The residual x (dim) after the ranks' all-reduce: its bf16 copy and sum of squares, as embed_stats.
+cudaError_t residual_stats(const float *x, bf16 *x_bf16, float *sumsq, int dim, cudaStream_t st);
 
 // out (T, n) bf16 = x (T, n) fp32 / rms * w (w NULL: no weights)
 cudaError_t rmsnorm_bf16(bf16 *out, const float *x, const float *w, int T, int n, float eps, cudaStream_t st);
@@ -79,6 +81,10 @@ cudaError_t attn_prefill_simple(bf16 *out, const bf16 *q, const bf16 *k_cache, c
 
 // Fill with uniform random values in [-scale, scale] + offset (synthetic weights, tests).
 cudaError_t fill_random_bf16(bf16 *p, size_t n, unsigned long long seed, float scale, float offset, cudaStream_t st);
+// The (rows, cols) block at (row0, col0) of a matrix of src_cols columns that fill_random_bf16
+// would make whole (offset 0), into p with row pitch `pitch` elements.
+cudaError_t fill_random_bf16_2d(bf16 *p, size_t pitch, size_t rows, size_t cols, size_t src_cols, size_t row0, size_t col0,
+                                unsigned long long seed, float scale, cudaStream_t st);
 cudaError_t fill_random_f32(float *p, size_t n, unsigned long long seed, float scale, float offset, cudaStream_t st);
 
 // Streaming read of n bytes (bandwidth measurement); result written to *sink.

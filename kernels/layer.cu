@@ -23,11 +23,18 @@ cudaError_t gpu_gemm_w(GpuState *g, float *y, const bf16 *x, const bf16 *W, cons
     return gpu_gemm(g, y, x, W, T, n, d, accumulate);
 }
 
-cudaError_t gpu_head_gemv(GpuState *g) {
+cudaError_t gpu_head_gemv(GpuState *g) { // this GPU's vocabulary rows, then every rank's gathered
     const Config *c = &g->c;
-    if (g->qhead.dt) return gemv_q(g->logits, &g->qhead, g->xb, GEMV_STORE, g->st);
-    return gemv_bf16(g->logits, g->head, g->xb, c->dim, c->vocab_size, GEMV_STORE, g->st);
+    float *mine = g->logits + g->vocab0;
+    if (g->qhead.dt) CU_TRY(gemv_q(mine, &g->qhead, g->xb, GEMV_STORE, g->st));
+    else CU_TRY(gemv_bf16(mine, g->head, g->xb, c->dim, g->vocab_n, GEMV_STORE, g->st));
+    return tp_all_gather(g, g->logits, (size_t)g->vocab_n);
 }
+
+// Tensor parallel: each rank's product of its heads (W_o) or hidden units (W_down) is a partial sum
+// of the residual's update. Rank 0 adds its part to the residual, the others write theirs in its
+// place, and the all-reduce sums them: x + sum of the parts on every rank.
+static int adds_residual(const GpuState *g) { return g->shard.rank == 0; }
 
 // Decode (one row): each RMSNorm is split between the residual GEMV before it (which also
 // writes bf16(x) and per-block sums of squares) and the GEMV after it (which divides by the
@@ -41,16 +48,27 @@ static cudaError_t dec_normed(GpuState *g, void *y, const bf16 *W, const QMat *q
 }
 
 static cudaError_t dec_add_stats(GpuState *g, const bf16 *W, const QMat *q, const bf16 *x, int n, int d, float *sumsq) {
+    if (g->shard.n > 1) { // the parts summed over the ranks, then the stats of the sum
+        int epi = adds_residual(g) ? GEMV_ADD : GEMV_STORE;
+        if (q->dt) CU_TRY(gemv_q(g->x, q, x, epi, g->st));
+        else CU_TRY(gemv_bf16(g->x, W, x, n, d, epi, g->st));
+        CU_TRY(tp_all_reduce(g, g->x, (size_t)d));
+        return residual_stats(g->x, g->xb, sumsq, d, g->st);
+    }
     if (q->dt) return gemv_q_add_stats(g->x, q, x, g->xb, sumsq, g->st);
     return gemv_bf16_add_stats(g->x, W, x, n, d, g->xb, sumsq, g->st);
 }
+
+// The sums of squares a residual GEMV left for the normed GEMV after it (one after the embedding
+// or an all-reduce).
+static int stats_count(const GpuState *g, uint32_t l) { return l == 0 || g->shard.n > 1 ? 1 : gemv_sumsq_count(g->c.dim); }
 
 cudaError_t layer_qkv(GpuState *g, uint32_t l, float *x, int T, LayerMode mode) {
     const Config *c = &g->c;
     const GpuLayer *w = &g->layers[l];
     int dim = c->dim, qkv_dim = (c->n_heads + 2 * c->n_kv_heads) * c->head_dim;
     if (mode == LAYER_DECODE) {
-        int n_a = l == 0 ? 1 : gemv_sumsq_count(dim);
+        int n_a = stats_count(g, l);
         return dec_normed(g, g->proj, w->wqkv, &w->qqkv, w->attn_norm, dim, qkv_dim, GEMV_STORE, g->sumsq_a, n_a);
     }
     CU_TRY(rmsnorm_bf16(g->xb, x, NULL, T, dim, c->norm_eps, g->st)); // weights folded into wqkv
@@ -63,14 +81,16 @@ cudaError_t layer_out_mlp(GpuState *g, uint32_t l, float *x, int T, LayerMode mo
     int dim = c->dim, hidden = c->hidden_dim, q_dim = c->n_heads * c->head_dim;
     if (mode == LAYER_DECODE) { // x is g->x: the decode GEMVs' residual
         CU_TRY(dec_add_stats(g, w->wo, &w->qo, g->att, q_dim, dim, g->sumsq_b));
-        CU_TRY(dec_normed(g, g->hb, w->wgu, &w->qgu, w->ffn_norm, dim, 2 * hidden, GEMV_SWIGLU, g->sumsq_b, gemv_sumsq_count(dim)));
+        CU_TRY(dec_normed(g, g->hb, w->wgu, &w->qgu, w->ffn_norm, dim, 2 * hidden, GEMV_SWIGLU, g->sumsq_b, stats_count(g, 1)));
         return dec_add_stats(g, w->wdown, &w->qdown, g->hb, hidden, dim, g->sumsq_a);
     }
-    CU_TRY(gpu_gemm_w(g, x, g->att, w->wo, &w->qo, NULL, T, q_dim, dim, 1));
+    CU_TRY(gpu_gemm_w(g, x, g->att, w->wo, &w->qo, NULL, T, q_dim, dim, adds_residual(g)));
+    CU_TRY(tp_all_reduce(g, x, (size_t)T * dim));
     CU_TRY(rmsnorm_bf16(g->xb, x, NULL, T, dim, c->norm_eps, g->st)); // weights folded into wgu
     CU_TRY(gpu_gemm_w(g, g->proj, g->xb, w->wgu, &w->qgu, w->ffn_norm, T, dim, 2 * hidden, 0));
     CU_TRY(swiglu_pairs(g->hb, g->proj, T, hidden, g->st));
-    return gpu_gemm_w(g, x, g->hb, w->wdown, &w->qdown, NULL, T, hidden, dim, 1);
+    CU_TRY(gpu_gemm_w(g, x, g->hb, w->wdown, &w->qdown, NULL, T, hidden, dim, adds_residual(g)));
+    return tp_all_reduce(g, x, (size_t)T * dim);
 }
 
 cudaError_t gpu_layers(GpuState *g, float *x, int T, LayerMode mode, AttnStep attn, void *arg) {
@@ -86,7 +106,16 @@ cudaError_t gpu_logits(GpuState *g, const float *x, int n) {
     const Config *c = &g->c;
     CU_TRY(rmsnorm_bf16(g->xb, x, g->out_norm, n, c->dim, c->norm_eps, g->st));
     if (n == 1) return gpu_head_gemv(g);
-    return gpu_gemm(g, g->logits, g->xb, g->head, n, c->dim, c->vocab_size, 0);
+    if (g->shard.n == 1) return gpu_gemm(g, g->logits, g->xb, g->head, n, c->dim, c->vocab_size, 0);
+    // Rank r's (n, vocab_n) block at r n vocab_n of the gather buffer, gathered, then each block's
+    // rows into their columns of the (n, vocab) logits.
+    size_t blk = (size_t)n * g->vocab_n;
+    CU_TRY(gpu_gemm(g, g->logits_gather + g->shard.rank * blk, g->xb, g->head, n, c->dim, g->vocab_n, 0));
+    CU_TRY(tp_all_gather(g, g->logits_gather, blk));
+    for (int r = 0; r < g->shard.n; r++)
+        CU_TRY(cudaMemcpy2DAsync(g->logits + (size_t)r * g->vocab_n, (size_t)c->vocab_size * 4, g->logits_gather + r * blk,
+                                 (size_t)g->vocab_n * 4, (size_t)g->vocab_n * 4, n, cudaMemcpyDeviceToDevice, g->st));
+    return cudaSuccess;
 }
 
 cudaError_t prefill_qkv_store(GpuState *g, uint32_t l, bf16 *kc, bf16 *vc, const int *d_pos, int T, int ctx) {

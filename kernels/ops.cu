@@ -79,6 +79,25 @@ extern "C" cudaError_t embed_stats(float *x, bf16 *xb, float *sumsq, const bf16 
     return launch_pdl(embed_stats_kernel, 1, NORM_THREADS, 0, st, x, xb, sumsq, E, token, dim);
 }
 
+// After the ranks' all-reduce of the residual (tensor parallel decode): its bf16 copy and its sum of
+// squares, as embed_stats leaves them for the next normed GEMV (one sum).
+__global__ void __launch_bounds__(NORM_THREADS) residual_stats_kernel(const float *x, bf16 *xb, float *sumsq, int dim) {
+    __shared__ float red[32];
+    pdl_release();
+    pdl_wait();
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
+        float f = x[i];
+        xb[i] = __float2bfloat16(f), ss += f * f;
+    }
+    ss = block_sum(ss, red);
+    if (threadIdx.x == 0) *sumsq = ss;
+}
+
+extern "C" cudaError_t residual_stats(const float *x, bf16 *xb, float *sumsq, int dim, cudaStream_t st) {
+    return launch_pdl(residual_stats_kernel, 1, NORM_THREADS, 0, st, x, xb, sumsq, dim);
+}
+
 extern "C" cudaError_t embed_rows(float *x, const bf16 *E, const int *tokens, int T, int dim, cudaStream_t st) {
     return launch_pdl(embed_kernel, T, 256, 0, st, x, E, tokens, dim);
 }
@@ -176,6 +195,21 @@ __global__ void fill_f32_kernel(float *p, size_t n, unsigned long long seed, flo
 
 extern "C" cudaError_t fill_random_bf16(bf16 *p, size_t n, unsigned long long seed, float scale, float offset, cudaStream_t st) {
     fill_bf16_kernel<<<4096, 256, 0, st>>>(p, n, seed, scale, offset);
+    return cudaGetLastError();
+}
+
+__global__ void fill_bf16_2d_kernel(bf16 *p, size_t pitch, size_t rows, int cols, size_t src_cols, size_t row0, size_t col0,
+                                    unsigned long long seed, float scale) {
+    size_t n = rows * (size_t)cols;
+    for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        size_t r = i / cols, c = i % cols;
+        p[r * pitch + c] = __float2bfloat16(scale * hash_uniform(seed, (row0 + r) * src_cols + col0 + c));
+    }
+}
+
+extern "C" cudaError_t fill_random_bf16_2d(bf16 *p, size_t pitch, size_t rows, size_t cols, size_t src_cols, size_t row0, size_t col0,
+                                           unsigned long long seed, float scale, cudaStream_t st) {
+    fill_bf16_2d_kernel<<<4096, 256, 0, st>>>(p, pitch, rows, (int)cols, src_cols, row0, col0, seed, scale);
     return cudaGetLastError();
 }
 

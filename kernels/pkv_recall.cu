@@ -90,7 +90,7 @@ cudaError_t pkv_recall_step(GpuState *g, int pos) {
     for (int lh = 0; lh < L * nkv && e == cudaSuccess; lh++) {
         const int *sel = p->h_dbg_sel + (size_t)lh * kmax;
         double r = recall_from_scores(scores + (size_t)lh * (nz > 0 ? nz : 1), nz, p->cfg.topk, sel, p->h_dbg_nsel[lh], scratch);
-        fprintf(f, "%d %d %d %.6f\n", pos, lh / nkv, lh % nkv, r);
+        fprintf(f, "%d %d %d %.6f\n", pos, lh / nkv, g->shard.rank * nkv + lh % nkv, r); // the model's KV head (--gpus: this GPU's share)
     }
     free(qbar), free(scores), free(scratch);
     return e;

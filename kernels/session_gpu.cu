@@ -196,10 +196,10 @@ static int session_io(GpuState *g, const SessionGpuLayout *L, SessionStream *s, 
     return rc;
 }
 
-extern "C" int gpu_session_save(void *dev, const SessionGpuLayout *L, SessionStream *out, char *err) {
+int one_session_save(void *dev, const SessionGpuLayout *L, SessionStream *out, char *err) {
     return session_io((GpuState *)dev, L, out, 1, err);
 }
 
-extern "C" int gpu_session_load(void *dev, const SessionGpuLayout *L, SessionStream *in, char *err) {
+int one_session_load(void *dev, const SessionGpuLayout *L, SessionStream *in, char *err) {
     return session_io((GpuState *)dev, L, in, 0, err);
 }

@@ -37,6 +37,7 @@ typedef struct Model {
     uint32_t token_embd_dt, output_dt; // DType of the embedding and of the LM head
     int n_quantized;          // matrices stored as Q8_0 / Q4_K blocks
     uint32_t synthetic_dt;    // a --synthetic model (no file): the DType its matrices are made in on the GPU (--quant)
+    int gpus;                 // the GPUs the CUDA backend splits it over (--gpus; 0 or 1: one)
 } Model;
 
 // Activations for up to `chunk` tokens at once, and the KV cache for `ctx` positions.

@@ -126,6 +126,8 @@ static const OptSpec OPTIONS[] = {
     {.section = "memory and device:"},
     {"--ctx", INT(ctx, 2, INT_MAX / 2), .usage = "--ctx N", .help = "KV cache positions (default: what the run needs, at most the model's)"},
     {"--device", CHOICE(device, "cpu", "gpu", "auto"), .usage = "--device D", .help = "cpu, gpu or auto (default: the GPU when there is one)"},
+    {"--gpus", INT(gpus, 1, 16), .usage = "--gpus N",
+     .help = "GPU: split the model over N GPUs of this host (tensor parallel over\nNCCL: each GPU holds its share of the KV heads, FFN and vocabulary,\nand ParisKV's index and host store for its heads; default 1)"},
     {"--threads", INT(threads, 1, POOL_MAX_THREADS), GIVEN(threads_set), .usage = "--threads N",
      .help = "CPU threads (default: the CPUs this process may use, fewer while that\nmeasures faster, e.g. beside another busy process; "
              "OMP_NUM_THREADS\nfixes the count as --threads does)"},

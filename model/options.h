@@ -37,6 +37,7 @@ typedef struct {
     const char *stops[OPTIONS_MAX_STOPS]; // --stop STR: generation ends before the first occurrence
     int n_stops;
     const char *device;       // --device cpu|gpu|auto
+    int gpus;                 // --gpus N: the model split over N GPUs of the host (tensor parallel; 0: one)
     int threads;              // --threads N, or OMP_NUM_THREADS (0: tuned, at most the CPUs we may use)
     int threads_set;          // --threads given (not OMP_NUM_THREADS)
     int bench;                // --bench
