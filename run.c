@@ -1254,7 +1254,7 @@ static int run_bench(const Options *o) {
     if (o->synthetic) {
         if (o->model_path) die("give either a model file or --synthetic NAME, not both");
         if (model_synthetic(&m, o->synthetic) != 0)
-            die("unknown --synthetic model '%s' (llama3.1-8b, qwen3-8b, qwen3-0.6b)", o->synthetic);
+            die("unknown --synthetic model '%s' (llama3.1-8b, llama3.1-70b, qwen3-8b, qwen3-0.6b)", o->synthetic);
         synthetic_quant(&m, o->quant);
     } else if (!o->model_path) {
         die("--bench needs a model file or --synthetic NAME");
@@ -1287,7 +1287,7 @@ static int run_synthetic(Options *o) {
     if (o->chat || o->render_chat || o->tokenize) die("--synthetic runs generation, --score (or --bench) only");
     check_files(o);
     Model m;
-    if (model_synthetic(&m, o->synthetic) != 0) die("unknown --synthetic model '%s' (llama3.1-8b, qwen3-8b, qwen3-0.6b)", o->synthetic);
+    if (model_synthetic(&m, o->synthetic) != 0) die("unknown --synthetic model '%s' (llama3.1-8b, llama3.1-70b, qwen3-8b, qwen3-0.6b)", o->synthetic);
     synthetic_quant(&m, o->quant);
     if (o->device && strcmp(o->device, "cpu") == 0) die("--synthetic runs on the GPU (its weights are made there)");
     select_device(&m, "gpu", o->gpus);

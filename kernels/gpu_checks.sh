@@ -576,6 +576,11 @@ if want tp; then
                 { echo "FAIL $d --score --gpus $n:"; cat "$OUT/$d.tp$n.err"; status=1; }
         done
         python3 tests/compare_scores.py /tmp/$d.tp2 /tmp/$d.tp1 ${TP_TOL:-0.05} || status=1
+        if [ $d = tiny-llama31 ]; then # a planted error: the last layer's W_down halves not summed
+            PKV_TP_MUTANT=1 $D/run /tmp/$d.bin --score tests/data/$src/ids.txt --ids --device gpu --gpus 2 > /tmp/$d.tpm 2>/dev/null
+            python3 tests/compare_scores.py /tmp/$d.tpm /tmp/$d.tp1 ${TP_TOL:-0.05} > /tmp/tpm.out && { echo "FAIL the planted all-reduce mutant passed: $(cat /tmp/tpm.out)"; status=1; } ||
+                echo "ok   a planted mutant (last W_down not summed) fails the check: $(cut -c1-120 /tmp/tpm.out)"
+        fi
         prompt=$(head -c 40 tests/data/$src/ids.txt | awk '{NF=10; print}')
         g1=$($D/run /tmp/$d.bin --ids -p "$prompt" -n 32 --temp 0 --ignore-eos --gpus 1 2>/dev/null) || g1="FAILED"
         g2=$($D/run /tmp/$d.bin --ids -p "$prompt" -n 32 --temp 0 --ignore-eos --gpus 2 2>"$OUT/$d.tpg.err") || g2="FAILED"
@@ -595,18 +600,34 @@ if want tp; then
         done
         cmp -s /tmp/syn.$a.1 /tmp/syn.$a.2 && [ -s /tmp/syn.$a.1 ] && echo "ok   qwen3-0.6b shape, 3,000 ids, --attn $a: 48 greedy ids --gpus 2 == one GPU" ||
             { echo "FAIL qwen3-0.6b --attn $a greedy --gpus 2: $(head -c 200 /tmp/syn.$a.2) vs $(head -c 200 /tmp/syn.$a.1)"; status=1; }
-        python3 tests/compare_scores.py /tmp/synsc.$a.2 /tmp/synsc.$a.1 ${TP_TOL_SYN:-0.05} || status=1
+        # Random weights of this scale give logits hundreds of nats apart (mean NLL ~91), so a changed
+        # bf16 rounding of one activation moves a position by up to ~1 nat (as between the GPU and
+        # the CPU on the tiny models): judged on the mean |dNLL|, with ParisKV's selections moving too.
+        python3 tests/compare_scores.py /tmp/synsc.$a.2 /tmp/synsc.$a.1 $([ $a = full ] && echo 0.25 || echo 0.5) mean || status=1
     done
-    # ParisKV's selections: layer 0 sees the same queries on both (the residual before any
-    # all-reduce), so its Recall@k lines per KV head must be identical; later layers within noise.
-    if [ -s /tmp/rec.pariskv.1 ]; then
-        sort /tmp/rec.pariskv.1 > /tmp/rec.1s; sort /tmp/rec.pariskv.2 > /tmp/rec.2s
+    # ParisKV's selections per KV head: a generation from one token, so that every K/V row comes
+    # from a decode step (row-wise GEMVs: the same bits on one GPU or two, unlike a prefill's GEMMs,
+    # whose rounding follows the shape cuBLAS gets), 240 tokens, ParisKV past 48 (top-16, window
+    # 16: the random model's greedy paths part after ~265 tokens, as full attention's may). Layer 0 sees
+    # the same queries and keys on both (nothing summed over the ranks yet), so its Recall@k lines
+    # must be identical; later layers within noise.
+    for n in 1 2; do
+        rm -f /tmp/rec.$n
+        PKV_RECALL=/tmp/rec.$n timeout 200 $D/run --synthetic qwen3-0.6b --ids -p "1" -n 240 --temp 0 --ignore-eos --attn pariskv --gpus $n \
+            --dense-below 48 --local 16 --topk 16 \
+            > /tmp/gen.$n 2>"$OUT/gen.$n.err" || { echo "FAIL generation --gpus $n:"; tail -n 3 "$OUT/gen.$n.err"; status=1; }
+    done
+    # The two greedy paths may part at a near-tie (as full attention's may): compared up to there.
+    k=$(python3 -c "import sys; a, b = open('/tmp/gen.1').read().split(), open('/tmp/gen.2').read().split(); print(next((i for i in range(min(len(a), len(b))) if a[i] != b[i]), min(len(a), len(b))))")
+    if [ -s /tmp/rec.1 ] && [ "$k" -gt 100 ]; then
+        awk -v k=$k '$1 <= k' /tmp/rec.1 | sort -n -k1 -k2 -k3 > /tmp/rec.1s; awk -v k=$k '$1 <= k' /tmp/rec.2 | sort -n -k1 -k2 -k3 > /tmp/rec.2s
         l0=$(awk '$2 == 0' /tmp/rec.1s | wc -l)
-        [ "$l0" -gt 0 ] && cmp -s <(awk '$2 == 0' /tmp/rec.1s) <(awk '$2 == 0' /tmp/rec.2s) && echo "ok   pariskv layer 0 Recall@k per KV head identical ($l0 lines)" ||
-            { echo "FAIL pariskv layer-0 recall lines differ ($l0 lines)"; status=1; }
-        echo "     all layers: $(cmp -s /tmp/rec.1s /tmp/rec.2s && echo identical || echo "$(diff /tmp/rec.1s /tmp/rec.2s | grep -c '^<') of $(wc -l < /tmp/rec.1s) lines differ"); mean recall $(awk '{s+=$4} END {printf "%.4f", s/NR}' /tmp/rec.1s) vs $(awk '{s+=$4} END {printf "%.4f", s/NR}' /tmp/rec.2s)"
+        [ "$l0" -gt 0 ] && cmp -s <(awk '$2 == 0' /tmp/rec.1s) <(awk '$2 == 0' /tmp/rec.2s) &&
+            echo "ok   $k of 240 greedy ids --gpus 2 == one GPU; pariskv layer 0 Recall@k identical per KV head up to there ($l0 lines: steps x 8 heads)" ||
+            { echo "FAIL pariskv layer-0 recall lines differ ($l0 lines, ids equal for $k)"; diff <(awk '$2 == 0' /tmp/rec.1s) <(awk '$2 == 0' /tmp/rec.2s) | head -n 4; status=1; }
+        echo "     all layers: $(cmp -s /tmp/rec.1s /tmp/rec.2s && echo identical || echo "$(diff /tmp/rec.1s /tmp/rec.2s | grep -c '^<') of $(wc -l < /tmp/rec.1s) lines differ"); mean recall $(awk '{s+=$4} END {printf "%.4f", s/NR}' /tmp/rec.1s) vs $(awk '{s+=$4} END {printf "%.4f", s/NR}' /tmp/rec.2s); $(grep -h TPOT "$OUT/gen.1.err" "$OUT/gen.2.err" | sed 's/.*decode/decode/' | tr '\n' ' ')"
     else
-        echo "FAIL no PKV_RECALL lines"; status=1
+        echo "FAIL pariskv generation: no PKV_RECALL lines, or the greedy ids part before ParisKV starts (at $k)"; status=1
     fi
     # Sampling: the same --seed gives the same tokens on 2 GPUs run twice (both ranks pick one id).
     for k in 1 2; do $D/run --synthetic qwen3-0.6b --ids -f /tmp/ids3k.txt -n 48 --temp 0.8 --top-p 0.95 --seed 5 --gpus 2 > /tmp/tps.$k 2>/dev/null || echo "FAIL sampled run $k"; done
@@ -615,8 +636,10 @@ fi
 if want tpbench; then
     # One GPU beside two in the same call: dense decode at 4K, ParisKV with the host store.
     echo "=== tpbench"
+    M=${TP_MODEL:-llama3.1-8b}; Q=${TP_QUANT:+--quant $TP_QUANT}
     for n in 1 2; do
-        timeout 200 $D/run --bench --synthetic llama3.1-8b --gpus $n --bench-ctx ${TP_CTX:-4096,32768} --bench-steps 64 2>&1 | grep -v "^warning" | tee -a "$OUT/tpbench.txt" || status=1
+        [ -n "${TP_CTX-4096,32768}" ] && { timeout 200 $D/run --bench --synthetic $M $Q --gpus $n --bench-ctx ${TP_CTX:-4096,32768} --bench-steps 64 2>&1 | grep -v "^warning" | tee -a "$OUT/tpbench.txt" || status=1; }
+        [ -n "${TP_PKV:-}" ] && { timeout 280 $D/run --bench --synthetic $M $Q --gpus $n --attn pariskv --kv-store host --topk 100 --bench-ctx $TP_PKV 2>&1 | grep -v "^warning" | tee -a "$OUT/tpbench.txt" || status=1; }
     done
 fi
 if want bench; then

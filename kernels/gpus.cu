@@ -283,6 +283,19 @@ template <typename F> static void *gpus_create(const Model *m, char *err, F make
         return NULL;
     }
     if (G->n > 1) {
+        // NCCL connects the ranks on their first collective: made here, outside any graph capture
+        // (a first all-reduce inside a decode graph's capture fails).
+        rc = each(G, [&](int r) -> int {
+            GpuState *g = (GpuState *)G->g[r];
+            CU_TRY(tp_all_reduce(g, g->x, g->c.dim));
+            CU_TRY(tp_all_gather(g, g->logits, (size_t)g->vocab_n));
+            return (int)cudaStreamSynchronize(g->st);
+        });
+        if (rc) {
+            gpu_set_err(err, "--gpus %d: the first exchange between the GPUs failed (NCCL)", G->n);
+            gpus_free(G);
+            return NULL;
+        }
         size_t need = 0;
         for (int r = 0; r < G->n; r++) {
             const Pkv *p = &((GpuState *)G->g[r])->pkv;
@@ -379,7 +392,7 @@ static void gpus_profile(void *dev, FILE *f) {
     for (int r = 0; r < G->n; r++) { // in rank order, each on its own device
         each(G, [&](int k) {
             if (k == r) {
-                if (G->n > 1) fprintf(f, "profile: GPU %d (its KV heads):\n", r);
+                if (G->n > 1 && ((GpuState *)G->g[r])->pkv.cfg.profile) fprintf(f, "profile: GPU %d (its KV heads):\n", r);
                 one_profile(G->g[r], f);
             }
             return 0;

@@ -3,6 +3,8 @@
 // Every pass runs it -- the decode graph, the chunked prefill, the layered prefill and ParisKV
 // chunks -- and supplies only the attention between the two halves (gpu_layers), so a change
 // to the sequence (a new kernel, a tensor-parallel split) is made here, once.
+#include <stdlib.h>
+
 #include "gpu_state.h"
 #include "kernels.h"
 #include "flash_prefill.h"
@@ -36,6 +38,14 @@ cudaError_t gpu_head_gemv(GpuState *g) { // this GPU's vocabulary rows, then eve
 // place, and the all-reduce sums them: x + sum of the parts on every rank.
 static int adds_residual(const GpuState *g) { return g->shard.rank == 0; }
 
+// PKV_TP_MUTANT=1 (gpu_checks.sh tp: the checks must catch it): the last layer's W_down parts are
+// not summed, so rank 0 goes on with its own part only.
+static int tp_mutant(const GpuState *g, uint32_t l) {
+    static int on = -1;
+    if (on < 0) on = getenv("PKV_TP_MUTANT") && atoi(getenv("PKV_TP_MUTANT")) == 1;
+    return on && g->shard.n > 1 && l == g->c.n_layers - 1;
+}
+
 // Decode (one row): each RMSNorm is split between the residual GEMV before it (which also
 // writes bf16(x) and per-block sums of squares) and the GEMV after it (which divides by the
 // rms; bf16 weights carry the norm's weights in their columns, a quantized group applies them
@@ -47,12 +57,12 @@ static cudaError_t dec_normed(GpuState *g, void *y, const bf16 *W, const QMat *q
     return gemv_bf16_normed(y, W, g->xb, n, d, epi, sumsq, n_sumsq, eps, g->st);
 }
 
-static cudaError_t dec_add_stats(GpuState *g, const bf16 *W, const QMat *q, const bf16 *x, int n, int d, float *sumsq) {
+static cudaError_t dec_add_stats(GpuState *g, const bf16 *W, const QMat *q, const bf16 *x, int n, int d, float *sumsq, int skip_sum = 0) {
     if (g->shard.n > 1) { // the parts summed over the ranks, then the stats of the sum
         int epi = adds_residual(g) ? GEMV_ADD : GEMV_STORE;
         if (q->dt) CU_TRY(gemv_q(g->x, q, x, epi, g->st));
         else CU_TRY(gemv_bf16(g->x, W, x, n, d, epi, g->st));
-        CU_TRY(tp_all_reduce(g, g->x, (size_t)d));
+        if (!skip_sum) CU_TRY(tp_all_reduce(g, g->x, (size_t)d));
         return residual_stats(g->x, g->xb, sumsq, d, g->st);
     }
     if (q->dt) return gemv_q_add_stats(g->x, q, x, g->xb, sumsq, g->st);
@@ -82,7 +92,7 @@ cudaError_t layer_out_mlp(GpuState *g, uint32_t l, float *x, int T, LayerMode mo
     if (mode == LAYER_DECODE) { // x is g->x: the decode GEMVs' residual
         CU_TRY(dec_add_stats(g, w->wo, &w->qo, g->att, q_dim, dim, g->sumsq_b));
         CU_TRY(dec_normed(g, g->hb, w->wgu, &w->qgu, w->ffn_norm, dim, 2 * hidden, GEMV_SWIGLU, g->sumsq_b, stats_count(g, 1)));
-        return dec_add_stats(g, w->wdown, &w->qdown, g->hb, hidden, dim, g->sumsq_a);
+        return dec_add_stats(g, w->wdown, &w->qdown, g->hb, hidden, dim, g->sumsq_a, tp_mutant(g, l));
     }
     CU_TRY(gpu_gemm_w(g, x, g->att, w->wo, &w->qo, NULL, T, q_dim, dim, adds_residual(g)));
     CU_TRY(tp_all_reduce(g, x, (size_t)T * dim));
@@ -90,7 +100,7 @@ cudaError_t layer_out_mlp(GpuState *g, uint32_t l, float *x, int T, LayerMode mo
     CU_TRY(gpu_gemm_w(g, g->proj, g->xb, w->wgu, &w->qgu, w->ffn_norm, T, dim, 2 * hidden, 0));
     CU_TRY(swiglu_pairs(g->hb, g->proj, T, hidden, g->st));
     CU_TRY(gpu_gemm_w(g, x, g->hb, w->wdown, &w->qdown, NULL, T, hidden, dim, adds_residual(g)));
-    return tp_all_reduce(g, x, (size_t)T * dim);
+    return tp_mutant(g, l) ? cudaSuccess : tp_all_reduce(g, x, (size_t)T * dim);
 }
 
 cudaError_t gpu_layers(GpuState *g, float *x, int T, LayerMode mode, AttnStep attn, void *arg) {

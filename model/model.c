@@ -97,6 +97,11 @@ int model_synthetic(Model *m, const char *name) {
         c->vocab_size = 128256, c->max_seq_len = 131072, c->rope_theta = 500000.0f, c->norm_eps = 1e-5f;
         c->rope_scaling = ROPE_SCALING_LLAMA3, c->rope_factor = 8, c->rope_low_freq = 1, c->rope_high_freq = 4;
         c->rope_orig_ctx = 8192;
+    } else if (strcmp(name, "llama3.1-70b") == 0) { // bf16 140 GB: two GPUs (--gpus 2; H200s) or --quant
+        c->arch = ARCH_LLAMA, c->n_layers = 80, c->dim = 8192, c->n_heads = 64, c->hidden_dim = 28672;
+        c->vocab_size = 128256, c->max_seq_len = 131072, c->rope_theta = 500000.0f, c->norm_eps = 1e-5f;
+        c->rope_scaling = ROPE_SCALING_LLAMA3, c->rope_factor = 8, c->rope_low_freq = 1, c->rope_high_freq = 4;
+        c->rope_orig_ctx = 8192;
     } else if (strcmp(name, "qwen3-8b") == 0) {
         c->arch = ARCH_QWEN3, c->n_layers = 36, c->dim = 4096, c->n_heads = 32, c->hidden_dim = 12288;
         c->vocab_size = 151936, c->max_seq_len = 131072, c->rope_theta = 1000000.0f, c->qk_norm = 1;

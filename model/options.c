@@ -135,7 +135,7 @@ static const OptSpec OPTIONS[] = {
     {.section = "benchmark (GPU):"},
     {"--bench", FLAG(bench, 1), .usage = "--bench", .help = "time decode steps at each context and print TPOT beside the bandwidth floor:\neach step with its sampling, greedy beside the sampling options (default: the\nmodel's own settings)"},
     {"--synthetic", STRING(synthetic), .usage = "--synthetic NAME",
-     .help = "random weights of a real shape instead of a model file:\nllama3.1-8b, qwen3-8b, qwen3-0.6b; also without --bench, on the "
+     .help = "random weights of a real shape instead of a model file:\nllama3.1-8b, llama3.1-70b, qwen3-8b, qwen3-0.6b; also without --bench, on the "
              "GPU, to\ngenerate from a prompt of ids (--ids -f FILE -n N) or --score ids (--ids)"},
     {"--quant", CHOICE(quant, "q8_0", "q4_k", "q4_0"), .usage = "--quant q8_0|q4_k|q4_0",
      .help = "a --synthetic model's matrices as Q8_0, Q4_K or Q4_0 blocks (head Q8_0)"},
