@@ -10,7 +10,7 @@
 //               a 5-level tree.
 //   avx512      64 partial sums (4 x 16), at most floor(n / 64) + 1 fused steps each, then a
 //               6-level tree.
-//   avx512bf16  x rounded to bf16 first (to nearest even: |dx| <= 2^-9 |x|), then vdpbf16ps: the
+//   avx512bf16  x rounded to bf16 first (to nearest even: |dx| <= 2^-8 |x|), then vdpbf16ps: the
 //               product of two bf16 is exact in fp32, and each instruction adds a lane's two
 //               products one after the other, rounding each addition to nearest even, subnormal
 //               inputs and results flushed to zero; 64 partial sums of at most floor(n / 128) + 1

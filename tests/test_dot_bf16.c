@@ -1,5 +1,5 @@
 // The decode products on bf16 weights (model/dot_bf16.h), every instruction set this CPU has,
-// against a double reference with the bound each set's arithmetic gives.
+// against a double reference with the bound each set's own arithmetic gives.
 //
 // The reference: sum_j w_j x_j in double. A bf16 times an fp32 is exact in double (8 + 24
 // significant bits), and the double sum's own error (n 2^-53 relative) is 2^-29 of the bounds
@@ -11,21 +11,48 @@
 //                h = floor(n / 32) + 6
 //   avx512       64 partial sums of at most floor(n / 64) + 1 fused steps, a 6-level tree:
 //                h = floor(n / 64) + 7
-//   avx512bf16   x -> bf16 (|dx| <= 2^-9 |x|); then exact products and two roundings per
-//                instruction, at most floor(n / 128) + 1 instructions a chain (the blocks past
-//                the last whole 128 go one to a chain), a 6-level tree: h = 2 floor(n / 128) + 8
-//                against the rounded x, and 2^-9 sum |w x| + gamma(h) sum |w bf16(x)| against x
-//                itself. vdpbf16ps flushes subnormals; the inputs here stay above 2^-100, so
-//                that adds nothing.
+// Those three multiply x as it is: that bound, against x, is all they get.
+//   avx512bf16   the one path that rounds x: xr_j = bf16(x_j), then vdpbf16ps. Two parts:
+//     x's rounding. bf16 has p = 8 significant bits (7 stored); rounding to nearest even moves
+//       x, 2^e <= |x| < 2^(e+1), by at most half an ulp, 2^(e-7) / 2 = 2^(e-8) <= 2^-8 |x|: the
+//       unit roundoff of bf16 is 2^-8 (not 2^-9: that is half of it, and a single product, n = 1,
+//       errs up to 2^-8 |w x|). So |sum w xr - sum w x| <= sum |w_j| |xr_j - x_j|
+//       <= 2^-8 sum |w_j x_j|, whatever the signs.
+//     the sums, against xr: a bf16 times a bf16 is exact in fp32 (8 + 8 bits); each instruction
+//       adds a lane's two products one after the other, each addition rounded to nearest even;
+//       a chain has at most floor(n / 128) + 1 instructions (the blocks past the last whole 128
+//       go one to a chain), then a 6-level tree: h = 2 (floor(n / 128) + 1) + 6
+//       = 2 floor(n / 128) + 8, |y - sum w xr| <= gamma(h) sum |w xr|.
+//     Against x itself, by the triangle inequality:
+//       |y - sum w x| <= 2^-8 sum |w x| + gamma(h) sum |w xr|,
+//     and against xr the tight gamma(h) sum |w xr| alone: both are checked, the second being the
+//     one that sees an error in the sums or a wrong rounding of x. vdpbf16ps flushes subnormal
+//     inputs and results to zero; the inputs here stay far above 2^-126, so that adds nothing.
+// Which bound a kernel gets follows from what its arithmetic does, and the test checks that: a
+// probe (w = 1, x = 1 + 2^-10, which bf16 rounds to 1) says whether a kernel rounds x, and that
+// must be true of avx512bf16 alone. The fp32 paths never get the 2^-8 allowance.
+// avx512bf16's arithmetic is also written out in C here (emulated: the kernel's chains, the
+// instruction's two rounded additions a lane, its flushes) and checked on every CPU against the
+// same bounds, so the bf16 bound is exercised where the instruction is missing; the real kernel
+// runs only where the CPU has AVX512_BF16.
 // Inputs: Gaussian weights (bf16) and activations with channels 25x apart and outliers, signs
 // mixed, lengths around the blocks' edges (1 .. 4097) and model sizes (576, 1536); outputs
 // poisoned with NaN first (every one must be written), a guard past the last row untouched.
+// Planted errors, each through the same checks, which must reject them (else the bounds are too
+// loose to see them, or the checks see nothing):
+//   tail       x's last element dropped (a partial block's bug): on every path, and at both model
+//              sizes, where one element is smallest beside the bound;
+//   x in bf16  x rounded to bf16 on an fp32 path (what the bf16 path does): that path's bound
+//              must see it, so the fp32 paths keep their tighter bound;
+//   truncated  on the bf16 path, x cut to bf16 (toward zero) instead of rounded to nearest: the
+//              check against xr must see it.
 // Sets this CPU lacks are listed and counted as skipped, not passed.
 #include "../model/bf16.h"
 #include "../model/cpu_isa.h"
 #include "../model/dot_bf16.h"
 #include "test_pariskv_util.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -46,8 +73,28 @@ static double steps(CpuIsa isa, int n) {
     }
 }
 
+// Whether a set's kernels multiply x rounded to bf16 (and so get the 2^-8 allowance): avx512bf16
+// alone. The probe below checks that each kernel does what this says.
+static int rounds_x(CpuIsa isa) { return isa == CPU_ISA_AVX512BF16; }
+
+#define U_BF16_LOG2 (-8) // bf16's unit roundoff, 2^-8 (rounding to nearest even, 8 significant bits)
+
+// What the kernel k does to x: w = 1, x = 1 + 2^-10 (an fp32, not a bf16: bf16 rounds it to 1).
+// 0: multiplies x as it is; 1: rounds it to bf16; -1: neither (a wrong product).
+static int probe_rounds_x(const DotBf16 *k) {
+    float x[32] = {1.0f + 0x1p-10f}, y[2] = {NAN, NAN};
+    uint16_t w[32] = {f32_to_bf16(1.0f)};
+    void *xp = aligned_alloc(64, dot_bf16_x_bytes(32));
+    k->prep(x, 1, xp);
+    k->rows(w, xp, 1, 1, y);
+    free(xp);
+    return y[0] == x[0] ? 0 : y[0] == 1.0f ? 1 : -1;
+}
+
 // One shape through one set's kernels: the worst error over the rows as a fraction of the bound
-// (against x itself; for avx512bf16 also against bf16(x)), or -1 for an unwritten output.
+// against x (the set's own: with the 2^-8 allowance where it rounds x), and for a set that rounds
+// x the worst against xr = bf16(x) as a fraction of gamma(h) sum |w xr|; -1 for an unwritten
+// output, -2 for a written guard.
 static void check_shape(const DotBf16 *k, Rng *r, int n, int rows, double *worst, double *worst_rx) {
     uint16_t *w = malloc((size_t)n * rows * sizeof(uint16_t));
     float *x = malloc((size_t)n * sizeof(float)), *y = malloc((size_t)(rows + 1) * sizeof(float));
@@ -61,6 +108,7 @@ static void check_shape(const DotBf16 *k, Rng *r, int n, int rows, double *worst
     k->prep(x, n, xp);
     k->rows(w, xp, n, rows, y);
     double h = steps(k->isa, n);
+    int rx = rounds_x(k->isa);
     *worst = *worst_rx = 0;
     for (int i = 0; i < rows; i++) {
         double ref = 0, mag = 0, ref_rx = 0, mag_rx = 0;
@@ -74,10 +122,10 @@ static void check_shape(const DotBf16 *k, Rng *r, int n, int rows, double *worst
             break;
         }
         double err = fabs(y[i] - ref);
-        if (k->isa == CPU_ISA_AVX512BF16) {
+        if (rx) {
             double e = fabs(y[i] - ref_rx) / (gamma_h(h) * mag_rx + 1e-300);
             if (e > *worst_rx) *worst_rx = e;
-            err /= ldexp(mag, -9) + gamma_h(h) * mag_rx + 1e-300;
+            err /= ldexp(mag, U_BF16_LOG2) + gamma_h(h) * mag_rx + 1e-300;
         } else {
             err /= gamma_h(h) * mag + 1e-300;
         }
@@ -87,11 +135,141 @@ static void check_shape(const DotBf16 *k, Rng *r, int n, int rows, double *worst
     free(w), free(x), free(y), free(xp);
 }
 
-int main(void) {
+static const int ns[] = {1, 2, 7, 15, 16, 17, 31, 32, 33, 63, 64, 65, 100, 127, 128, 129, 160, 576, 1536, 4097};
+#define N_NS (int)(sizeof ns / sizeof ns[0])
+#define N_SHAPES (3 * N_NS) // 1, 9 and 17 rows each
+
+// Every shape through k, the same inputs for every kernel (one seed): the worst fractions of the
+// bounds and which shapes broke one.
+typedef struct {
+    double x, rx;     // worst over the shapes (x: -1 an output unwritten, -2 the guard written)
+    int bad, first_n; // shapes outside a bound; the first one's n (-1: none)
+    int bad_n[N_NS];  // per length: whether some row count broke a bound
+} Sweep;
+
+static Sweep sweep(const DotBf16 *k) {
     Rng r = {29};
+    Sweep s = {0, 0, 0, -1, {0}};
+    for (int i = 0; i < N_NS; i++)
+        for (int rows = 1; rows <= 17; rows += 8) {
+            double wst, wrx;
+            check_shape(k, &r, ns[i], rows, &wst, &wrx);
+            if (wst < 0 || wst > 1 || wrx > 1) {
+                if (s.first_n < 0) s.first_n = ns[i];
+                s.bad++, s.bad_n[i] = 1;
+            }
+            s.x = s.x < 0 ? s.x : wst < 0 ? wst : fmax(s.x, wst);
+            s.rx = fmax(s.rx, wrx);
+        }
+    return s;
+}
+
+static int bad_at(const Sweep *s, int n) {
+    for (int i = 0; i < N_NS; i++)
+        if (ns[i] == n) return s->bad_n[i];
+    return 0;
+}
+
+// ---- planted errors: a kernel's own rows on an x changed before its prep ----
+
+enum { PLANT_TAIL, PLANT_X_BF16, PLANT_X_TRUNC };
+static const DotBf16 *plant_base;
+static int plant_mode;
+
+static void planted_prep(const float *x, int n, void *xp) {
+    float *c = malloc((size_t)n * sizeof(float));
+    memcpy(c, x, (size_t)n * sizeof(float));
+    for (int j = 0; j < n; j++) {
+        uint32_t u;
+        memcpy(&u, &c[j], 4);
+        if (plant_mode == PLANT_X_BF16) u = (uint32_t)f32_to_bf16(c[j]) << 16; // to nearest even
+        if (plant_mode == PLANT_X_TRUNC) u &= 0xffff0000u;                       // toward zero
+        memcpy(&c[j], &u, 4);
+    }
+    if (plant_mode == PLANT_TAIL) c[n - 1] = 0.0f;
+    plant_base->prep(c, n, xp);
+    free(c);
+}
+
+static void planted_rows(const uint16_t *w, const void *xp, int n, int rows, float *y) { plant_base->rows(w, xp, n, rows, y); }
+
+static Sweep sweep_planted(const DotBf16 *k, int mode) {
+    DotBf16 p = {k->isa, planted_prep, planted_rows};
+    plant_base = k, plant_mode = mode;
+    return sweep(&p);
+}
+
+// ---- avx512bf16's arithmetic written out in C (model/dot_bf16_avx512.c, dot_bf16), any CPU ----
+
+static float ftz(float v) { return fabsf(v) < FLT_MIN ? 0.0f : v; }             // results: subnormals flushed
+static float daz(uint16_t h) { return (h & 0x7f80) ? bf16_to_f32(h) : 0.0f; } // inputs: subnormals read as 0
+
+static void emu_prep(const float *x, int n, void *xp) { // as prep_bf16: x to bf16, zeros to a whole block
+    uint16_t *o = xp;
+    dot_bf16_round(x, (size_t)n, o);
+    for (int j = n; j % 32; j++) o[j] = 0;
+}
+
+// One vdpbf16ps on a block of 32 (16 lanes, lane l holding elements 2l and 2l + 1): as Intel's
+// pseudocode, lane += w[2l+1] x[2l+1], then lane += w[2l] x[2l], the products exact, each
+// addition rounded to nearest even. Weights at or past `valid` read as zero (the masked load).
+static void emu_dp(float *acc, const uint16_t *w, int valid, const uint16_t *x) {
+    for (int l = 0; l < 16; l++) {
+        float w1 = 2 * l + 1 < valid ? daz(w[2 * l + 1]) : 0.0f, w0 = 2 * l < valid ? daz(w[2 * l]) : 0.0f;
+        acc[l] = ftz(acc[l] + w1 * daz(x[2 * l + 1]));
+        acc[l] = ftz(acc[l] + w0 * daz(x[2 * l]));
+    }
+}
+
+static void emu_rows(const uint16_t *w, const void *xp, int n, int nr, float *y) {
+    const uint16_t *x = xp;
+    for (int r = 0; r < nr; r++, w += n) {
+        float a[4][16] = {{0}}, s[16];
+        int full = n / 32 * 32, j = 0;
+        for (; j + 128 <= full; j += 128)
+            for (int c = 0; c < 4; c++) emu_dp(a[c], w + j + 32 * c, 32, x + j + 32 * c);
+        for (int c = 0; j < full; j += 32, c++) emu_dp(a[c], w + j, 32, x + j); // c < 3: the last blocks over a0 .. a2
+        if (j < n) emu_dp(a[3], w + j, n - j, x + j);
+        for (int l = 0; l < 16; l++) s[l] = (a[0][l] + a[1][l]) + (a[2][l] + a[3][l]);
+        for (int h = 8; h; h /= 2) // the 16 lanes' tree (_mm512_reduce_add_ps)
+            for (int l = 0; l < h; l++) s[l] += s[l + h];
+        y[r] = s[0];
+    }
+}
+
+static const DotBf16 emulated_bf16 = {CPU_ISA_AVX512BF16, emu_prep, emu_rows};
+
+// ---- one path: what it does to x, the shapes, the planted errors ----
+
+static void check_path(const DotBf16 *k, const char *name) {
+    int rx = rounds_x(k->isa), probe = probe_rounds_x(k);
+    check(probe == rx, "%s: %s (w = 1, x = 1 + 2^-10: y %s), so it is judged against the %s bound", name,
+          rx ? "rounds x to bf16" : "keeps x as it is", probe == 1 ? "1" : probe == 0 ? "1 + 2^-10" : "neither", rx ? "bf16" : "fp32");
+    Sweep s = sweep(k);
+    check(s.bad == 0 && s.x >= 0, "%s: %d shapes (n 1 .. 4097, 1 .. 17 rows) within the bound%s: worst error %.3g of it (first bad n: %d)%s",
+          name, N_SHAPES, rx ? " against x, 2^-8 sum |w x| + gamma(h) sum |w xr|" : " gamma(h) sum |w x|", s.x, s.first_n,
+          s.x == -1 ? " (an output unwritten)" : s.x == -2 ? " (the guard past the last row written)" : "");
+    if (rx) check(s.rx <= 1, "%s: against xr = bf16(x), worst error %.3g of gamma(h) sum |w xr|", name, s.rx);
+
+    Sweep t = sweep_planted(k, PLANT_TAIL);
+    check(bad_at(&t, 576) && bad_at(&t, 1536), "%s: planted: x's last element dropped: rejected in %d of %d shapes, both model sizes among "
+          "them (576: %s, 1536: %s; worst %.3g of the bound against x%s)", name, t.bad, N_SHAPES, bad_at(&t, 576) ? "yes" : "no",
+          bad_at(&t, 1536) ? "yes" : "no", t.x, rx ? ", and see against xr" : "");
+    if (rx) {
+        printf("     (the tail dropped, against xr: worst %.3g of gamma(h) sum |w xr|)\n", t.rx);
+        Sweep c = sweep_planted(k, PLANT_X_TRUNC);
+        check(c.bad > 0, "%s: planted: x cut to bf16 (toward zero) for rounded to nearest: rejected in %d of %d shapes (against xr: "
+              "worst %.3g of the bound; against x: %.3g)", name, c.bad, N_SHAPES, c.rx, c.x);
+    } else {
+        Sweep c = sweep_planted(k, PLANT_X_BF16);
+        check(c.bad > 0, "%s: planted: x rounded to bf16 (the bf16 path's x) on this fp32 path: rejected in %d of %d shapes by the fp32 "
+              "bound (worst %.3g of it)", name, c.bad, N_SHAPES, c.x);
+    }
+}
+
+int main(void) {
     int skipped = 0;
     char ran[128] = "", lack[128] = "";
-    static const int ns[] = {1, 2, 7, 15, 16, 17, 31, 32, 33, 63, 64, 65, 100, 127, 128, 129, 160, 576, 1536, 4097};
     check(cpu_isa() <= CPU_ISA_AVX512 || getenv("PKV_CPU_ISA"), "the default set (%s) multiplies fp32 activations as they are",
           cpu_isa_name(cpu_isa()));
     check(cpu_isa_supported(cpu_isa()), "the set in use (%s) is one this CPU has (best: %s)", cpu_isa_name(cpu_isa()),
@@ -109,23 +287,11 @@ int main(void) {
         }
         snprintf(ran + strlen(ran), sizeof ran - strlen(ran), " %s", cpu_isa_name(isa));
         check(k->isa == isa, "%s: the kernels say they are %s", cpu_isa_name(isa), cpu_isa_name(k->isa));
-        double all = 0, all_rx = 0;
-        int bad_n = -1;
-        for (size_t i = 0; i < sizeof ns / sizeof ns[0]; i++)
-            for (int rows = 1; rows <= 17; rows += 8) {
-                double wst, wrx;
-                check_shape(k, &r, ns[i], rows, &wst, &wrx);
-                if ((wst < 0 || wst > 1 || wrx > 1) && bad_n < 0) bad_n = ns[i];
-                if (wst < 0) all = 1e9;
-                all = fmax(all, wst), all_rx = fmax(all_rx, wrx);
-            }
-        check(bad_n < 0, "%s: 60 shapes (n 1 .. 4097, 1 .. 17 rows) within the bound: worst error %.3g of it%s (first bad n: %d)",
-              cpu_isa_name(isa), all, isa == CPU_ISA_AVX512BF16 ? " (against bf16(x): see below)" : "", bad_n);
-        if (isa == CPU_ISA_AVX512BF16)
-            check(all_rx <= 1, "%s: against the activations rounded to bf16, worst error %.3g of gamma(h) sum |w bf16(x)|",
-                  cpu_isa_name(isa), all_rx);
+        check_path(k, cpu_isa_name(isa));
     }
-    printf("instruction sets run:%s; skipped:%s\n", ran, skipped ? lack : " none");
+    // The bf16 bound on avx512bf16's arithmetic written out in C, on any CPU.
+    check_path(&emulated_bf16, "avx512bf16 in C");
+    printf("instruction sets run:%s (and avx512bf16's arithmetic in C); skipped:%s\n", ran, skipped ? lack : " none");
     printf("%d passed, %d failed, %d skipped\n", passed, failed, skipped);
     return failed ? 1 : 0;
 }

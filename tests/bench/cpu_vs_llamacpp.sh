@@ -11,19 +11,30 @@
 #    inside the repository. About 25 minutes the first time on two cores.
 # 2. SmolLM2-135M-Instruct.Q4_1.gguf -> F16 -> BF16 with llama-quantize; ./export of that BF16
 #    file gives our model.bin: both runners read the same bf16 weights.
-# 3. For each thread count ($LC_THREADS, default "1 2"), $LC_REPS times (default 3), alternating:
-#      prefill 512   llama-bench -p 512 -n 0 (random tokens) / ./run -n 0 on 512 ids: tokens per second
-#      decode @512   llama-bench -n 64 -d 512 / ./run with a 512-id prompt, -n 64: ms per token
-#      decode @4096  the same after 4096 tokens
-#    (ours with --attn full: the dense attention llama.cpp computes)
-#    and prints one table of medians with the ratios (targets of the issue: prefill >= 0.6x
-#    llama.cpp's, decode <= 1.0x llama.cpp's time).
+# 3. For each thread count ($LC_THREADS, default "1 2"), each test ($LC_TESTS, default all three),
+#    $LC_REPS times (default 3), the two runners alternating:
+#      prefill     prefill 512: llama-bench -p 512 -n 0 (random tokens) / ./run -n 0 on 512 ids:
+#                  tokens per second
+#      decode512   decode @512: llama-bench -n 64 -d 512 / ./run with a 512-id prompt, -n 64: ms
+#                  per token
+#      decode4096  decode @4096: the same after 4096 tokens (the longest: both runners prefill
+#                  4096 tokens at each repetition)
+#    (ours with --attn full: the dense attention llama.cpp computes), and prints a table of
+#    medians with the ratios (targets of the issue: prefill >= 0.6x llama.cpp's, decode <= 1.0x
+#    llama.cpp's time): each repetition's pair on a '#' line as it ends, each row as soon as its
+#    test's repetitions are done, so a run cut short keeps what it measured.
 # The machine should be otherwise idle: a busy neighbour moves every figure (the alternation keeps
 # the two runners' conditions alike).
 #   LC_CPUS=0,1   both runners under `taskset -c 0,1` (a 2-core table on a bigger machine)
 #   LC_ISA=avx512 ./run's products on that instruction set (PKV_CPU_ISA, model/cpu_isa.h; default:
 #                 ./run's own default, avx512 or avx2); the table's header says which set ran
 #                 (as ./run confirms it), the CPU's flags and its threads per core
+#   LC_TESTS="prefill decode512"  only these tests (spaces or commas), for a table in pieces
+#   LC_DEADLINE=450  for a machine that cuts a command off: no repetition starts that would end
+#                 past this many seconds from the script's start, judged by the previous
+#                 repetition of the same test (a row then has fewer and says so), and no test
+#                 starts past it (those are named at the end). A test's first repetition has no
+#                 such measure: leave room for one below the machine's limit.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -31,6 +42,11 @@ VER=${LC_VER:-0.3.36}
 W=${LC_WORK:-/tmp/llamacpp_cpu}
 REPS=${LC_REPS:-3}
 THREADS=${LC_THREADS:-1 2}
+TESTS=${LC_TESTS:-prefill decode512 decode4096}
+TESTS=${TESTS//,/ }
+for x in $TESTS; do
+    case $x in prefill | decode512 | decode4096) ;; *) echo "LC_TESTS: no test '$x' (prefill, decode512, decode4096)"; exit 2 ;; esac
+done
 JOBS=${LC_JOBS:-2}
 SRC=${LC_GGUF:-$ROOT/build/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf}
 [ -f "$SRC" ] || { echo "no $SRC: run 'make smollm2' first (or set LC_GGUF)"; exit 1; }
@@ -64,8 +80,10 @@ if ! [ -s "$W/smollm2-BF16.gguf" ]; then
     "$B/bin/llama-quantize" --allow-requantize "$SRC" "$W/smollm2-F16.gguf" F16 >"$W/q16.log" 2>&1
     "$B/bin/llama-quantize" --allow-requantize "$W/smollm2-F16.gguf" "$W/smollm2-BF16.gguf" BF16 >"$W/qbf16.log" 2>&1
 fi
-./export "$W/smollm2-BF16.gguf" "$W/smollm2-bf16.bin" >/dev/null 2>&1
 M=$W/smollm2-bf16.bin
+if ! [ "$M" -nt "$W/smollm2-BF16.gguf" ] || ! [ "$M" -nt ./export ]; then # kept between the pieces of a table
+    ./export "$W/smollm2-BF16.gguf" "$M" >/dev/null 2>&1
+fi
 python3 - "$W" <<'EOF' # prompts of exactly 512 and 4096 ids (random, as llama-bench's)
 import random, sys
 random.seed(7)
@@ -98,21 +116,40 @@ echo "cpu flags: $(grep -m1 -ow -e avx2 -e avx512f -e avx512_bf16 -e avx512_vnni
 echo "./run: $(./run --version | head -1); $(./run "$M" --ids -p 1 -n 1 --device cpu 2>&1 >/dev/null | grep -m1 '^cpu: products on')"
 printf "%-8s | %-14s | %12s | %12s | %8s | %s\n" threads test ./run llama.cpp ratio target
 printf -- "---------+----------------+--------------+--------------+----------+-------\n"
+row() { # threads name ours-runs llama-runs unit target [note]
+    local o l
+    o=$(echo "$3" | median) l=$(echo "$4" | median)
+    awk -v t="$1" -v n="$2" -v o="$o" -v l="$l" -v u="$5" -v tg="$6" -v note="$7" 'BEGIN {
+        printf "%-8s | %-14s | %8.2f %-3s | %8.2f %-3s | %8.3f | %s%s\n", t, n, o, u, l, u, o / l, tg, note }'
+    echo "         all runs: ours [$3 ] llama.cpp [$4 ]"
+}
+skipped=()
 for t in $THREADS; do
-    pp_o="" pp_l="" d5_o="" d5_l="" d4_o="" d4_l=""
-    for ((r = 0; r < REPS; r++)); do
-        pp_l+=" $(lc_pp "$t")"; pp_o+=" $(ours "$t" 512 0)"
-        d5_o+=" $(ours "$t" 512 64)"; d5_l+=" $(lc_tg "$t" 512)"
-        d4_l+=" $(lc_tg "$t" 4096)"; d4_o+=" $(ours "$t" 4096 64)"
+    for test in $TESTS; do
+        if [ -n "${LC_DEADLINE:-}" ] && [ "$SECONDS" -ge "$LC_DEADLINE" ]; then skipped+=("$t:$test") && continue; fi
+        case $test in
+        prefill) name="prefill 512" unit=t/s target=">= 0.6" ;;
+        decode512) name="decode @512" unit=ms target="<= 1.0" ;;
+        decode4096) name="decode @4096" unit=ms target="<= 1.0" ;;
+        esac
+        o_runs="" l_runs="" done_reps=0 last=0
+        for ((r = 0; r < REPS; r++)); do
+            if [ -n "${LC_DEADLINE:-}" ] && [ "$r" -gt 0 ] && [ $((SECONDS + last)) -gt "$LC_DEADLINE" ]; then break; fi
+            t0=$SECONDS
+            case $test in # who goes first alternates between the tests, as before
+            prefill) l=$(lc_pp "$t") o=$(ours "$t" 512 0) ;;
+            decode512) o=$(ours "$t" 512 64) l=$(lc_tg "$t" 512) ;;
+            decode4096) l=$(lc_tg "$t" 4096) o=$(ours "$t" 4096 64) ;;
+            esac
+            last=$((SECONDS - t0)) done_reps=$((r + 1))
+            o_runs+=" $o" l_runs+=" $l"
+            printf "# %-6s | %-14s | rep %d/%d: ./run %s, llama.cpp %s %s (%d s)\n" "$t" "$name" "$done_reps" "$REPS" "$o" "$l" "$unit" "$last"
+        done
+        note=""
+        [ "$done_reps" -lt "$REPS" ] && note=" ($done_reps of $REPS reps: LC_DEADLINE=$LC_DEADLINE s)"
+        row "$t" "$name" "$o_runs" "$l_runs" "$unit" "$target" "$note"
     done
-    row() { # name ours llama unit better(hi|lo) target
-        local o l
-        o=$(echo "$2" | median) l=$(echo "$3" | median)
-        awk -v n="$1" -v o="$o" -v l="$l" -v u="$4" -v t="$t" -v tg="$5" 'BEGIN {
-            printf "%-8s | %-14s | %8.2f %-3s | %8.2f %-3s | %8.3f | %s\n", t, n, o, u, l, u, o / l, tg }'
-    }
-    row "prefill 512" "$pp_o" "$pp_l" "t/s" ">= 0.6"
-    row "decode @512" "$d5_o" "$d5_l" "ms" "<= 1.0"
-    row "decode @4096" "$d4_o" "$d4_l" "ms" "<= 1.0"
-    echo "         all runs: prefill ours [$pp_o ] llama.cpp [$pp_l ]; @512 ours [$d5_o ] llama.cpp [$d5_l ]; @4096 ours [$d4_o ] llama.cpp [$d4_l ]"
 done
+if [ "${#skipped[@]}" -gt 0 ]; then
+    echo "not run (LC_DEADLINE=$LC_DEADLINE s, $SECONDS s spent): ${skipped[*]} (threads:test; run them as another piece)"
+fi

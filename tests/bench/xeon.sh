@@ -10,15 +10,39 @@
 #                                          # carry, so the table runs on random weights of its
 #                                          # shape, which read and multiply the same bytes)
 #   bash tests/bench/xeon.sh tests         # there: test_dot_bf16 and test_gemm_dnnl (every
-#                                          # instruction set of that CPU), the tiny models end to
+#                                          # instruction set of that CPU; without PKV_CPU_ISA and
+#                                          # with avx512 and avx512bf16), the tiny models end to
 #                                          # end on each set, cpu_probe on CPUs 0-1; builds
 #                                          # llama.cpp's llama-bench and llama-quantize into $OUT
-#   bash tests/bench/xeon.sh table ISA     # there, the two llama.cpp programs carried back in
+#   bash tests/bench/xeon.sh table ISA [THREADS [TESTS [REPS]]]
+#                                          # there, the two llama.cpp programs carried back in
 #                                          # xeon/: cpu_vs_llamacpp.sh on CPUs 0-1 (taskset), ./run
 #                                          # on ISA (avx512, or avx512bf16: bf16 arithmetic)
 # The folder xeon/ (ignored by git) is what the device call carries.
 # XEON_OPT (pack): the compiler's flags, default -O3 -march=x86-64-v4 (x86-64-v3 to try the
 # phases on a machine without AVX-512); XEON_LLAMA=0 (tests): skip building llama.cpp.
+#
+# The table in pieces. The whole table (2 thread counts x 3 tests x 5 repetitions, each
+# repetition one run of each runner, the decode @4096 ones prefilling 4096 tokens first) takes
+# longer than one device command may (600 s), so a call runs part of it:
+#   THREADS  "1", "2" or "1 2" (default)                     (LC_THREADS)
+#   TESTS    prefill, decode512, decode4096, any of them, comma-separated (default all)  (LC_TESTS)
+#   REPS     repetitions of each test, medians of them (default 5)                       (LC_REPS)
+# Each repetition's pair is printed on a '#' line as it ends and each row as its test ends, so a
+# call cut off keeps what it measured. XEON_BUDGET (default 450 s, from this script's start): no
+# repetition starts that would end past it, judged by the one before of the same test (the row
+# then says how many it has), and no test starts past it (named at the end, to run as another
+# piece); the margin to 600 s is for a test's first repetition, which has no such measure. The
+# first call on a fresh machine also makes the random weights (once; kept in /tmp while the
+# machine stays warm). Pieces meant to fit (not timed on that machine yet: the '#' lines give each
+# repetition's seconds, to size the next call; a decode @4096 repetition is the longest, both
+# runners prefilling 4096 tokens, most of all on one thread):
+#   bash tests/bench/xeon.sh table avx512 1 prefill,decode512
+#   bash tests/bench/xeon.sh table avx512 1 decode4096 3
+#   bash tests/bench/xeon.sh table avx512 2 prefill,decode512
+#   bash tests/bench/xeon.sh table avx512 2 decode4096 3
+# and the same with avx512bf16. Rows of one table compare only where the calls ran on the same
+# machine (a fresh one may be another host).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 X=$PWD/xeon
@@ -59,8 +83,13 @@ tests)
     export LD_LIBRARY_PATH=$X/lib
     lscpu | grep -E 'Model name|Thread|^CPU\(s\)|Flags' | sed 's/\(Flags:\).*/\1 '"$(grep -m1 -ow -e avx2 -e avx512f -e avx512_bf16 -e avx512_vnni -e amx_bf16 -e amx_tile /proc/cpuinfo | sort -u | tr '\n' ' ')"'/'
     rc=0
-    "$X/test_dot_bf16" || rc=1
-    "$X/test_gemm_dnnl" || rc=1
+    # Their own kernels' checks ignore PKV_CPU_ISA; what it picks (the default set, the backend's
+    # prompt path in test_gemm_dnnl) is checked under each
+    for isa in "" avx512 avx512bf16; do
+        echo "=== PKV_CPU_ISA=${isa:-(unset)}"
+        PKV_CPU_ISA=$isa "$X/test_dot_bf16" || rc=1
+        PKV_CPU_ISA=$isa "$X/test_gemm_dnnl" || rc=1
+    done
     # The tiny models end to end on each fp32-exact set (avx512bf16's bf16 arithmetic is outside
     # these fp32 tolerances by design: run for the record, not counted)
     for isa in generic avx2 avx512 avx512bf16; do
@@ -80,21 +109,27 @@ tests)
     exit $rc
     ;;
 table)
-    isa=${2:?table avx512 or table avx512bf16}
+    isa=${2:?table avx512 or table avx512bf16 [THREADS [TESTS [REPS]]]}
+    threads=${3:-${LC_THREADS:-1 2}} tests=${4:-${LC_TESTS:-prefill decode512 decode4096}} reps=${5:-${LC_REPS:-5}}
     for f in "$X"/lib/*.xz; do [ -f "$f" ] && xz -d -f "$f"; done
     export LD_LIBRARY_PATH=$X/lib
-    W=/tmp/llamacpp_cpu
+    W=${XEON_WORK:-/tmp/llamacpp_cpu} # the table's llama.cpp programs, weights and prompts
     mkdir -p $W/llama-build/bin && touch $W/llama-build/CMakeCache.txt
     cp "$X/llama-bench" "$X/llama-quantize" $W/llama-build/bin/ && chmod +x $W/llama-build/bin/*
     cp "$X/run" "$X/export" ./ # where cpu_vs_llamacpp.sh looks
     if ! [ -s $W/smollm2-BF16.gguf ]; then
         mkdir -p /tmp/lc && [ -d /tmp/lc/gguf-py ] || tar -xJf "$X/llama_src.tar.xz" -C /tmp/lc ./gguf-py
-        PYTHONPATH=/tmp/lc/gguf-py python3 tests/bench/gguf_random.py "$X/smol_tok.gguf" $W/smollm2-BF16.gguf bf16 --shape smollm2
+        PYTHONPATH=/tmp/lc/gguf-py python3 tests/bench/gguf_random.py "$X/smol_tok.gguf" $W/smollm2-BF16.gguf.tmp bf16 --shape smollm2
+        mv $W/smollm2-BF16.gguf.tmp $W/smollm2-BF16.gguf # whole, or not there (a call cut off mid-way)
+        echo "# the random weights made in $SECONDS s"
     fi
-    LC_WORK=$W LC_GGUF=$W/smollm2-BF16.gguf LC_CPUS=${LC_CPUS:-0,1} LC_ISA=$isa LC_REPS=${LC_REPS:-5} bash tests/bench/cpu_vs_llamacpp.sh
+    budget=${XEON_BUDGET:-450}
+    echo "# table on $isa: threads '$threads', tests '$tests', $reps reps; $SECONDS s spent, budget $budget s"
+    LC_WORK=$W LC_GGUF=$W/smollm2-BF16.gguf LC_CPUS=${LC_CPUS:-0,1} LC_ISA=$isa LC_THREADS=$threads LC_TESTS=$tests \
+        LC_REPS=$reps LC_DEADLINE=$((budget > SECONDS ? budget - SECONDS : 1)) bash tests/bench/cpu_vs_llamacpp.sh
     ;;
 *)
-    sed -n '2,21p' "$0"
+    sed -n '2,/^set -euo/p' "$0" | sed '$d'
     exit 2
     ;;
 esac
