@@ -1,6 +1,7 @@
 // Recall@k of a selection (recall.h).
 #include "recall.h"
 
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -43,13 +44,16 @@ double selection_overlap(const int *a, int na, const int *b, int nb) {
     return n ? (double)both / n : 1.0;
 }
 
+static FILE *recall_f; // the process's one measurement file
+static pthread_once_t recall_once = PTHREAD_ONCE_INIT;
+
+static void recall_open(void) {
+    const char *p = getenv("PKV_RECALL");
+    if (p && *p && !(recall_f = fopen(p, "a"))) fprintf(stderr, "warning: PKV_RECALL: cannot open '%s'\n", p);
+}
+
+// Opened once, whichever thread asks first (--gpus: each GPU's thread writes its KV heads' lines).
 FILE *recall_file(void) {
-    static FILE *f; // the process's one measurement file
-    static int tried;
-    if (!tried) {
-        tried = 1;
-        const char *p = getenv("PKV_RECALL");
-        if (p && *p && !(f = fopen(p, "a"))) fprintf(stderr, "warning: PKV_RECALL: cannot open '%s'\n", p);
-    }
-    return f;
+    pthread_once(&recall_once, recall_open);
+    return recall_f;
 }
