@@ -82,11 +82,18 @@ typedef struct {
     int *upd;
 } PkvBench;
 
+// --gpus N: what a step's communication between the GPUs takes alone.
+static void bench_comm(void *g, uint32_t n_layers) {
+    double ms = 0;
+    if (gpu_comm_time(g, 50, &ms) == cudaSuccess)
+        printf("communication a step (%d GPUs, NCCL): %u all-reduces of the residual + the logits' gather, alone %.3f ms (median of 50)\n",
+               gpu_count(g), 2 * n_layers, ms);
+    else printf("communication a step: cannot time it\n");
+}
+
 // One row for state g, its zone filled as after an N-token prompt: the greedy median on the
 // positions before the index update, then from pos0 again the sampled steps the rest of the row
 // reads (the same rows rewritten), then where the time goes. stream: the top-k stream's label.
-static void bench_comm(void *g, uint32_t n_layers);
-
 static int bench_pkv_row(void *g, const PkvBench *b, int N, int pos0, double fill_s, double index_s, const char *stream) {
     const AttnConfig *attn = b->attn;
     int warmup = b->warmup, n_all = warmup + b->steps, U = attn->update, n_greedy = warmup + b->steps / 2 - 1;
@@ -228,15 +235,6 @@ static int bench_pariskv(const Model *m, const int *ctx_list, int n_ctx, int ste
     }
     free(b.ms), free(b.steady), free(b.upd);
     return rc;
-}
-
-// --gpus N: what a step's communication between the GPUs takes alone.
-static void bench_comm(void *g, uint32_t n_layers) {
-    double ms = 0;
-    if (gpu_comm_time(g, 50, &ms) == cudaSuccess)
-        printf("communication a step (%d GPUs, NCCL): %u all-reduces of the residual + the logits' gather, alone %.3f ms (median of 50)\n",
-               gpu_count(g), 2 * n_layers, ms);
-    else printf("communication a step: cannot time it\n");
 }
 
 // Where a prefill of n tokens went: causal attention (2 * head_dim * heads * layers * n^2 flops:

@@ -306,6 +306,8 @@ void *gpu_create_sized(const Model *m, const Shard *sh, int ctx, int chunk, int 
     }
     const char *skip = getenv("PKV_DECODE_SKIP");
     g->skip = skip ? atoi(skip) : 0;
+    const char *mutant = getenv("PKV_TP_MUTANT");
+    g->tp_mutant = s.n > 1 && mutant && atoi(mutant) == 1;
     cudaError_t e = cudaStreamCreateWithFlags(&g->st, cudaStreamNonBlocking);
     if (e == cudaSuccess && cublasCreate(&g->blas) != CUBLAS_STATUS_SUCCESS) e = cudaErrorUnknown;
     if (e == cudaSuccess && cublasSetStream(g->blas, g->st) != CUBLAS_STATUS_SUCCESS) e = cudaErrorUnknown;

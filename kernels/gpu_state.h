@@ -122,6 +122,7 @@ struct GpuState {
     int *h_pos;         // pinned (1)
     float *h_logits;    // pinned (chunk, vocab)
     int skip;           // PKV_DECODE_SKIP: decode stages left out, for timing breakdowns only
+    int tp_mutant;      // PKV_TP_MUTANT=1 (gpu_checks.sh tp, split states only): the last layer's W_down parts not summed
     cudaEvent_t *attn_ev; // --bench-prefill: events around each layer's prefill attention (2 per layer), or NULL
     double attn_ms;       // their sum over the chunks so far
     float *h_step;      // pinned (vocab): the logits of a decode step

@@ -299,7 +299,7 @@ template <typename F> static void *gpus_create(const Model *m, char *err, F make
         size_t need = 0;
         for (int r = 0; r < G->n; r++) {
             const Pkv *p = &((GpuState *)G->g[r])->pkv;
-            if (p->on && p->kv.host) need += p->hs.slot_bytes * (size_t)(p->hs.alias_slots ? p->hs.alias_slots : p->hs.cap_slots);
+            if (p->on && p->kv.host) need += p->hs.reserved_bytes; // what each store reserved (host_store_open)
         }
         size_t avail = host_memory_available();
         if (need && avail && need > avail) {
@@ -389,15 +389,12 @@ static size_t gpus_reset(void *dev) {
 
 static void gpus_profile(void *dev, FILE *f) {
     Gpus *G = (Gpus *)dev;
-    for (int r = 0; r < G->n; r++) { // in rank order, each on its own device
-        each(G, [&](int k) {
-            if (k == r) {
-                if (G->n > 1 && ((GpuState *)G->g[r])->pkv.cfg.profile) fprintf(f, "profile: GPU %d (its KV heads):\n", r);
-                one_profile(G->g[r], f);
-            }
-            return 0;
-        });
+    for (int r = 0; r < G->n; r++) { // in rank order, this thread on each rank's device in turn (no collective in it)
+        cudaSetDevice(r);
+        if (G->n > 1 && ((GpuState *)G->g[r])->pkv.cfg.profile) fprintf(f, "profile: GPU %d (its KV heads):\n", r);
+        one_profile(G->g[r], f);
     }
+    cudaSetDevice(0); // rank 0's, this thread's
 }
 
 // Saved sessions hold one GPU's layout (every KV head in order); a state split over several

@@ -3,8 +3,6 @@
 // Every pass runs it -- the decode graph, the chunked prefill, the layered prefill and ParisKV
 // chunks -- and supplies only the attention between the two halves (gpu_layers), so a change
 // to the sequence (a new kernel, a tensor-parallel split) is made here, once.
-#include <stdlib.h>
-
 #include "gpu_state.h"
 #include "kernels.h"
 #include "flash_prefill.h"
@@ -40,11 +38,7 @@ static int adds_residual(const GpuState *g) { return g->shard.rank == 0; }
 
 // PKV_TP_MUTANT=1 (gpu_checks.sh tp: the checks must catch it): the last layer's W_down parts are
 // not summed, so rank 0 goes on with its own part only.
-static int tp_mutant(const GpuState *g, uint32_t l) {
-    static int on = -1;
-    if (on < 0) on = getenv("PKV_TP_MUTANT") && atoi(getenv("PKV_TP_MUTANT")) == 1;
-    return on && g->shard.n > 1 && l == g->c.n_layers - 1;
-}
+static int tp_mutant(const GpuState *g, uint32_t l) { return g->tp_mutant && l == g->c.n_layers - 1; }
 
 // Decode (one row): each RMSNorm is split between the residual GEMV before it (which also
 // writes bf16(x) and per-block sums of squares) and the GEMV after it (which divides by the
@@ -69,16 +63,16 @@ static cudaError_t dec_add_stats(GpuState *g, const bf16 *W, const QMat *q, cons
     return gemv_bf16_add_stats(g->x, W, x, n, d, g->xb, sumsq, g->st);
 }
 
-// The sums of squares a residual GEMV left for the normed GEMV after it (one after the embedding
-// or an all-reduce).
-static int stats_count(const GpuState *g, uint32_t l) { return l == 0 || g->shard.n > 1 ? 1 : gemv_sumsq_count(g->c.dim); }
+// The sums of squares a residual update left for the normed GEMV after it: the GEMV's per-block
+// sums, or one (residual_stats after an all-reduce; embed_stats before layer 0).
+static int residual_sums(const GpuState *g) { return g->shard.n > 1 ? 1 : gemv_sumsq_count(g->c.dim); }
 
 cudaError_t layer_qkv(GpuState *g, uint32_t l, float *x, int T, LayerMode mode) {
     const Config *c = &g->c;
     const GpuLayer *w = &g->layers[l];
     int dim = c->dim, qkv_dim = (c->n_heads + 2 * c->n_kv_heads) * c->head_dim;
     if (mode == LAYER_DECODE) {
-        int n_a = stats_count(g, l);
+        int n_a = l == 0 ? 1 : residual_sums(g);
         return dec_normed(g, g->proj, w->wqkv, &w->qqkv, w->attn_norm, dim, qkv_dim, GEMV_STORE, g->sumsq_a, n_a);
     }
     CU_TRY(rmsnorm_bf16(g->xb, x, NULL, T, dim, c->norm_eps, g->st)); // weights folded into wqkv
@@ -91,7 +85,7 @@ cudaError_t layer_out_mlp(GpuState *g, uint32_t l, float *x, int T, LayerMode mo
     int dim = c->dim, hidden = c->hidden_dim, q_dim = c->n_heads * c->head_dim;
     if (mode == LAYER_DECODE) { // x is g->x: the decode GEMVs' residual
         CU_TRY(dec_add_stats(g, w->wo, &w->qo, g->att, q_dim, dim, g->sumsq_b));
-        CU_TRY(dec_normed(g, g->hb, w->wgu, &w->qgu, w->ffn_norm, dim, 2 * hidden, GEMV_SWIGLU, g->sumsq_b, stats_count(g, 1)));
+        CU_TRY(dec_normed(g, g->hb, w->wgu, &w->qgu, w->ffn_norm, dim, 2 * hidden, GEMV_SWIGLU, g->sumsq_b, residual_sums(g)));
         return dec_add_stats(g, w->wdown, &w->qdown, g->hb, hidden, dim, g->sumsq_a, tp_mutant(g, l));
     }
     CU_TRY(gpu_gemm_w(g, x, g->att, w->wo, &w->qo, NULL, T, q_dim, dim, adds_residual(g)));
