@@ -62,19 +62,18 @@ cudaError_t pkv_gpu_encode(const PkvGpuIndex *ix, PkvKeySource src, int from, in
 typedef struct {
     float *qt;       // (n_kv, D) SRHT(q / ||q||) of the group's mean query
     float *qn;       // (n_kv) ||mean query||
-    uint8_t *bonus;  // (n_kv, B, 256)    (the fused selection: only with keep_stages)
-    uint8_t *score;  // (n_kv, cap) vote scores (likewise)
+    uint8_t *bonus;  // (n_kv, B, 256)    tier bonus of each pattern
+    uint8_t *score;  // (n_kv, cap) vote scores
     int32_t *hist;   // (n_kv, hist_stride) histograms and counters of the top-C and top-k
     int *cand;       // (n_kv, cap) candidate slots
     float *est;      // (n_kv, cap) their estimates
     int *sel;        // (n_kv, kmax) the selected slots
     int *nsel;       // (n_kv) how many
-    int kmax;
+    int2 *seg;       // (n_kv, R, segcap) per rerank block: its items that can be in the top-k
+    int *segn;       // (n_kv, R) their counts
+    int kmax, segcap, R;
     int hist_stride;
-    int fused;       // > 0: the one-kernel selection (pkv_select_fused.cu), clusters of that many
-                     // blocks; 0: the staged one (pkv_select_staged.cu)
-    int keep_stages; // set by tests: the fused kernel also writes bonus and score (the staged always does)
-    unsigned long long *stamps; // set by tests (device, n_kv x fused x 16): the fused kernel's phase times
+    int five;        // 1: the five-kernel selection of session 5 (PKV_SELECT=five, for comparisons)
     void *base;      // the one allocation
 } PkvGpuScratch;
 

@@ -1,8 +1,7 @@
 // The selection's shared parts (pariskv_gpu.h): the argument block, the query transform, the
 // schedule, and the device helpers whose arithmetic must equal attention/pariskv_*.c bit for bit
-// (the vote's piece score, the estimate, the order-preserving keys). Included by the two
-// selection variants: pkv_select_staged.cu (five kernels a layer) and pkv_select_fused.cu (one
-// cluster kernel a layer), and by the encoder (pariskv_gpu.cu: the reconstruction levels).
+// (the vote's piece score, the estimate, the order-preserving keys). Included by the selection
+// (pkv_select_staged.cu) and by the encoder (pariskv_gpu.cu: the reconstruction levels).
 #ifndef PKV_SELECT_CUH
 #define PKV_SELECT_CUH
 
@@ -16,7 +15,7 @@
 namespace cg = cooperative_groups;
 
 #define SEL_THREADS 256             // bonus, vote, compact, rerank blocks
-#define TOPK_THREADS 512            // top-k blocks
+#define TOPK_THREADS 512            // top-k blocks (five-kernel selection)
 #define TOPK_CLUSTER 8              // top-k blocks per KV head: one cluster (a portable size)
 #define EMIT_CHUNK (SEL_THREADS * 16) // slots a compact block scans at once (16 scores a thread)
 #define RERANK_U 4                  // candidate groups a rerank warp gathers at once
@@ -95,10 +94,11 @@ struct PkvSelArgs {
     const int *d_n;
     int n_kv, D, B, cap, capp, k, kmax, P, hist_stride;
     float beta, rho;
-    int R;  // rerank blocks per head (staged)
-    int CL;   // blocks per KV head: the cluster (fused)
-    int keep; // fused: also write the bonus tables and the scores to bonus / score (tests)
-    unsigned long long *stamps; // fused, profiling: (n_kv, CL, 16) phase end times (ns), or NULL
+    int R;     // rerank blocks per head
+    int five;  // the five-kernel selection (PKV_SELECT=five)
+    int2 *seg; // (n_kv, R, segcap) items that can be in the top-k, per rerank block: (key, index in cand)
+    int *segn; // (n_kv, R) their counts
+    int segcap;
 };
 
 // Exclusive prefix sum of v over the block in thread order; *total gets the block's sum. red:
@@ -287,13 +287,10 @@ template <typename F> static __device__ void est_pass(const float *est, int lo, 
 }
 
 
-// The two variants, each for every B the index allows (8, 16, 32). a.P / a.hist_stride: the
-// staged variant's (pkv_staged_vote_blocks); the fused one uses neither.
+// The selection for every B the index allows (8, 16, 32). a.P / a.hist_stride: the vote's
+// blocks per head (pkv_staged_vote_blocks); a.R: the three-kernel rerank's (pkv_rerank_topk_blocks).
 int pkv_staged_vote_blocks(int n_kv, int B, int cap);
+int pkv_rerank_topk_blocks(int n_kv, int B, int cap);
 cudaError_t pkv_select_staged(PkvSelArgs a, cudaStream_t st);
-// The fused kernel's cluster size for this shape (a.CL), 0 when it cannot take it (its share of
-// slots must fit shared memory; clusters need sm_90).
-int pkv_fused_fits(int n_kv, int B, int cap);
-cudaError_t pkv_select_fused(PkvSelArgs a, cudaStream_t st);
 
 #endif

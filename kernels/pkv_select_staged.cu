@@ -1,37 +1,45 @@
-// ParisKV's selection in five kernels a layer (pkv_select.cuh), the default. The one-kernel
-// variant (pkv_select_fused.cu, PKV_SELECT=fused) keeps each KV head in one thread-block
-// cluster, which caps it at 8 SMs a head where 8 heads must be resident: these kernels use
-// every SM, and are faster at every context measured.
-
-// Arithmetic: pkv_select.cuh.
+// ParisKV's selection, per layer: three kernels (the default), or the five of session 5
+// (PKV_SELECT=five, kept to time the two side by side). Arithmetic: pkv_select.cuh.
 //
-// Selection, per layer (n = *d_n read by every kernel; every grid is fixed by cap, n_kv and
-// the device, so one captured graph serves every n):
+// Per layer (n = *d_n read by every kernel; every grid is fixed by cap, n_kv and the device, so
+// one captured graph serves every n):
 //   pkv_bonus_kernel   (B, n_kv) x 256  the group query's transform (each block; block 0
 //                                       stores it), tier bonus of the 256 patterns of each
-//                                       subspace (rank by counting, prefix sum of the id
-//                                       counts); zeroes this step's histograms
+//                                       subspace (rank by sorting, prefix sum of the id
+//                                       counts); zeroes this step's histograms and counter
 //   pkv_vote_kernel    (P, n_kv) x 256  scores of block j's slot range [j S, (j+1) S): the ids
 //                                       streamed with coalesced 16-byte loads, the bonus
 //                                       tables as 4-bit entries in shared memory; a score
 //                                       histogram per head (global) and per block (kept as
 //                                       "scores >= s" so later blocks find their offsets)
-//   pkv_compact_kernel (P, n_kv) x 256  threshold score and quota of the bucket top-C; each
-//                                       block writes its candidates in slot order at its
-//                                       offset (block prefix + block scan)
-//   pkv_rerank_kernel  (R, n_kv) x 256  estimates of equal shares of the candidates; 12-bit
-//                                       histogram of the estimates' order-preserving keys
-//   pkv_topk_kernel    (8, n_kv) x 512  one cluster per head: radix select on the keys
-//                                       (12/10/10 bits) from that histogram, histograms
-//                                       summed in distributed shared memory, ties at the k-th
-//                                       to the smaller slot; the selection written in slot order
-// P and R fill the GPU with one wave of resident blocks. 5 launches. Bytes read per KV head, n slots, C candidates (n = 1M, D = 128:
-// C = 100K): ids n B (16 MB), scores n (1 MB, from L2), cand C 4 (0.4 MB, L2), codes and w
-// C 6 B (9.6 MB), est C 4 (0.4 MB, L2), counts B 1 KB; written: scores n, cand + est C 8.
+//   pkv_rerank_topk_kernel (R, n_kv) x 256
+//                                       block r takes the vote blocks [r P / R, (r+1) P / R):
+//                                       writes their candidates (the bucket top-C) to cand in
+//                                       slot order at their offset, reranks exactly those
+//                                       (no grid-wide step between the two: the block reads
+//                                       what it wrote), histograms the estimates' keys, and
+//                                       keeps in its segment the items that can be in the
+//                                       top-k (those in or above the bin of its own k-th).
+//                                       The head's last block to finish (a counter) takes
+//                                       the top-k from the segments: the k-th key's bin from
+//                                       the head's histogram, the items of that bin and above
+//                                       gathered in slot order into shared memory, two more
+//                                       radix digits there, the selection written in slot
+//                                       order. Where that list would not fit (ties by the
+//                                       thousand), the same radix reads every estimate.
+// The five-kernel selection splits the third kernel into pkv_compact_kernel,
+// pkv_rerank_kernel (equal shares of the candidates) and pkv_topk_kernel (a cluster of 8
+// blocks a head, radix select over every estimate): two launches more, and the top-k's passes
+// over all C estimates, where the three-kernel one reads a few hundred items at k = 100.
+// P and R fill the GPU with one wave of resident blocks. Bytes read per KV head, n slots, C
+// candidates (n = 1M, D = 128: C = 100K): ids n B (16 MB), scores n (1 MB, from L2), codes and
+// w C 6 B (9.6 MB), cand and est C 8 (L2), counts B 1 KB; written: scores n, cand + est C 8.
 // All kernels of a step use PDL (pdl_wait() before reading anything an earlier kernel wrote).
 
 #include "pkv_select.cuh"
 
+#define LIST_CAP 3072 // items of the k-th's bin and above the last block sorts in shared memory
+#define HIST_DONE (HIST_EST - 1) // blocks of the head done with the rerank (past the score bins)
 
 // Block (b, h): subspace b of KV head h. Thread c scores pattern c (pkv_bonus's sum), the
 // patterns are sorted into rank order (better score, or equal and smaller id, first), and the
@@ -143,46 +151,46 @@ template <int B> static __global__ void __launch_bounds__(SEL_THREADS, 6) pkv_vo
 }
 
 
-// Block (j, h), the vote's block j's slot range. The threshold score thr and the quota of the
-// bucket top-C (pkv_bucket_topc): a slot is a candidate if its score > thr, or == thr and
-// fewer than quota slots before it scored thr. The slots before this block's are counted from
-// the earlier vote blocks' "scores >= s" rows, so each candidate's place in cand is its rank
-// in slot order: cand is ascending. A pass over the scores (L2: just written), 16 a thread.
-static __global__ void __launch_bounds__(SEL_THREADS) pkv_compact_kernel(PkvSelArgs a) {
+
+// ---- the bucket top-C: which slots are candidates, and where each goes in cand ----
+
+// The threshold score *thr and the *quota of the bucket top-C (pkv_bucket_topc): a slot is a
+// candidate if its score > thr, or == thr and fewer than quota slots before it scored thr.
+// *G / *E: the slots of the vote blocks before block j0 scoring > thr / == thr, from their
+// "scores >= s" rows, so that each candidate's place in cand is its rank in slot order.
+static __device__ void topc_threshold(const int32_t *hh, int B, int C, int j0, int *thr, int *quota, int *G, int *E) {
     __shared__ int red[32];
     __shared__ unsigned long long red64[32];
     __shared__ int s_thr, s_above;
-    pdl_wait();
-    int h = blockIdx.y, j = blockIdx.x, t = threadIdx.x, NB = 6 * a.B + 1;
-    int n, C;
-    sel_setup(a, &n, &C, NULL);
-    if (n <= a.k) return;
-    const int32_t *hh = a.hist + (size_t)h * a.hist_stride;
+    int t = threadIdx.x, NB = 6 * B + 1;
     if (t == 0) s_thr = 0, s_above = 0;
     // thr: the highest score s with (slots scoring >= s) >= C; above: those scoring > thr.
     int v = t < NB ? hh[HIST_SCORE + t] : 0, tot, ex = block_scan(v, red, &tot), ge = tot - ex;
     if (t < NB && ge >= C && ge - v < C) s_thr = t, s_above = ge - v;
     __syncthreads();
-    int thr = s_thr, quota = C - s_above;
-    // Slots of the earlier blocks scoring > thr (high word) and == thr (low word).
-    unsigned long long acc = 0, acc_tot;
-    for (int jj = t; jj < j; jj += SEL_THREADS) {
+    *thr = s_thr, *quota = C - s_above;
+    unsigned long long acc = 0, acc_tot; // > thr (high word), == thr (low word)
+    for (int jj = t; jj < j0; jj += blockDim.x) {
         const int32_t *cb = hh + HIST_BLK0 + (size_t)jj * HIST_BLK;
-        int g1 = cb[thr + 1], g0 = cb[thr];
+        int g1 = cb[*thr + 1], g0 = cb[*thr];
         acc += (unsigned long long)g1 << 32 | (unsigned)(g0 - g1);
     }
     block_scan(acc, red64, &acc_tot);
-    int Gb = (int)(acc_tot >> 32), Eb = (int)(acc_tot & 0xffffffffu);
-    const uint8_t *sc = a.score + (size_t)h * a.capp;
-    int *cand = a.cand + (size_t)h * a.capp;
-    int S = block_slots(n, a.P), lo = min(j * S, n), hi = min(lo + S, n);
+    *G = (int)(acc_tot >> 32), *E = (int)(acc_tot & 0xffffffffu);
+}
+
+// The candidates among slots [lo, hi) (lo a multiple of 16) written to cand at their ranks: a
+// pass over the scores (L2: just written), 16 a thread, four a word (SIMD within a register).
+// G / E: the slots before lo scoring > thr / == thr, advanced past hi.
+static __device__ void topc_write(const uint8_t *sc, int *cand, int lo, int hi, int thr, int quota, int &Gb, int &Eb) {
+    __shared__ int red[32];
+    const int t = threadIdx.x;
     const uint32_t thr4 = (uint32_t)thr * 0x01010101u;
     for (int c0 = lo; c0 < hi; c0 += EMIT_CHUNK) {
         int i0 = c0 + 16 * t, nv = min(max(hi - i0, 0), 16); // valid scores of this thread's 16
         uint4 sv = nv ? *(const uint4 *)(sc + i0) : make_uint4(0, 0, 0, 0); // in bounds: capp % 16 == 0
         const uint32_t sw[4] = {sv.x, sv.y, sv.z, sv.w};
-        // Four scores a word (SIMD within a register): byte masks of > thr and == thr.
-        uint32_t gm[4], em[4];
+        uint32_t gm[4], em[4]; // byte masks of > thr and == thr
         int ng = 0, ne = 0;
 #pragma unroll
         for (int w = 0; w < 4; w++) {
@@ -208,39 +216,27 @@ static __global__ void __launch_bounds__(SEL_THREADS) pkv_compact_kernel(PkvSelA
         }
         Gb += ptot >> 16, Eb += ptot & 0xffff;
     }
-    pdl_release();
 }
 
-// Block (r, h): the estimates of candidates [r Cr, (r+1) Cr) of head h (Cr = C / R rounded
-// up), fixed-size shares whatever the scores' spread. Each warp takes U groups of CPW
-// candidates at once: the slots (L2), then all U gathers of codes (16 bytes a lane) and w (8)
-// before any arithmetic, so each lane has 2U loads in flight. 12-bit histogram of the
-// estimates' order-preserving keys for the top-k (shared, then the nonzero bins to global).
-template <int B> static __global__ void __launch_bounds__(SEL_THREADS) pkv_rerank_kernel(PkvSelArgs a) {
+// ---- the rerank ----
+
+// The estimates of candidates [c_lo, c_hi) of head h into est, and a 12-bit histogram of their
+// order-preserving keys into h1 (shared, zeroed by the caller). Each warp takes U groups of CPW
+// candidates at once: the slots, then all U gathers of codes (16 bytes a lane) and w (8) before
+// any arithmetic, so each lane has 2U loads in flight; software-pipelined: the codes and w of the
+// next group and the slots of the one after are in flight while this group is scored. lev: the
+// 16 reconstruction levels (shared). Every thread of the block calls it.
+template <int B> static __device__ void rerank_range(const PkvSelArgs &a, int h, int c_lo, int c_hi, int *h1, const float *lev) {
     constexpr int L = B / 4, CPW = 32 / L, NW = SEL_THREADS / 32, U = RERANK_U, STEP = NW * CPW * U;
-    __shared__ int h1[EST_BINS];
-    __shared__ float lev[16];
-    int h = blockIdx.y, r = blockIdx.x, t = threadIdx.x, lane = t & 31, warp = t >> 5;
-    for (int i = t; i < EST_BINS; i += SEL_THREADS) h1[i] = 0;
-    if (t < 16) lev[t] = t & 8 ? c_centers[t & 7] : -c_centers[t & 7]; // pkv_levels
-    pdl_wait();
-    int n, C;
-    sel_setup(a, &n, &C, NULL);
-    if (n <= a.k) return;
-    int part = lane % L, g = lane / L;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, part = lane % L, g = lane / L;
     float q[32];
 #pragma unroll
     for (int i = 0; i < 32; i++) q[i] = a.qt[(size_t)h * a.D + part * 32 + i];
-    float qn = a.qn[h];
+    const float qn = a.qn[h];
     const uint8_t *codes = a.codes + (size_t)h * a.cap * B * 4;
     const uint16_t *w = a.w + (size_t)h * a.cap * B;
     const int *cand = a.cand + (size_t)h * a.capp;
     float *est = a.est + (size_t)h * a.capp;
-    int per = (C + a.R - 1) / a.R, c_lo = min(r * per, C), c_hi = min(c_lo + per, C);
-    __syncthreads(); // h1, lev
-    // Software-pipelined over a warp's groups of U x CPW candidates: the codes and w of the next
-    // group and the slots of the one after are in flight while this group is scored. The loop
-    // bound is uniform over the warp (estimate's shuffles need every lane).
     auto slots = [&](int c, int (&slot)[U]) {
 #pragma unroll
         for (int u = 0; u < U; u++) {
@@ -264,7 +260,7 @@ template <int B> static __global__ void __launch_bounds__(SEL_THREADS) pkv_reran
     slots(c, s_cur);
     gather(s_cur, cv, wv);
     slots(c + STEP, s_nxt);
-    for (; c < c_hi; c += STEP) {
+    for (; c < c_hi; c += STEP) { // uniform over the warp (the estimate's shuffles need every lane)
         gather(s_nxt, cv_n, wv_n);
         int s_nn[U];
         slots(c + 2 * STEP, s_nn);
@@ -279,13 +275,14 @@ template <int B> static __global__ void __launch_bounds__(SEL_THREADS) pkv_reran
 #pragma unroll
         for (int u = 0; u < U; u++) cv[u] = cv_n[u], wv[u] = wv_n[u], s_cur[u] = s_nxt[u], s_nxt[u] = s_nn[u];
     }
-    pdl_release();
-    __syncthreads();
-    int32_t *hh = a.hist + (size_t)h * a.hist_stride;
-    for (int i = t; i < EST_BINS; i += SEL_THREADS)
-        if (h1[i]) atomicAdd(&hh[HIST_EST + i], h1[i]);
 }
 
+static __device__ void rerank_setup(int *h1, float *lev) {
+    for (int i = threadIdx.x; i < EST_BINS; i += blockDim.x) h1[i] = 0;
+    if (threadIdx.x < 16) lev[threadIdx.x] = threadIdx.x & 8 ? c_centers[threadIdx.x & 7] : -c_centers[threadIdx.x & 7]; // pkv_levels
+}
+
+// ---- the top-k ----
 
 // The bin d of hist (nb bins, nb a multiple of the block size) holding the r-th largest item
 // (r >= 1): the items of the bins above d number *above < r <= *above + hist[d] = *above + *in.
@@ -302,6 +299,246 @@ static __device__ void find_digit(const int *hist, int nb, int r, int *red, int 
     __syncthreads();
 }
 
+// Items in slot order: item(i, &key) gives item i's order-preserving key and returns its index
+// in cand. The k-th largest key *T of the M items, knowing that it lies in the 12-bit bin d1
+// with r items above that bin, and *ties: how many of the items equal to T are taken (the
+// first in slot order). Two more digits (10 and 10 bits), each a pass over the items and a
+// histogram in h (1024 ints of shared memory).
+template <typename Item> static __device__ void radix_rest(Item item, int M, uint32_t d1, int r, int *h, int *red, uint32_t *T, int *ties) {
+    __shared__ int s_d, s_above, s_in;
+    uint32_t prefix = d1; // the k-th key's known top bits
+    for (int digit = 0; digit < 2; digit++) {
+        const int sh = 10 - 10 * digit, top = 20 - 10 * digit; // digit's shift; the known bits' shift
+        for (int i = threadIdx.x; i < 1024; i += blockDim.x) h[i] = 0;
+        __syncthreads();
+        for (int i = threadIdx.x; i < M; i += blockDim.x) {
+            uint32_t key;
+            item(i, &key);
+            if (key >> top == prefix) atomicAdd(&h[(key >> sh) & 1023], 1);
+        }
+        __syncthreads();
+        find_digit(h, 1024, r, red, &s_d, &s_above, &s_in);
+        prefix = prefix << 10 | (uint32_t)s_d;
+        r -= s_above;
+    }
+    *T = prefix, *ties = r;
+}
+
+// The selection written in slot order: the items above T and the first `ties` equal to it; an
+// item's place is (items above T before it) + (ties before it). PER consecutive items a thread.
+template <int PER, typename Item>
+static __device__ void write_selected(Item item, int M, uint32_t T, int ties, const int *cand, int *sel, long long *red64) {
+    int gb = 0, eb = 0; // counts of the chunks before
+    for (int c0 = 0; c0 < M; c0 += PER * (int)blockDim.x) {
+        int i0 = c0 + PER * threadIdx.x, g = 0, e = 0, ci[PER];
+        uint32_t key[PER];
+#pragma unroll
+        for (int u = 0; u < PER; u++) {
+            ci[u] = i0 + u < M ? item(i0 + u, &key[u]) : -1;
+            if (ci[u] >= 0) g += key[u] > T, e += key[u] == T;
+        }
+        long long ctot, ex = block_scan((long long)g << 32 | e, red64, &ctot);
+        int gx = gb + (int)(ex >> 32), ex_e = eb + (int)(ex & 0xffffffff);
+#pragma unroll
+        for (int u = 0; u < PER; u++) {
+            if (ci[u] < 0) continue;
+            if (key[u] > T) sel[gx + min(ex_e, ties)] = __ldcg(cand + ci[u]), gx++;
+            else if (key[u] == T) {
+                if (ex_e < ties) sel[gx + ex_e] = __ldcg(cand + ci[u]);
+                ex_e++;
+            }
+        }
+        gb += (int)(ctot >> 32), eb += (int)(ctot & 0xffffffff);
+    }
+}
+
+// Block r of head h, after its rerank (h1: its estimates' histogram): the items of its
+// candidates [c_lo, c_hi) that can be in the head's top-k -- those of its own k-th's bin and
+// above (every item where it has no more than k) -- written in slot order to its segment as
+// (key, index in cand); the segment's count (which may exceed segcap: then the last block
+// reads every estimate) to a.segn.
+static __device__ void keep_segment(const PkvSelArgs &a, int h, int r, int c_lo, int c_hi, const int *h1, int *red) {
+    __shared__ int s_d, s_above, s_in;
+    const int t = threadIdx.x;
+    int d = 0;
+    if (c_hi - c_lo > a.k) {
+        find_digit(h1, EST_BINS, a.k, red, &s_d, &s_above, &s_in);
+        d = s_d;
+    }
+    const float *est = a.est + (size_t)h * a.capp;
+    int2 *seg = a.seg + ((size_t)h * a.R + r) * a.segcap;
+    int nb = 0; // kept by the chunks before
+    for (int c0 = c_lo; c0 < c_hi; c0 += 16 * SEL_THREADS) {
+        int i0 = c0 + 16 * t, m = 0;
+        uint32_t key[16];
+#pragma unroll
+        for (int u = 0; u < 16; u++) {
+            key[u] = i0 + u < c_hi ? fkey(est[i0 + u]) : 0;
+            m += i0 + u < c_hi && (int)(key[u] >> 20) >= d;
+        }
+        int tot, at = nb + block_scan(m, red, &tot);
+#pragma unroll
+        for (int u = 0; u < 16; u++)
+            if (i0 + u < c_hi && (int)(key[u] >> 20) >= d) {
+                if (at < a.segcap) seg[at] = make_int2((int)key[u], i0 + u);
+                at++;
+            }
+        nb += tot;
+    }
+    if (t == 0) a.segn[(size_t)h * a.R + r] = nb;
+}
+
+// The head's top-k, by its last block (every other block's estimates, histogram and segment are
+// visible: written before their fence and the counter). The k-th key's first digit d1 from the
+// head's histogram; the items of bin d1 and above (m of them) gathered from the segments in
+// slot order into shared memory (a warp a segment: count, then offsets, then write), the rest
+// of the radix there. Where m > LIST_CAP or a segment overflowed: the radix over every estimate.
+static __device__ void topk_last_block(const PkvSelArgs &a, int h, int C, int *h1, uint32_t *lkey, int *lidx) {
+    __shared__ int red[32];
+    __shared__ long long red64[32];
+    __shared__ int s_d, s_above, s_in, scount[256], soff[256];
+    const int t = threadIdx.x, lane = t & 31, warp = t >> 5, k = a.k, R = a.R;
+    int *sel = a.sel + (size_t)h * a.kmax;
+    const int *cand = a.cand + (size_t)h * a.capp;
+    if (t == 0) a.nsel[h] = k;
+    if (C == k) { // every candidate (ascending)
+        for (int i = t; i < k; i += blockDim.x) sel[i] = __ldcg(cand + i);
+        return;
+    }
+    const int32_t *hh = a.hist + (size_t)h * a.hist_stride;
+    for (int i = t; i < EST_BINS; i += blockDim.x) h1[i] = __ldcg(hh + HIST_EST + i);
+    __syncthreads();
+    find_digit(h1, EST_BINS, k, red, &s_d, &s_above, &s_in);
+    const uint32_t d1 = s_d;
+    const int r1 = k - s_above, m = s_above + s_in;
+    const int *segn = a.segn + (size_t)h * R;
+    const int2 *seg = a.seg + (size_t)h * R * a.segcap;
+    bool over = false;
+    for (int s = t; s < R; s += blockDim.x) over |= __ldcg(segn + s) > a.segcap;
+    if (__syncthreads_or(over || m > LIST_CAP)) { // every estimate
+        const float *est = a.est + (size_t)h * a.capp;
+        auto item = [&](int i, uint32_t *key) { *key = fkey(__ldcg(est + i)); return i; };
+        uint32_t T;
+        int ties;
+        radix_rest(item, C, d1, r1, h1, red, &T, &ties);
+        write_selected<16>(item, C, T, ties, cand, sel, red64);
+        return;
+    }
+    // Segment s's items of bin d1 and above: counted, offsets, written (slot order throughout).
+    for (int pass = 0; pass < 2; pass++) {
+        for (int s = warp; s < R; s += SEL_THREADS / 32) {
+            int ns = __ldcg(segn + s), at = pass ? soff[s] : 0;
+            for (int i0 = 0; i0 < ns; i0 += 32) {
+                int2 it = i0 + lane < ns ? __ldcg(seg + (size_t)s * a.segcap + i0 + lane) : make_int2(0, -1);
+                bool keep = it.y >= 0 && ((uint32_t)it.x >> 20) >= d1;
+                unsigned bal = __ballot_sync(0xffffffffu, keep);
+                if (pass && keep) {
+                    int p = at + __popc(bal & ((1u << lane) - 1));
+                    if (p < LIST_CAP) lkey[p] = (uint32_t)it.x, lidx[p] = it.y; // p < m <= LIST_CAP
+                }
+                at += __popc(bal);
+            }
+            if (!pass && lane == 0) scount[s] = at;
+        }
+        __syncthreads();
+        if (!pass) {
+            int tot, ex = block_scan(t < R ? scount[t] : 0, red, &tot);
+            if (t < R) soff[t] = ex;
+            __syncthreads();
+        }
+    }
+    auto item = [&](int i, uint32_t *key) { *key = lkey[i]; return lidx[i]; };
+    uint32_t T;
+    int ties;
+    radix_rest(item, m, d1, r1, h1, red, &T, &ties);
+    write_selected<LIST_CAP / SEL_THREADS>(item, m, T, ties, cand, sel, red64);
+}
+
+
+// Block (r, h): candidates, estimates and the item segment of vote blocks [j0, j1) of head h;
+// the head's last block then takes the top-k.
+template <int B> static __global__ void __launch_bounds__(SEL_THREADS) pkv_rerank_topk_kernel(PkvSelArgs a) {
+    __shared__ int h1[EST_BINS];
+    __shared__ float lev[16];
+    __shared__ uint32_t lkey[LIST_CAP];
+    __shared__ int lidx[LIST_CAP];
+    __shared__ int red[32];
+    __shared__ int s_last;
+    const int h = blockIdx.y, r = blockIdx.x, t = threadIdx.x;
+    rerank_setup(h1, lev);
+    pdl_wait();
+    int n, C;
+    sel_setup(a, &n, &C, NULL);
+    if (n <= a.k) { // every slot: no vote, no rerank
+        if (r == 0) {
+            for (int i = t; i < n; i += SEL_THREADS) a.sel[(size_t)h * a.kmax + i] = i;
+            if (t == 0) a.nsel[h] = n;
+        }
+        return;
+    }
+    const int32_t *hh = a.hist + (size_t)h * a.hist_stride;
+    const int S = block_slots(n, a.P), j0 = r * a.P / a.R, j1 = (r + 1) * a.P / a.R;
+    const int lo = min(j0 * S, n), hi = min(j1 * S, n);
+    int thr, quota, G, E;
+    topc_threshold(hh, B, C, j0, &thr, &quota, &G, &E);
+    const int c_lo = G + min(E, quota);
+    topc_write(a.score + (size_t)h * a.capp, a.cand + (size_t)h * a.capp, lo, hi, thr, quota, G, E);
+    const int c_hi = G + min(E, quota);
+    __syncthreads(); // this block's cand entries, read back by its other warps
+    rerank_range<B>(a, h, c_lo, c_hi, h1, lev);
+    pdl_release();
+    __syncthreads();
+    keep_segment(a, h, r, c_lo, c_hi, h1, red);
+    int32_t *hw = a.hist + (size_t)h * a.hist_stride;
+    for (int i = t; i < EST_BINS; i += SEL_THREADS)
+        if (h1[i]) atomicAdd(&hw[HIST_EST + i], h1[i]);
+    __threadfence(); // est, the segment and the histogram before the counter
+    __syncthreads();
+    if (t == 0) s_last = atomicAdd(&hw[HIST_DONE], 1) == a.R - 1;
+    __syncthreads();
+    if (!s_last) return;
+    __threadfence(); // the other blocks' writes, before reading them
+    topk_last_block(a, h, C, h1, lkey, lidx);
+}
+
+
+// ---- the five-kernel selection (PKV_SELECT=five) ----
+
+// Block (j, h), the vote's block j's slot range: its candidates written to cand.
+static __global__ void __launch_bounds__(SEL_THREADS) pkv_compact_kernel(PkvSelArgs a) {
+    pdl_wait();
+    int h = blockIdx.y, j = blockIdx.x;
+    int n, C;
+    sel_setup(a, &n, &C, NULL);
+    if (n <= a.k) return;
+    int thr, quota, G, E;
+    topc_threshold(a.hist + (size_t)h * a.hist_stride, a.B, C, j, &thr, &quota, &G, &E);
+    int S = block_slots(n, a.P), lo = min(j * S, n), hi = min(lo + S, n);
+    topc_write(a.score + (size_t)h * a.capp, a.cand + (size_t)h * a.capp, lo, hi, thr, quota, G, E);
+    pdl_release();
+}
+
+// Block (r, h): the estimates of candidates [r Cr, (r+1) Cr) of head h (Cr = C / R rounded
+// up), fixed-size shares whatever the scores' spread; the histogram's nonzero bins to global.
+template <int B> static __global__ void __launch_bounds__(SEL_THREADS) pkv_rerank_kernel(PkvSelArgs a) {
+    __shared__ int h1[EST_BINS];
+    __shared__ float lev[16];
+    int h = blockIdx.y, r = blockIdx.x, t = threadIdx.x;
+    rerank_setup(h1, lev);
+    pdl_wait();
+    int n, C;
+    sel_setup(a, &n, &C, NULL);
+    if (n <= a.k) return;
+    int per = (C + a.R - 1) / a.R, c_lo = min(r * per, C), c_hi = min(c_lo + per, C);
+    __syncthreads(); // h1, lev
+    rerank_range<B>(a, h, c_lo, c_hi, h1, lev);
+    pdl_release();
+    __syncthreads();
+    int32_t *hh = a.hist + (size_t)h * a.hist_stride;
+    for (int i = t; i < EST_BINS; i += SEL_THREADS)
+        if (h1[i]) atomicAdd(&hh[HIST_EST + i], h1[i]);
+}
+
 // The sum of bins [0, nb) of hist over the cluster's blocks (ranks in order: every block gets the
 // same), into tot; after a cluster barrier that follows the last write to hist.
 static __device__ __forceinline__ void cluster_hist_sum(cg::cluster_group &cl, int *hist, int *tot, int nb) {
@@ -314,7 +551,7 @@ static __device__ __forceinline__ void cluster_hist_sum(cg::cluster_group &cl, i
     __syncthreads();
 }
 
-// Cluster (h) of TOPK_CLUSTER blocks per KV head: the k best of the C estimates (ties: the
+// (PKV_SELECT=five) Cluster (h) of TOPK_CLUSTER blocks per KV head: the k best of the C estimates (ties: the
 // smaller slot) by radix select on their keys, digits of 12, 10 and 10 bits, written to sel in
 // slot order (cand is ascending): the attention needs no sort. Block j takes the candidates
 // [j per, (j+1) per). Digit 1 comes from the rerank's histogram; pass 1 over the block's
@@ -410,37 +647,47 @@ static __global__ void __cluster_dims__(TOPK_CLUSTER, 1, 1) __launch_bounds__(TO
     cl.sync(); // peers may still read s_gt / s_eq
 }
 
+
 // Blocks of a kernel resident per SM (its registers and shared memory decide), once per kernel.
-template <typename Kernel> static int resident(Kernel k, int fallback) {
+template <typename Kernel> static int resident(Kernel k, int threads, int fallback) {
     int b = 0;
-    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, k, SEL_THREADS, 0) != cudaSuccess || b < 1) b = fallback;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, k, threads, 0) != cudaSuccess || b < 1) b = fallback;
     return b;
 }
-template <int B> static int resident_of(bool rerank) {
-    static const int vote = resident(pkv_vote_kernel<B>, 4), rr = resident(pkv_rerank_kernel<B>, 2);
-    return rerank ? rr : vote;
+enum { K_VOTE, K_RERANK, K_RERANK_TOPK };
+template <int B> static int resident_of(int kernel) {
+    static const int vote = resident(pkv_vote_kernel<B>, SEL_THREADS, 4), rr = resident(pkv_rerank_kernel<B>, SEL_THREADS, 2),
+                     rt = resident(pkv_rerank_topk_kernel<B>, SEL_THREADS, 2);
+    return kernel == K_VOTE ? vote : kernel == K_RERANK ? rr : rt;
 }
 
-// Vote / compact (rerank) blocks per KV head: those of all heads in one wave of resident
-// blocks (equal shares: a second, partial wave would add its whole length), at least 256
-// slots (candidates) each at full capacity, the vote's at most MAX_P. hist_stride records the
-// vote's for pkv_gpu_select. The first call (pkv_gpu_scratch_alloc) queries the occupancies,
-// so that none runs inside a stream capture.
-static int blocks_per_head(int n_kv, int B, int cap, bool rerank) {
-    int per_sm = B == 8 ? resident_of<8>(rerank) : B == 16 ? resident_of<16>(rerank) : resident_of<32>(rerank);
+// Blocks per KV head of the vote (P), the five-kernel rerank and the three-kernel rerank (R):
+// those of all heads in one wave of resident blocks (equal shares: a second, partial wave would
+// add its whole length), at least 256 slots (candidates) each at full capacity; P at most MAX_P,
+// the three-kernel R at most P and 256 (its last block keeps a count per block). The first call
+// (pkv_gpu_scratch_alloc) queries the occupancies, so that none runs inside a stream capture.
+static int blocks_per_head(int n_kv, int B, int cap, int kernel) {
+    int per_sm = B == 8 ? resident_of<8>(kernel) : B == 16 ? resident_of<16>(kernel) : resident_of<32>(kernel);
     int p = per_sm * sm_count() / n_kv, most = (cap + 255) / 256;
     p = p < most ? p : most;
-    if (!rerank) p = p < MAX_P ? p : MAX_P;
+    if (kernel != K_RERANK) p = p < MAX_P ? p : MAX_P;
+    if (kernel == K_RERANK_TOPK) {
+        int P = blocks_per_head(n_kv, B, cap, K_VOTE);
+        p = p < P ? p : P;
+        p = p < 256 ? p : 256;
+    }
     return p > 0 ? p : 1;
 }
 
-int pkv_staged_vote_blocks(int n_kv, int B, int cap) { return blocks_per_head(n_kv, B, cap, false); }
+int pkv_staged_vote_blocks(int n_kv, int B, int cap) { return blocks_per_head(n_kv, B, cap, K_VOTE); }
+int pkv_rerank_topk_blocks(int n_kv, int B, int cap) { return blocks_per_head(n_kv, B, cap, K_RERANK_TOPK); }
 
 template <int B> static cudaError_t launch_select(PkvSelArgs a, cudaStream_t st) {
-    a.R = blocks_per_head(a.n_kv, B, a.cap, true);
     dim3 per_head(a.P, a.n_kv);
     CU_TRY(launch_pdl(pkv_bonus_kernel, dim3(B, a.n_kv), dim3(SEL_THREADS), 0, st, a));
     CU_TRY(launch_pdl(pkv_vote_kernel<B>, per_head, dim3(SEL_THREADS), 0, st, a));
+    if (!a.five) return launch_pdl(pkv_rerank_topk_kernel<B>, dim3(a.R, a.n_kv), dim3(SEL_THREADS), 0, st, a);
+    a.R = blocks_per_head(a.n_kv, B, a.cap, K_RERANK);
     CU_TRY(launch_pdl(pkv_compact_kernel, per_head, dim3(SEL_THREADS), 0, st, a));
     CU_TRY(launch_pdl(pkv_rerank_kernel<B>, dim3(a.R, a.n_kv), dim3(SEL_THREADS), 0, st, a));
     return launch_pdl(pkv_topk_kernel, dim3(TOPK_CLUSTER, a.n_kv), dim3(TOPK_THREADS), 0, st, a);

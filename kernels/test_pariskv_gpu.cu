@@ -382,8 +382,7 @@ static void run_select_cfg(const SelCfg &cfg, unsigned long long seed) {
     CU_CHECK(pkv_gpu_index_alloc(&ix, 2, n_kv, D, cap, 0));
     PkvGpuScratch s;
     CU_CHECK(pkv_gpu_scratch_alloc(&s, &ix, kmax));
-    s.keep_stages = 1; // the fused selection writes its bonus tables and scores too, for the checks below
-    printf("  selection: %s\n", s.fused ? "fused (one cluster kernel a layer)" : "staged (five kernels a layer)");
+    printf("  selection: %s\n", s.five ? "five kernels a layer (PKV_SELECT=five)" : "three kernels a layer");
     CU_CHECK(cudaDeviceSynchronize()); // the allocations' zeroing ran on stream 0; st does not wait for it
     cudaStream_t st;
     CU_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
@@ -767,7 +766,7 @@ static void stage_times(Bench &bn, const float *d_q, int G, double C) {
         {"pkv_compact_kernel", (double)H * n},
         {"pkv_rerank_kernel", (double)H * C * (4 + 6 * B)},
         {"pkv_topk_kernel", (double)H * C * 4},
-        {"pkv_fused_kernel", (double)H * (n * B + C * (8 + 6 * B))},
+        {"pkv_rerank_topk_kernel", (double)H * (n + C * 6 * B)},
     };
     printf("  %-24s %14s %9s %9s %9s\n", "kernel", "grid x block", "us", "MB read", "GB/s");
     float prev = 0.0f;
@@ -797,38 +796,6 @@ static void stage_times(Bench &bn, const float *d_q, int G, double C) {
     }
     printf("  %-24s %14s %9.1f\n", "whole graph", "", prev * 1e3);
     CU_CHECK(cudaGraphDestroy(g));
-}
-
-// The fused kernel's phases (pkv_select_fused.cu's stamps): when the last block of the grid
-// ended each, from the first block's start, and the spread over blocks, over a few steps.
-static void phase_times(Bench &bn) {
-    const int nb = bn.ix.n_kv * bn.s.fused, NS = 16;
-    static const char *names[NS] = {"start", "query + bonus ranked", "bonus tables gathered", "vote", "score histograms",
-                                    "candidates written", "candidates visible", "rerank", "digit 1", "digit 2", "digit 3",
-                                    "selection written", "end", "setup read", "query transformed", ""};
-    static const int order[15] = {0, 13, 14, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
-    unsigned long long *d;
-    CU_CHECK(cudaMalloc(&d, (size_t)nb * NS * 8));
-    CU_CHECK(cudaMemset(d, 0, (size_t)nb * NS * 8));
-    bn.s.stamps = d;
-    std::vector<double> last(NS, 0), spread(NS, 0);
-    const int reps = 5;
-    for (int r = 0; r < reps; r++) {
-        CU_CHECK(pkv_gpu_select(&bn.s, &bn.ix, 0, bn.d_q, bn.nh, bn.d_n, bn.k, 0.0f, 0.0f, bn.st));
-        CU_CHECK(cudaStreamSynchronize(bn.st));
-        std::vector<unsigned long long> h = from_dev(d, (size_t)nb * NS);
-        unsigned long long t0 = ~0ull;
-        for (int b = 0; b < nb; b++) t0 = std::min(t0, h[(size_t)b * NS]);
-        for (int i = 0; i < 15; i++) {
-            unsigned long long lo = ~0ull, hi = 0;
-            for (int b = 0; b < nb; b++) lo = std::min(lo, h[(size_t)b * NS + i]), hi = std::max(hi, h[(size_t)b * NS + i]);
-            last[i] += (hi - t0) / 1e3 / reps, spread[i] += (hi - lo) / 1e3 / reps;
-        }
-    }
-    bn.s.stamps = NULL;
-    cudaFree(d);
-    printf("  fused phases (clusters of %d), us from the first block's start: last block done (spread over blocks)\n", bn.s.fused);
-    for (int i : order) printf("    %-24s %8.1f (%6.1f)\n", names[i], last[i], spread[i]);
 }
 
 static void bench(int n) {
@@ -912,7 +879,6 @@ static void bench(int n) {
         printf("select k=%4d: %.1f us (as a graph: %.1f us): %.0f MB read, %.2f TB/s (%.0f%% of the read bandwidth)\n",
                k, t * 1e3, tg * 1e3, bytes / 1e6, bytes / (t * 1e-3) / 1e12, 100 * bytes / (t * 1e-3) / bw);
         stage_times(bn, d_q, G, C);
-        if (bn.s.fused) phase_times(bn);
     }
     CU_CHECK(cudaGetLastError());
     pkv_gpu_scratch_free(&bn.s);
@@ -951,7 +917,7 @@ int main(void) {
     };
     if (mutant_mode) printf("PKV_TEST_MUTANT: one selected slot changed on the device after every selection: its selection checks must FAIL\n");
     // Both selections (PKV_SELECT picks one at scratch allocation), each against the CPU.
-    for (const char *variant : {"staged", "fused"}) {
+    for (const char *variant : {"three", "five"}) {
         setenv("PKV_SELECT", variant, 1);
         printf("\n== selection variant: %s\n", variant);
         unsigned long long vseed = seed;
