@@ -254,9 +254,8 @@ extern "C" cudaError_t pkv_gpu_scratch_alloc(PkvGpuScratch *s, const PkvGpuIndex
     if (kmax < 1 || !ix->ids) return cudaErrorInvalidValue;
     size_t H = ix->n_kv, D = ix->D, B = ix->B, capp = ((size_t)ix->cap + 15) & ~(size_t)15;
     int hist_stride = HIST_BLK0 + pkv_staged_vote_blocks(ix->n_kv, ix->B, ix->cap) * HIST_BLK;
-    // A rerank block's segment holds its own top-k and the rest of its k-th's bin: twice k (at
-    // least 1024) before its head's top-k falls back to reading every estimate.
-    size_t R = pkv_rerank_topk_blocks(ix->n_kv, ix->B, ix->cap), segcap = 2 * (size_t)(kmax > 512 ? kmax : 512);
+    // A rerank block's segment holds its own top-k (the three-kernel selection).
+    size_t R = pkv_rerank_topk_blocks(ix->n_kv, ix->B, ix->cap), segcap = kmax;
     size_t sz[11] = {H * D * 4, H * 4,         H * B * 256,  H * capp, H * hist_stride * 4, H * capp * 4,
                      H * capp * 4, H * kmax * 4, H * 4, H * R * segcap * 8, H * R * 4};
     size_t off[11], tot = 0;

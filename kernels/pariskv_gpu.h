@@ -69,7 +69,7 @@ typedef struct {
     float *est;      // (n_kv, cap) their estimates
     int *sel;        // (n_kv, kmax) the selected slots
     int *nsel;       // (n_kv) how many
-    int2 *seg;       // (n_kv, R, segcap) per rerank block: its items that can be in the top-k
+    int2 *seg;       // (n_kv, R, kmax) per rerank block: its own top-k
     int *segn;       // (n_kv, R) their counts
     int kmax, segcap, R;
     int hist_stride;

@@ -96,7 +96,7 @@ struct PkvSelArgs {
     float beta, rho;
     int R;     // rerank blocks per head
     int five;  // the five-kernel selection (PKV_SELECT=five)
-    int2 *seg; // (n_kv, R, segcap) items that can be in the top-k, per rerank block: (key, index in cand)
+    int2 *seg; // (n_kv, R, segcap) each rerank block's own top-k: (key, index in cand); segcap = k
     int *segn; // (n_kv, R) their counts
     int segcap;
 };

@@ -17,20 +17,15 @@
 //                                       writes their candidates (the bucket top-C) to cand in
 //                                       slot order at their offset, reranks exactly those
 //                                       (no grid-wide step between the two: the block reads
-//                                       what it wrote), histograms the estimates' keys, and
-//                                       keeps in its segment the items that can be in the
-//                                       top-k (those in or above the bin of its own k-th).
-//                                       The head's last block to finish (a counter) takes
-//                                       the top-k from the segments: the k-th key's bin from
-//                                       the head's histogram, the items of that bin and above
-//                                       gathered in slot order into shared memory, two more
-//                                       radix digits there, the selection written in slot
-//                                       order. Where that list would not fit (ties by the
-//                                       thousand), the same radix reads every estimate.
+//                                       what it wrote), and keeps its own top-k (radix select
+//                                       over its estimates) in its segment, in slot order.
+//                                       The head's last block to finish (a counter) selects
+//                                       the head's top-k from the R segments (R k items,
+//                                       copied to shared memory), written in slot order.
 // The five-kernel selection splits the third kernel into pkv_compact_kernel,
 // pkv_rerank_kernel (equal shares of the candidates) and pkv_topk_kernel (a cluster of 8
-// blocks a head, radix select over every estimate): two launches more, and the top-k's passes
-// over all C estimates, where the three-kernel one reads a few hundred items at k = 100.
+// blocks a head, radix select over all C estimates): two launches more. It also runs where
+// k is too large for the last block's shared memory (R k > LIST_CAP with at least 16 blocks).
 // P and R fill the GPU with one wave of resident blocks. Bytes read per KV head, n slots, C
 // candidates (n = 1M, D = 128: C = 100K): ids n B (16 MB), scores n (1 MB, from L2), codes and
 // w C 6 B (9.6 MB), cand and est C 8 (L2), counts B 1 KB; written: scores n, cand + est C 8.
@@ -38,7 +33,7 @@
 
 #include "pkv_select.cuh"
 
-#define LIST_CAP 3072 // items of the k-th's bin and above the last block sorts in shared memory
+#define LIST_CAP 4096 // the head's blocks' own top-k items its last block sorts in shared memory
 #define HIST_DONE (HIST_EST - 1) // blocks of the head done with the rerank (past the score bins)
 
 // Block (b, h): subspace b of KV head h. Thread c scores pattern c (pkv_bonus's sum), the
@@ -220,13 +215,13 @@ static __device__ void topc_write(const uint8_t *sc, int *cand, int lo, int hi, 
 
 // ---- the rerank ----
 
-// The estimates of candidates [c_lo, c_hi) of head h into est, and a 12-bit histogram of their
-// order-preserving keys into h1 (shared, zeroed by the caller). Each warp takes U groups of CPW
+// The estimates of candidates [c_lo, c_hi) of head h into est, and (HIST) a 12-bit histogram of
+// their order-preserving keys into h1 (shared, zeroed by the caller). Each warp takes U groups of CPW
 // candidates at once: the slots, then all U gathers of codes (16 bytes a lane) and w (8) before
 // any arithmetic, so each lane has 2U loads in flight; software-pipelined: the codes and w of the
 // next group and the slots of the one after are in flight while this group is scored. lev: the
 // 16 reconstruction levels (shared). Every thread of the block calls it.
-template <int B> static __device__ void rerank_range(const PkvSelArgs &a, int h, int c_lo, int c_hi, int *h1, const float *lev) {
+template <int B, bool HIST> static __device__ void rerank_range(const PkvSelArgs &a, int h, int c_lo, int c_hi, int *h1, const float *lev) {
     constexpr int L = B / 4, CPW = 32 / L, NW = SEL_THREADS / 32, U = RERANK_U, STEP = NW * CPW * U;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, part = lane % L, g = lane / L;
     float q[32];
@@ -269,7 +264,7 @@ template <int B> static __device__ void rerank_range(const PkvSelArgs &a, int h,
             float e = estimate<L>(cv[u], wv[u], q, qn, lev);
             if (part == 0 && s_cur[u] >= 0) {
                 est[c + u * CPW + g] = e;
-                atomicAdd(&h1[fkey(e) >> 20], 1);
+                if (HIST) atomicAdd(&h1[fkey(e) >> 20], 1);
             }
         }
 #pragma unroll
@@ -300,40 +295,53 @@ static __device__ void find_digit(const int *hist, int nb, int r, int *red, int 
 }
 
 // Items in slot order: item(i, &key) gives item i's order-preserving key and returns its index
-// in cand. The k-th largest key *T of the M items, knowing that it lies in the 12-bit bin d1
-// with r items above that bin, and *ties: how many of the items equal to T are taken (the
-// first in slot order). Two more digits (10 and 10 bits), each a pass over the items and a
-// histogram in h (1024 ints of shared memory).
-template <typename Item> static __device__ void radix_rest(Item item, int M, uint32_t d1, int r, int *h, int *red, uint32_t *T, int *ties) {
+// in cand. The k-th largest key *T of the M >= k items and *ties: how many of the items equal
+// to T are taken (the first in slot order). Radix select, digits of 11, 11 and 10 bits, each a
+// pass over the items (8 loads in flight a thread) and a histogram in h (RADIX_BINS ints of
+// shared memory).
+#define RADIX_BINS 2048
+template <typename Item> static __device__ void radix_select(Item item, int M, int k, int *h, int *red, uint32_t *T, int *ties) {
     __shared__ int s_d, s_above, s_in;
-    uint32_t prefix = d1; // the k-th key's known top bits
-    for (int digit = 0; digit < 2; digit++) {
-        const int sh = 10 - 10 * digit, top = 20 - 10 * digit; // digit's shift; the known bits' shift
-        for (int i = threadIdx.x; i < 1024; i += blockDim.x) h[i] = 0;
+    uint32_t prefix = 0; // the k-th key's known top bits
+    int r = k;
+#pragma unroll 1
+    for (int dg = 0; dg < 3; dg++) {
+        const int w = dg < 2 ? 11 : 10, sh = dg == 0 ? 21 : dg == 1 ? 10 : 0, top = sh + w, nb = 1 << w;
+        for (int i = threadIdx.x; i < nb; i += blockDim.x) h[i] = 0;
         __syncthreads();
-        for (int i = threadIdx.x; i < M; i += blockDim.x) {
-            uint32_t key;
-            item(i, &key);
-            if (key >> top == prefix) atomicAdd(&h[(key >> sh) & 1023], 1);
+        for (int i0 = 0; i0 < M; i0 += 8 * (int)blockDim.x) {
+            uint32_t key[8];
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                int i = i0 + u * blockDim.x + threadIdx.x;
+                key[u] = 0;
+                if (i < M) item(i, &key[u]);
+            }
+#pragma unroll
+            for (int u = 0; u < 8; u++)
+                if (i0 + u * (int)blockDim.x + (int)threadIdx.x < M && (dg == 0 || key[u] >> top == prefix))
+                    atomicAdd(&h[(key[u] >> sh) & (nb - 1)], 1);
         }
         __syncthreads();
-        find_digit(h, 1024, r, red, &s_d, &s_above, &s_in);
-        prefix = prefix << 10 | (uint32_t)s_d;
+        find_digit(h, nb, r, red, &s_d, &s_above, &s_in);
+        prefix = prefix << w | (uint32_t)s_d;
         r -= s_above;
     }
     *T = prefix, *ties = r;
 }
 
-// The selection written in slot order: the items above T and the first `ties` equal to it; an
-// item's place is (items above T before it) + (ties before it). PER consecutive items a thread.
-template <int PER, typename Item>
-static __device__ void write_selected(Item item, int M, uint32_t T, int ties, const int *cand, int *sel, long long *red64) {
+// The selected items in slot order to sink(place, index in cand, key): those above T and the
+// first `ties` equal to it; an item's place is (items above T before it) + (ties before it).
+// PER consecutive items a thread.
+template <int PER, typename Item, typename Sink>
+static __device__ void write_selected(Item item, int M, uint32_t T, int ties, Sink sink, long long *red64) {
     int gb = 0, eb = 0; // counts of the chunks before
     for (int c0 = 0; c0 < M; c0 += PER * (int)blockDim.x) {
         int i0 = c0 + PER * threadIdx.x, g = 0, e = 0, ci[PER];
         uint32_t key[PER];
 #pragma unroll
         for (int u = 0; u < PER; u++) {
+            key[u] = 0;
             ci[u] = i0 + u < M ? item(i0 + u, &key[u]) : -1;
             if (ci[u] >= 0) g += key[u] > T, e += key[u] == T;
         }
@@ -342,9 +350,9 @@ static __device__ void write_selected(Item item, int M, uint32_t T, int ties, co
 #pragma unroll
         for (int u = 0; u < PER; u++) {
             if (ci[u] < 0) continue;
-            if (key[u] > T) sel[gx + min(ex_e, ties)] = __ldcg(cand + ci[u]), gx++;
+            if (key[u] > T) sink(gx + min(ex_e, ties), ci[u], key[u]), gx++;
             else if (key[u] == T) {
-                if (ex_e < ties) sel[gx + ex_e] = __ldcg(cand + ci[u]);
+                if (ex_e < ties) sink(gx + ex_e, ci[u], key[u]);
                 ex_e++;
             }
         }
@@ -352,120 +360,91 @@ static __device__ void write_selected(Item item, int M, uint32_t T, int ties, co
     }
 }
 
-// Block r of head h, after its rerank (h1: its estimates' histogram): the items of its
-// candidates [c_lo, c_hi) that can be in the head's top-k -- those of its own k-th's bin and
-// above (every item where it has no more than k) -- written in slot order to its segment as
-// (key, index in cand); the segment's count (which may exceed segcap: then the last block
-// reads every estimate) to a.segn.
-static __device__ void keep_segment(const PkvSelArgs &a, int h, int r, int c_lo, int c_hi, const int *h1, int *red) {
-    __shared__ int s_d, s_above, s_in;
-    const int t = threadIdx.x;
-    int d = 0;
-    if (c_hi - c_lo > a.k) {
-        find_digit(h1, EST_BINS, a.k, red, &s_d, &s_above, &s_in);
-        d = s_d;
-    }
+// Block r of head h, after its rerank: its own top-k of candidates [c_lo, c_hi) (every one
+// where it has no more than k), in slot order, to its segment as (key, index in cand); the
+// count to a.segn. The head's top-k is among the segments' items: an item among the head's k
+// best (by key, then slot) has fewer than k better items in its block too.
+static __device__ void block_topk(const PkvSelArgs &a, int h, int r, int c_lo, int c_hi, int *hbuf, int *red, long long *red64) {
     const float *est = a.est + (size_t)h * a.capp;
     int2 *seg = a.seg + ((size_t)h * a.R + r) * a.segcap;
-    int nb = 0; // kept by the chunks before
-    for (int c0 = c_lo; c0 < c_hi; c0 += 16 * SEL_THREADS) {
-        int i0 = c0 + 16 * t, m = 0;
-        uint32_t key[16];
-#pragma unroll
-        for (int u = 0; u < 16; u++) {
-            key[u] = i0 + u < c_hi ? fkey(est[i0 + u]) : 0;
-            m += i0 + u < c_hi && (int)(key[u] >> 20) >= d;
-        }
-        int tot, at = nb + block_scan(m, red, &tot);
-#pragma unroll
-        for (int u = 0; u < 16; u++)
-            if (i0 + u < c_hi && (int)(key[u] >> 20) >= d) {
-                if (at < a.segcap) seg[at] = make_int2((int)key[u], i0 + u);
-                at++;
-            }
-        nb += tot;
-    }
-    if (t == 0) a.segn[(size_t)h * a.R + r] = nb;
-}
-
-// The head's top-k, by its last block (every other block's estimates, histogram and segment are
-// visible: written before their fence and the counter). The k-th key's first digit d1 from the
-// head's histogram; the items of bin d1 and above (m of them) gathered from the segments in
-// slot order into shared memory (a warp a segment: count, then offsets, then write), the rest
-// of the radix there. Where m > LIST_CAP or a segment overflowed: the radix over every estimate.
-static __device__ void topk_last_block(const PkvSelArgs &a, int h, int C, int *h1, uint32_t *lkey, int *lidx) {
-    __shared__ int red[32];
-    __shared__ long long red64[32];
-    __shared__ int s_d, s_above, s_in, scount[256], soff[256];
-    const int t = threadIdx.x, lane = t & 31, warp = t >> 5, k = a.k, R = a.R;
-    int *sel = a.sel + (size_t)h * a.kmax;
-    const int *cand = a.cand + (size_t)h * a.capp;
-    if (t == 0) a.nsel[h] = k;
-    if (C == k) { // every candidate (ascending)
-        for (int i = t; i < k; i += blockDim.x) sel[i] = __ldcg(cand + i);
-        return;
-    }
-    const int32_t *hh = a.hist + (size_t)h * a.hist_stride;
-    for (int i = t; i < EST_BINS; i += blockDim.x) h1[i] = __ldcg(hh + HIST_EST + i);
-    __syncthreads();
-    find_digit(h1, EST_BINS, k, red, &s_d, &s_above, &s_in);
-    const uint32_t d1 = s_d;
-    const int r1 = k - s_above, m = s_above + s_in;
-    const int *segn = a.segn + (size_t)h * R;
-    const int2 *seg = a.seg + (size_t)h * R * a.segcap;
-    bool over = false;
-    for (int s = t; s < R; s += blockDim.x) over |= __ldcg(segn + s) > a.segcap;
-    if (__syncthreads_or(over || m > LIST_CAP)) { // every estimate
-        const float *est = a.est + (size_t)h * a.capp;
-        auto item = [&](int i, uint32_t *key) { *key = fkey(__ldcg(est + i)); return i; };
+    const int cnt = c_hi - c_lo, k = a.k;
+    if (cnt <= k) {
+        for (int i = threadIdx.x; i < cnt; i += blockDim.x) seg[i] = make_int2((int)fkey(est[c_lo + i]), c_lo + i);
+    } else {
+        auto item = [&](int i, uint32_t *key) { *key = fkey(est[c_lo + i]); return c_lo + i; };
         uint32_t T;
         int ties;
-        radix_rest(item, C, d1, r1, h1, red, &T, &ties);
-        write_selected<16>(item, C, T, ties, cand, sel, red64);
-        return;
+        radix_select(item, cnt, k, hbuf, red, &T, &ties);
+        write_selected<16>(item, cnt, T, ties, [&](int p, int ci, uint32_t key) { seg[p] = make_int2((int)key, ci); }, red64);
     }
-    // Segment s's items of bin d1 and above: counted, offsets, written (slot order throughout).
-    for (int pass = 0; pass < 2; pass++) {
-        for (int s = warp; s < R; s += SEL_THREADS / 32) {
-            int ns = __ldcg(segn + s), at = pass ? soff[s] : 0;
-            for (int i0 = 0; i0 < ns; i0 += 32) {
-                int2 it = i0 + lane < ns ? __ldcg(seg + (size_t)s * a.segcap + i0 + lane) : make_int2(0, -1);
-                bool keep = it.y >= 0 && ((uint32_t)it.x >> 20) >= d1;
-                unsigned bal = __ballot_sync(0xffffffffu, keep);
-                if (pass && keep) {
-                    int p = at + __popc(bal & ((1u << lane) - 1));
-                    if (p < LIST_CAP) lkey[p] = (uint32_t)it.x, lidx[p] = it.y; // p < m <= LIST_CAP
-                }
-                at += __popc(bal);
-            }
-            if (!pass && lane == 0) scount[s] = at;
+    if (threadIdx.x == 0) a.segn[(size_t)h * a.R + r] = min(cnt, k);
+}
+
+// The head's top-k, by its last block (every block's segment visible: written before its fence
+// and the counter). The segments concatenated in block order are in slot order; when they fit
+// shared memory they are copied there first (every thread's loads in flight at once), else the
+// radix reads them where they are.
+static __device__ void topk_last_block(const PkvSelArgs &a, int h, int *hbuf, uint32_t *lkey, int *lidx, int *red, long long *red64) {
+    __shared__ int sstart[257];
+    const int t = threadIdx.x, k = a.k, R = a.R;
+    int *sel = a.sel + (size_t)h * a.kmax;
+    const int *cand = a.cand + (size_t)h * a.capp;
+    const int2 *seg = a.seg + (size_t)h * R * a.segcap;
+    int tot, ex = block_scan(t < R ? __ldcg(a.segn + (size_t)h * R + t) : 0, red, &tot);
+    if (t < R) sstart[t] = ex;
+    if (t == 0) sstart[R] = tot, a.nsel[h] = k;
+    __syncthreads();
+    const int NV = tot;
+    auto at = [&](int i) { // the segment holding item i: sstart[s] <= i < sstart[s + 1]
+        int lo = 0, hi = R;
+        while (hi - lo > 1) {
+            int mid = (lo + hi) >> 1;
+            if (sstart[mid] <= i) lo = mid;
+            else hi = mid;
         }
-        __syncthreads();
-        if (!pass) {
-            int tot, ex = block_scan(t < R ? scount[t] : 0, red, &tot);
-            if (t < R) soff[t] = ex;
-            __syncthreads();
-        }
-    }
-    auto item = [&](int i, uint32_t *key) { *key = lkey[i]; return lidx[i]; };
+        return __ldcg(seg + (size_t)lo * a.segcap + (i - sstart[lo]));
+    };
+    auto to_sel = [&](int p, int ci, uint32_t) { sel[p] = __ldcg(cand + ci); };
     uint32_t T;
     int ties;
-    radix_rest(item, m, d1, r1, h1, red, &T, &ties);
-    write_selected<LIST_CAP / SEL_THREADS>(item, m, T, ties, cand, sel, red64);
+    if (NV <= LIST_CAP) {
+        for (int i0 = 0; i0 < NV; i0 += 8 * SEL_THREADS) {
+            int2 e[8];
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                int i = i0 + u * SEL_THREADS + t;
+                e[u] = i < NV ? at(i) : make_int2(0, 0);
+            }
+#pragma unroll
+            for (int u = 0; u < 8; u++) {
+                int i = i0 + u * SEL_THREADS + t;
+                if (i < NV) lkey[i] = (uint32_t)e[u].x, lidx[i] = e[u].y;
+            }
+        }
+        __syncthreads();
+        auto item = [&](int i, uint32_t *key) { *key = lkey[i]; return lidx[i]; };
+        radix_select(item, NV, k, hbuf, red, &T, &ties);
+        write_selected<LIST_CAP / SEL_THREADS>(item, NV, T, ties, to_sel, red64);
+    } else {
+        auto item = [&](int i, uint32_t *key) { int2 e = at(i); *key = (uint32_t)e.x; return e.y; };
+        radix_select(item, NV, k, hbuf, red, &T, &ties);
+        write_selected<16>(item, NV, T, ties, to_sel, red64);
+    }
 }
 
 
-// Block (r, h): candidates, estimates and the item segment of vote blocks [j0, j1) of head h;
-// the head's last block then takes the top-k.
+// Block (r, h): candidates, estimates and own top-k of vote blocks [j0, j1) of head h; the
+// head's last block then takes the top-k from the R blocks' own.
 template <int B> static __global__ void __launch_bounds__(SEL_THREADS) pkv_rerank_topk_kernel(PkvSelArgs a) {
-    __shared__ int h1[EST_BINS];
-    __shared__ float lev[16];
+    __shared__ int hbuf[RADIX_BINS];
     __shared__ uint32_t lkey[LIST_CAP];
     __shared__ int lidx[LIST_CAP];
+    __shared__ float lev[16];
     __shared__ int red[32];
+    __shared__ long long red64[32];
     __shared__ int s_last;
     const int h = blockIdx.y, r = blockIdx.x, t = threadIdx.x;
-    rerank_setup(h1, lev);
+    if (t < 16) lev[t] = t & 8 ? c_centers[t & 7] : -c_centers[t & 7]; // pkv_levels
     pdl_wait();
     int n, C;
     sel_setup(a, &n, &C, NULL);
@@ -476,29 +455,26 @@ template <int B> static __global__ void __launch_bounds__(SEL_THREADS) pkv_reran
         }
         return;
     }
-    const int32_t *hh = a.hist + (size_t)h * a.hist_stride;
+    int32_t *hh = a.hist + (size_t)h * a.hist_stride;
     const int S = block_slots(n, a.P), j0 = r * a.P / a.R, j1 = (r + 1) * a.P / a.R;
     const int lo = min(j0 * S, n), hi = min(j1 * S, n);
     int thr, quota, G, E;
-    topc_threshold(hh, B, C, j0, &thr, &quota, &G, &E);
+    topc_threshold(hh, B, C, j0, &thr, &quota, &G, &E); // its barriers also publish lev
     const int c_lo = G + min(E, quota);
     topc_write(a.score + (size_t)h * a.capp, a.cand + (size_t)h * a.capp, lo, hi, thr, quota, G, E);
     const int c_hi = G + min(E, quota);
     __syncthreads(); // this block's cand entries, read back by its other warps
-    rerank_range<B>(a, h, c_lo, c_hi, h1, lev);
+    rerank_range<B, false>(a, h, c_lo, c_hi, NULL, lev);
     pdl_release();
+    __syncthreads(); // the estimates, read back by other threads
+    block_topk(a, h, r, c_lo, c_hi, hbuf, red, red64);
+    __threadfence(); // the segment before the counter
     __syncthreads();
-    keep_segment(a, h, r, c_lo, c_hi, h1, red);
-    int32_t *hw = a.hist + (size_t)h * a.hist_stride;
-    for (int i = t; i < EST_BINS; i += SEL_THREADS)
-        if (h1[i]) atomicAdd(&hw[HIST_EST + i], h1[i]);
-    __threadfence(); // est, the segment and the histogram before the counter
-    __syncthreads();
-    if (t == 0) s_last = atomicAdd(&hw[HIST_DONE], 1) == a.R - 1;
+    if (t == 0) s_last = atomicAdd(&hh[HIST_DONE], 1) == a.R - 1;
     __syncthreads();
     if (!s_last) return;
-    __threadfence(); // the other blocks' writes, before reading them
-    topk_last_block(a, h, C, h1, lkey, lidx);
+    __threadfence(); // the other blocks' segments, before reading them
+    topk_last_block(a, h, hbuf, lkey, lidx, red, red64);
 }
 
 
@@ -531,7 +507,7 @@ template <int B> static __global__ void __launch_bounds__(SEL_THREADS) pkv_reran
     if (n <= a.k) return;
     int per = (C + a.R - 1) / a.R, c_lo = min(r * per, C), c_hi = min(c_lo + per, C);
     __syncthreads(); // h1, lev
-    rerank_range<B>(a, h, c_lo, c_hi, h1, lev);
+    rerank_range<B, true>(a, h, c_lo, c_hi, h1, lev);
     pdl_release();
     __syncthreads();
     int32_t *hh = a.hist + (size_t)h * a.hist_stride;
@@ -664,7 +640,7 @@ template <int B> static int resident_of(int kernel) {
 // Blocks per KV head of the vote (P), the five-kernel rerank and the three-kernel rerank (R):
 // those of all heads in one wave of resident blocks (equal shares: a second, partial wave would
 // add its whole length), at least 256 slots (candidates) each at full capacity; P at most MAX_P,
-// the three-kernel R at most P and 256 (its last block keeps a count per block). The first call
+// the three-kernel R at most P and 256 (its last block scans a count per block). The first call
 // (pkv_gpu_scratch_alloc) queries the occupancies, so that none runs inside a stream capture.
 static int blocks_per_head(int n_kv, int B, int cap, int kernel) {
     int per_sm = B == 8 ? resident_of<8>(kernel) : B == 16 ? resident_of<16>(kernel) : resident_of<32>(kernel);
@@ -686,7 +662,13 @@ template <int B> static cudaError_t launch_select(PkvSelArgs a, cudaStream_t st)
     dim3 per_head(a.P, a.n_kv);
     CU_TRY(launch_pdl(pkv_bonus_kernel, dim3(B, a.n_kv), dim3(SEL_THREADS), 0, st, a));
     CU_TRY(launch_pdl(pkv_vote_kernel<B>, per_head, dim3(SEL_THREADS), 0, st, a));
-    if (!a.five) return launch_pdl(pkv_rerank_topk_kernel<B>, dim3(a.R, a.n_kv), dim3(SEL_THREADS), 0, st, a);
+    // Three kernels where the R blocks' own top-k fit the last block's shared memory (k <= 124 at
+    // R = 33: 8 KV heads on 132 SMs), fewer blocks up to k = 256, else five.
+    int R3 = a.R < LIST_CAP / a.k ? a.R : LIST_CAP / a.k;
+    if (!a.five && R3 >= 16) {
+        a.R = R3, a.segcap = a.k;
+        return launch_pdl(pkv_rerank_topk_kernel<B>, dim3(a.R, a.n_kv), dim3(SEL_THREADS), 0, st, a);
+    }
     a.R = blocks_per_head(a.n_kv, B, a.cap, K_RERANK);
     CU_TRY(launch_pdl(pkv_compact_kernel, per_head, dim3(SEL_THREADS), 0, st, a));
     CU_TRY(launch_pdl(pkv_rerank_kernel<B>, dim3(a.R, a.n_kv), dim3(SEL_THREADS), 0, st, a));
