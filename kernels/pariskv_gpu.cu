@@ -287,7 +287,7 @@ extern "C" cudaError_t pkv_gpu_scratch_alloc(PkvGpuScratch *s, const PkvGpuIndex
     s->hist_stride = hist_stride;
     s->base = p;
     const char *v = getenv("PKV_SELECT");
-    s->five = v && !strcmp(v, "five");
+    s->five = v && !strcmp(v, "five") ? 1 : v && !strcmp(v, "four") ? 2 : 0;
     return cudaSuccess;
 }
 

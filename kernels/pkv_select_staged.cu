@@ -478,6 +478,33 @@ template <int B> static __global__ void __launch_bounds__(SEL_THREADS) pkv_reran
 }
 
 
+// Block (r, h) of the four-kernel selection (PKV_SELECT=four): candidates and estimates of vote
+// blocks [j0, j1) of head h, and the estimates' histogram (for pkv_topk_kernel).
+template <int B> static __global__ void __launch_bounds__(SEL_THREADS) pkv_cand_rerank_kernel(PkvSelArgs a) {
+    __shared__ int h1[EST_BINS];
+    __shared__ float lev[16];
+    const int h = blockIdx.y, r = blockIdx.x, t = threadIdx.x;
+    rerank_setup(h1, lev);
+    pdl_wait();
+    int n, C;
+    sel_setup(a, &n, &C, NULL);
+    if (n <= a.k) return;
+    int32_t *hh = a.hist + (size_t)h * a.hist_stride;
+    const int S = block_slots(n, a.P), j0 = r * a.P / a.R, j1 = (r + 1) * a.P / a.R;
+    const int lo = min(j0 * S, n), hi = min(j1 * S, n);
+    int thr, quota, G, E;
+    topc_threshold(hh, B, C, j0, &thr, &quota, &G, &E);
+    const int c_lo = G + min(E, quota);
+    topc_write(a.score + (size_t)h * a.capp, a.cand + (size_t)h * a.capp, lo, hi, thr, quota, G, E);
+    const int c_hi = G + min(E, quota);
+    __syncthreads();
+    rerank_range<B, true>(a, h, c_lo, c_hi, h1, lev);
+    pdl_release();
+    __syncthreads();
+    for (int i = t; i < EST_BINS; i += SEL_THREADS)
+        if (h1[i]) atomicAdd(&hh[HIST_EST + i], h1[i]);
+}
+
 // ---- the five-kernel selection (PKV_SELECT=five) ----
 
 // Block (j, h), the vote's block j's slot range: its candidates written to cand.
@@ -665,6 +692,10 @@ template <int B> static cudaError_t launch_select(PkvSelArgs a, cudaStream_t st)
     // Three kernels where the R blocks' own top-k fit the last block's shared memory (k <= 124 at
     // R = 33: 8 KV heads on 132 SMs), fewer blocks up to k = 256, else five.
     int R3 = a.R < LIST_CAP / a.k ? a.R : LIST_CAP / a.k;
+    if (a.five == 2) { // four kernels
+        CU_TRY(launch_pdl(pkv_cand_rerank_kernel<B>, dim3(a.R, a.n_kv), dim3(SEL_THREADS), 0, st, a));
+        return launch_pdl(pkv_topk_kernel, dim3(TOPK_CLUSTER, a.n_kv), dim3(TOPK_THREADS), 0, st, a);
+    }
     if (!a.five && R3 >= 16) {
         a.R = R3, a.segcap = a.k;
         return launch_pdl(pkv_rerank_topk_kernel<B>, dim3(a.R, a.n_kv), dim3(SEL_THREADS), 0, st, a);

@@ -767,6 +767,7 @@ static void stage_times(Bench &bn, const float *d_q, int G, double C) {
         {"pkv_rerank_kernel", (double)H * C * (4 + 6 * B)},
         {"pkv_topk_kernel", (double)H * C * 4},
         {"pkv_rerank_topk_kernel", (double)H * (n + C * 6 * B)},
+        {"pkv_cand_rerank_kernel", (double)H * (n + C * 6 * B)},
     };
     printf("  %-24s %14s %9s %9s %9s\n", "kernel", "grid x block", "us", "MB read", "GB/s");
     float prev = 0.0f;
@@ -917,7 +918,7 @@ int main(void) {
     };
     if (mutant_mode) printf("PKV_TEST_MUTANT: one selected slot changed on the device after every selection: its selection checks must FAIL\n");
     // Both selections (PKV_SELECT picks one at scratch allocation), each against the CPU.
-    for (const char *variant : {"three", "five"}) {
+    for (const char *variant : {"three", "four", "five"}) {
         setenv("PKV_SELECT", variant, 1);
         printf("\n== selection variant: %s\n", variant);
         unsigned long long vseed = seed;
