@@ -178,7 +178,7 @@ static int bench_pariskv(const Model *m, const int *ctx_list, int n_ctx, int ste
     printf("floor = (weights + index, window and selection bytes) / HBM bandwidth + top-k rows from host / bulk PCIe bandwidth%s\n",
            m->gpus > 1 ? ", one GPU's share of each (its KV heads, its rows from its host store)" : "");
     const char *sv = getenv("PKV_SELECT");
-    printf("selection: %s\n", sv && !strcmp(sv, "five") ? "five kernels a layer (PKV_SELECT=five)" : "three kernels a layer (five where k > 4096 / its blocks per head)");
+    printf("selection: %s\n", sv && !strcmp(sv, "five") ? "five kernels a layer (PKV_SELECT=five)" : "four kernels a layer");
     printf("hit rate: the zone rows of the sampled steps read from the GPU row cache (-: none); stream: what the attention reads\n");
     print_sampling(smp);
     printf("%9s | %5s | %4s | %8s | %10s | %17s | %9s | %8s | %10s | %9s | %8s | %8s | %6s | %s\n", "context", "k", "zone", "greedy ms",

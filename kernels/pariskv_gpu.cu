@@ -5,7 +5,7 @@
 // build, -std=c11 without -ffast-math, contracts nothing either), and the candidate and top-k
 // sets are the CPU's, ties to the smaller slot included.
 //
-// The selection's kernels are in pkv_select_staged.cu (three a layer; PKV_SELECT=five runs the
+// The selection's kernels are in pkv_select_staged.cu (four a layer; PKV_SELECT=five runs the
 // five of session 5 to compare); pkv_select.cuh holds what they share with the encoder. This
 // file: the index, the encoder, the scratch.
 //
@@ -254,12 +254,9 @@ extern "C" cudaError_t pkv_gpu_scratch_alloc(PkvGpuScratch *s, const PkvGpuIndex
     if (kmax < 1 || !ix->ids) return cudaErrorInvalidValue;
     size_t H = ix->n_kv, D = ix->D, B = ix->B, capp = ((size_t)ix->cap + 15) & ~(size_t)15;
     int hist_stride = HIST_BLK0 + pkv_staged_vote_blocks(ix->n_kv, ix->B, ix->cap) * HIST_BLK;
-    // A rerank block's segment holds its own top-k (the three-kernel selection).
-    size_t R = pkv_rerank_topk_blocks(ix->n_kv, ix->B, ix->cap), segcap = kmax;
-    size_t sz[11] = {H * D * 4, H * 4,         H * B * 256,  H * capp, H * hist_stride * 4, H * capp * 4,
-                     H * capp * 4, H * kmax * 4, H * 4, H * R * segcap * 8, H * R * 4};
-    size_t off[11], tot = 0;
-    for (int i = 0; i < 11; i++) off[i] = tot, tot += al256(sz[i]);
+    size_t sz[9] = {H * D * 4, H * 4, H * B * 256, H * capp, H * hist_stride * 4, H * capp * 4, H * capp * 4, H * kmax * 4, H * 4};
+    size_t off[9], tot = 0;
+    for (int i = 0; i < 9; i++) off[i] = tot, tot += al256(sz[i]);
     char *p;
     CU_TRY(cudaMalloc(&p, tot));
     // Nothing reads it unwritten, but the tails of vector reads stay defined. Waited for: the
@@ -279,15 +276,12 @@ extern "C" cudaError_t pkv_gpu_scratch_alloc(PkvGpuScratch *s, const PkvGpuIndex
     s->est = (float *)(p + off[6]);
     s->sel = (int *)(p + off[7]);
     s->nsel = (int *)(p + off[8]);
-    s->seg = (int2 *)(p + off[9]);
-    s->segn = (int *)(p + off[10]);
     s->kmax = kmax;
-    s->segcap = (int)segcap;
-    s->R = (int)R;
+    s->R = pkv_cand_rerank_blocks(ix->n_kv, ix->B, ix->cap);
     s->hist_stride = hist_stride;
     s->base = p;
     const char *v = getenv("PKV_SELECT");
-    s->five = v && !strcmp(v, "five") ? 1 : v && !strcmp(v, "four") ? 2 : 0;
+    s->five = v && !strcmp(v, "five");
     return cudaSuccess;
 }
 
@@ -304,7 +298,6 @@ extern "C" cudaError_t pkv_gpu_select(PkvGpuScratch *s, const PkvGpuIndex *ix, i
     PkvSelArgs a = {q, ix->signs, n_heads / ix->n_kv, ix->ids + keys * B, ix->codes + keys * B * 4, ix->w + keys * B,
                     ix->count + (size_t)layer * ix->n_kv * B * 256, s->qt, s->qn, s->bonus, s->score, s->hist, s->cand,
                     s->est, s->sel, s->nsel, d_n, ix->n_kv, ix->D, ix->B, ix->cap, (ix->cap + 15) & ~15, k, s->kmax,
-                    (s->hist_stride - HIST_BLK0) / HIST_BLK, s->hist_stride, beta, rho, s->R, s->five, s->seg, s->segn,
-                    s->segcap};
+                    (s->hist_stride - HIST_BLK0) / HIST_BLK, s->hist_stride, beta, rho, s->R, s->five};
     return pkv_select_staged(a, st);
 }

@@ -69,9 +69,7 @@ typedef struct {
     float *est;      // (n_kv, cap) their estimates
     int *sel;        // (n_kv, kmax) the selected slots
     int *nsel;       // (n_kv) how many
-    int2 *seg;       // (n_kv, R, kmax) per rerank block: its own top-k
-    int *segn;       // (n_kv, R) their counts
-    int kmax, segcap, R;
+    int kmax, R;     // R: rerank blocks per head
     int hist_stride;
     int five;        // 1: the five-kernel selection of session 5 (PKV_SELECT=five, for comparisons)
     void *base;      // the one allocation

@@ -94,11 +94,8 @@ struct PkvSelArgs {
     const int *d_n;
     int n_kv, D, B, cap, capp, k, kmax, P, hist_stride;
     float beta, rho;
-    int R;     // rerank blocks per head
-    int five;  // the five-kernel selection (PKV_SELECT=five)
-    int2 *seg; // (n_kv, R, segcap) each rerank block's own top-k: (key, index in cand); segcap = k
-    int *segn; // (n_kv, R) their counts
-    int segcap;
+    int R;    // rerank blocks per head
+    int five; // the five-kernel selection (PKV_SELECT=five)
 };
 
 // Exclusive prefix sum of v over the block in thread order; *total gets the block's sum. red:
@@ -288,9 +285,9 @@ template <typename F> static __device__ void est_pass(const float *est, int lo, 
 
 
 // The selection for every B the index allows (8, 16, 32). a.P / a.hist_stride: the vote's
-// blocks per head (pkv_staged_vote_blocks); a.R: the three-kernel rerank's (pkv_rerank_topk_blocks).
+// blocks per head (pkv_staged_vote_blocks); a.R: pkv_cand_rerank_kernel's (pkv_cand_rerank_blocks).
 int pkv_staged_vote_blocks(int n_kv, int B, int cap);
-int pkv_rerank_topk_blocks(int n_kv, int B, int cap);
+int pkv_cand_rerank_blocks(int n_kv, int B, int cap);
 cudaError_t pkv_select_staged(PkvSelArgs a, cudaStream_t st);
 
 #endif

@@ -1,4 +1,4 @@
-// ParisKV's selection, per layer: three kernels (the default), or the five of session 5
+// ParisKV's selection, per layer: four kernels (the default), or the five of session 5
 // (PKV_SELECT=five, kept to time the two side by side). Arithmetic: pkv_select.cuh.
 //
 // Per layer (n = *d_n read by every kernel; every grid is fixed by cap, n_kv and the device, so
@@ -12,20 +12,22 @@
 //                                       tables as 4-bit entries in shared memory; a score
 //                                       histogram per head (global) and per block (kept as
 //                                       "scores >= s" so later blocks find their offsets)
-//   pkv_rerank_topk_kernel (R, n_kv) x 256
+//   pkv_cand_rerank_kernel (R, n_kv) x 256
 //                                       block r takes the vote blocks [r P / R, (r+1) P / R):
-//                                       writes their candidates (the bucket top-C) to cand in
-//                                       slot order at their offset, reranks exactly those
-//                                       (no grid-wide step between the two: the block reads
-//                                       what it wrote), and keeps its own top-k (radix select
-//                                       over its estimates) in its segment, in slot order.
-//                                       The head's last block to finish (a counter) selects
-//                                       the head's top-k from the R segments (R k items,
-//                                       copied to shared memory), written in slot order.
-// The five-kernel selection splits the third kernel into pkv_compact_kernel,
-// pkv_rerank_kernel (equal shares of the candidates) and pkv_topk_kernel (a cluster of 8
-// blocks a head, radix select over all C estimates): two launches more. It also runs where
-// k is too large for the last block's shared memory (R k > LIST_CAP with at least 16 blocks).
+//                                       threshold score and quota of the bucket top-C, their
+//                                       candidates written to cand in slot order at their
+//                                       offset, then reranked by the same block (no grid-wide
+//                                       step between the two); 12-bit histogram of the
+//                                       estimates' order-preserving keys
+//   pkv_topk_kernel    (8, n_kv) x 512  one cluster per head: radix select on the keys
+//                                       (12/10/10 bits) from that histogram, histograms
+//                                       summed in distributed shared memory, ties at the k-th
+//                                       to the smaller slot; the selection written in slot order
+// The five-kernel selection splits the third kernel into pkv_compact_kernel (the vote's
+// blocks) and pkv_rerank_kernel (equal shares of the candidates): a launch and a pass more.
+// Tried and dropped (tests/bench/GPU.md, session 13): the top-k in the rerank kernel's last
+// block per head, from each block's own top-k -- its serial radix passes cost more than the
+// launch they saved (63.5 against 55.4 us a layer at 128K).
 // P and R fill the GPU with one wave of resident blocks. Bytes read per KV head, n slots, C
 // candidates (n = 1M, D = 128: C = 100K): ids n B (16 MB), scores n (1 MB, from L2), codes and
 // w C 6 B (9.6 MB), cand and est C 8 (L2), counts B 1 KB; written: scores n, cand + est C 8.
@@ -33,8 +35,6 @@
 
 #include "pkv_select.cuh"
 
-#define LIST_CAP 4096 // the head's blocks' own top-k items its last block sorts in shared memory
-#define HIST_DONE (HIST_EST - 1) // blocks of the head done with the rerank (past the score bins)
 
 // Block (b, h): subspace b of KV head h. Thread c scores pattern c (pkv_bonus's sum), the
 // patterns are sorted into rank order (better score, or equal and smaller id, first), and the
@@ -294,192 +294,9 @@ static __device__ void find_digit(const int *hist, int nb, int r, int *red, int 
     __syncthreads();
 }
 
-// Items in slot order: item(i, &key) gives item i's order-preserving key and returns its index
-// in cand. The k-th largest key *T of the M >= k items and *ties: how many of the items equal
-// to T are taken (the first in slot order). Radix select, digits of 11, 11 and 10 bits, each a
-// pass over the items (8 loads in flight a thread) and a histogram in h (RADIX_BINS ints of
-// shared memory).
-#define RADIX_BINS 2048
-template <typename Item> static __device__ void radix_select(Item item, int M, int k, int *h, int *red, uint32_t *T, int *ties) {
-    __shared__ int s_d, s_above, s_in;
-    uint32_t prefix = 0; // the k-th key's known top bits
-    int r = k;
-#pragma unroll 1
-    for (int dg = 0; dg < 3; dg++) {
-        const int w = dg < 2 ? 11 : 10, sh = dg == 0 ? 21 : dg == 1 ? 10 : 0, top = sh + w, nb = 1 << w;
-        for (int i = threadIdx.x; i < nb; i += blockDim.x) h[i] = 0;
-        __syncthreads();
-        for (int i0 = 0; i0 < M; i0 += 8 * (int)blockDim.x) {
-            uint32_t key[8];
-#pragma unroll
-            for (int u = 0; u < 8; u++) {
-                int i = i0 + u * blockDim.x + threadIdx.x;
-                key[u] = 0;
-                if (i < M) item(i, &key[u]);
-            }
-#pragma unroll
-            for (int u = 0; u < 8; u++)
-                if (i0 + u * (int)blockDim.x + (int)threadIdx.x < M && (dg == 0 || key[u] >> top == prefix))
-                    atomicAdd(&h[(key[u] >> sh) & (nb - 1)], 1);
-        }
-        __syncthreads();
-        find_digit(h, nb, r, red, &s_d, &s_above, &s_in);
-        prefix = prefix << w | (uint32_t)s_d;
-        r -= s_above;
-    }
-    *T = prefix, *ties = r;
-}
-
-// The selected items in slot order to sink(place, index in cand, key): those above T and the
-// first `ties` equal to it; an item's place is (items above T before it) + (ties before it).
-// PER consecutive items a thread.
-template <int PER, typename Item, typename Sink>
-static __device__ void write_selected(Item item, int M, uint32_t T, int ties, Sink sink, long long *red64) {
-    int gb = 0, eb = 0; // counts of the chunks before
-    for (int c0 = 0; c0 < M; c0 += PER * (int)blockDim.x) {
-        int i0 = c0 + PER * threadIdx.x, g = 0, e = 0, ci[PER];
-        uint32_t key[PER];
-#pragma unroll
-        for (int u = 0; u < PER; u++) {
-            key[u] = 0;
-            ci[u] = i0 + u < M ? item(i0 + u, &key[u]) : -1;
-            if (ci[u] >= 0) g += key[u] > T, e += key[u] == T;
-        }
-        long long ctot, ex = block_scan((long long)g << 32 | e, red64, &ctot);
-        int gx = gb + (int)(ex >> 32), ex_e = eb + (int)(ex & 0xffffffff);
-#pragma unroll
-        for (int u = 0; u < PER; u++) {
-            if (ci[u] < 0) continue;
-            if (key[u] > T) sink(gx + min(ex_e, ties), ci[u], key[u]), gx++;
-            else if (key[u] == T) {
-                if (ex_e < ties) sink(gx + ex_e, ci[u], key[u]);
-                ex_e++;
-            }
-        }
-        gb += (int)(ctot >> 32), eb += (int)(ctot & 0xffffffff);
-    }
-}
-
-// Block r of head h, after its rerank: its own top-k of candidates [c_lo, c_hi) (every one
-// where it has no more than k), in slot order, to its segment as (key, index in cand); the
-// count to a.segn. The head's top-k is among the segments' items: an item among the head's k
-// best (by key, then slot) has fewer than k better items in its block too.
-static __device__ void block_topk(const PkvSelArgs &a, int h, int r, int c_lo, int c_hi, int *hbuf, int *red, long long *red64) {
-    const float *est = a.est + (size_t)h * a.capp;
-    int2 *seg = a.seg + ((size_t)h * a.R + r) * a.segcap;
-    const int cnt = c_hi - c_lo, k = a.k;
-    if (cnt <= k) {
-        for (int i = threadIdx.x; i < cnt; i += blockDim.x) seg[i] = make_int2((int)fkey(est[c_lo + i]), c_lo + i);
-    } else {
-        auto item = [&](int i, uint32_t *key) { *key = fkey(est[c_lo + i]); return c_lo + i; };
-        uint32_t T;
-        int ties;
-        radix_select(item, cnt, k, hbuf, red, &T, &ties);
-        write_selected<16>(item, cnt, T, ties, [&](int p, int ci, uint32_t key) { seg[p] = make_int2((int)key, ci); }, red64);
-    }
-    if (threadIdx.x == 0) a.segn[(size_t)h * a.R + r] = min(cnt, k);
-}
-
-// The head's top-k, by its last block (every block's segment visible: written before its fence
-// and the counter). The segments concatenated in block order are in slot order; when they fit
-// shared memory they are copied there first (every thread's loads in flight at once), else the
-// radix reads them where they are.
-static __device__ void topk_last_block(const PkvSelArgs &a, int h, int *hbuf, uint32_t *lkey, int *lidx, int *red, long long *red64) {
-    __shared__ int sstart[257];
-    const int t = threadIdx.x, k = a.k, R = a.R;
-    int *sel = a.sel + (size_t)h * a.kmax;
-    const int *cand = a.cand + (size_t)h * a.capp;
-    const int2 *seg = a.seg + (size_t)h * R * a.segcap;
-    int tot, ex = block_scan(t < R ? __ldcg(a.segn + (size_t)h * R + t) : 0, red, &tot);
-    if (t < R) sstart[t] = ex;
-    if (t == 0) sstart[R] = tot, a.nsel[h] = k;
-    __syncthreads();
-    const int NV = tot;
-    auto at = [&](int i) { // the segment holding item i: sstart[s] <= i < sstart[s + 1]
-        int lo = 0, hi = R;
-        while (hi - lo > 1) {
-            int mid = (lo + hi) >> 1;
-            if (sstart[mid] <= i) lo = mid;
-            else hi = mid;
-        }
-        return __ldcg(seg + (size_t)lo * a.segcap + (i - sstart[lo]));
-    };
-    auto to_sel = [&](int p, int ci, uint32_t) { sel[p] = __ldcg(cand + ci); };
-    uint32_t T;
-    int ties;
-    if (NV <= LIST_CAP) {
-        for (int i0 = 0; i0 < NV; i0 += 8 * SEL_THREADS) {
-            int2 e[8];
-#pragma unroll
-            for (int u = 0; u < 8; u++) {
-                int i = i0 + u * SEL_THREADS + t;
-                e[u] = i < NV ? at(i) : make_int2(0, 0);
-            }
-#pragma unroll
-            for (int u = 0; u < 8; u++) {
-                int i = i0 + u * SEL_THREADS + t;
-                if (i < NV) lkey[i] = (uint32_t)e[u].x, lidx[i] = e[u].y;
-            }
-        }
-        __syncthreads();
-        auto item = [&](int i, uint32_t *key) { *key = lkey[i]; return lidx[i]; };
-        radix_select(item, NV, k, hbuf, red, &T, &ties);
-        write_selected<LIST_CAP / SEL_THREADS>(item, NV, T, ties, to_sel, red64);
-    } else {
-        auto item = [&](int i, uint32_t *key) { int2 e = at(i); *key = (uint32_t)e.x; return e.y; };
-        radix_select(item, NV, k, hbuf, red, &T, &ties);
-        write_selected<16>(item, NV, T, ties, to_sel, red64);
-    }
-}
-
-
-// Block (r, h): candidates, estimates and own top-k of vote blocks [j0, j1) of head h; the
-// head's last block then takes the top-k from the R blocks' own.
-template <int B> static __global__ void __launch_bounds__(SEL_THREADS) pkv_rerank_topk_kernel(PkvSelArgs a) {
-    __shared__ int hbuf[RADIX_BINS];
-    __shared__ uint32_t lkey[LIST_CAP];
-    __shared__ int lidx[LIST_CAP];
-    __shared__ float lev[16];
-    __shared__ int red[32];
-    __shared__ long long red64[32];
-    __shared__ int s_last;
-    const int h = blockIdx.y, r = blockIdx.x, t = threadIdx.x;
-    if (t < 16) lev[t] = t & 8 ? c_centers[t & 7] : -c_centers[t & 7]; // pkv_levels
-    pdl_wait();
-    int n, C;
-    sel_setup(a, &n, &C, NULL);
-    if (n <= a.k) { // every slot: no vote, no rerank
-        if (r == 0) {
-            for (int i = t; i < n; i += SEL_THREADS) a.sel[(size_t)h * a.kmax + i] = i;
-            if (t == 0) a.nsel[h] = n;
-        }
-        return;
-    }
-    int32_t *hh = a.hist + (size_t)h * a.hist_stride;
-    const int S = block_slots(n, a.P), j0 = r * a.P / a.R, j1 = (r + 1) * a.P / a.R;
-    const int lo = min(j0 * S, n), hi = min(j1 * S, n);
-    int thr, quota, G, E;
-    topc_threshold(hh, B, C, j0, &thr, &quota, &G, &E); // its barriers also publish lev
-    const int c_lo = G + min(E, quota);
-    topc_write(a.score + (size_t)h * a.capp, a.cand + (size_t)h * a.capp, lo, hi, thr, quota, G, E);
-    const int c_hi = G + min(E, quota);
-    __syncthreads(); // this block's cand entries, read back by its other warps
-    rerank_range<B, false>(a, h, c_lo, c_hi, NULL, lev);
-    pdl_release();
-    __syncthreads(); // the estimates, read back by other threads
-    block_topk(a, h, r, c_lo, c_hi, hbuf, red, red64);
-    __threadfence(); // the segment before the counter
-    __syncthreads();
-    if (t == 0) s_last = atomicAdd(&hh[HIST_DONE], 1) == a.R - 1;
-    __syncthreads();
-    if (!s_last) return;
-    __threadfence(); // the other blocks' segments, before reading them
-    topk_last_block(a, h, hbuf, lkey, lidx, red, red64);
-}
-
-
-// Block (r, h) of the four-kernel selection (PKV_SELECT=four): candidates and estimates of vote
-// blocks [j0, j1) of head h, and the estimates' histogram (for pkv_topk_kernel).
+// Block (r, h): the candidates of vote blocks [j0 = r P / R, j1 = (r+1) P / R) of head h written
+// to cand in slot order at their offset, then reranked by the same block (it reads back what it
+// wrote: no grid-wide step between the two); the estimates' 12-bit histogram for the top-k.
 template <int B> static __global__ void __launch_bounds__(SEL_THREADS) pkv_cand_rerank_kernel(PkvSelArgs a) {
     __shared__ int h1[EST_BINS];
     __shared__ float lev[16];
@@ -493,11 +310,11 @@ template <int B> static __global__ void __launch_bounds__(SEL_THREADS) pkv_cand_
     const int S = block_slots(n, a.P), j0 = r * a.P / a.R, j1 = (r + 1) * a.P / a.R;
     const int lo = min(j0 * S, n), hi = min(j1 * S, n);
     int thr, quota, G, E;
-    topc_threshold(hh, B, C, j0, &thr, &quota, &G, &E);
+    topc_threshold(hh, B, C, j0, &thr, &quota, &G, &E); // its barriers also publish h1, lev
     const int c_lo = G + min(E, quota);
     topc_write(a.score + (size_t)h * a.capp, a.cand + (size_t)h * a.capp, lo, hi, thr, quota, G, E);
     const int c_hi = G + min(E, quota);
-    __syncthreads();
+    __syncthreads(); // this block's cand entries, read back by its other warps
     rerank_range<B, true>(a, h, c_lo, c_hi, h1, lev);
     pdl_release();
     __syncthreads();
@@ -554,7 +371,7 @@ static __device__ __forceinline__ void cluster_hist_sum(cg::cluster_group &cl, i
     __syncthreads();
 }
 
-// (PKV_SELECT=five) Cluster (h) of TOPK_CLUSTER blocks per KV head: the k best of the C estimates (ties: the
+// Cluster (h) of TOPK_CLUSTER blocks per KV head: the k best of the C estimates (ties: the
 // smaller slot) by radix select on their keys, digits of 12, 10 and 10 bits, written to sel in
 // slot order (cand is ascending): the attention needs no sort. Block j takes the candidates
 // [j per, (j+1) per). Digit 1 comes from the rerank's histogram; pass 1 over the block's
@@ -657,48 +474,40 @@ template <typename Kernel> static int resident(Kernel k, int threads, int fallba
     if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, k, threads, 0) != cudaSuccess || b < 1) b = fallback;
     return b;
 }
-enum { K_VOTE, K_RERANK, K_RERANK_TOPK };
+enum { K_VOTE, K_RERANK, K_CAND_RERANK };
 template <int B> static int resident_of(int kernel) {
     static const int vote = resident(pkv_vote_kernel<B>, SEL_THREADS, 4), rr = resident(pkv_rerank_kernel<B>, SEL_THREADS, 2),
-                     rt = resident(pkv_rerank_topk_kernel<B>, SEL_THREADS, 2);
-    return kernel == K_VOTE ? vote : kernel == K_RERANK ? rr : rt;
+                     cr = resident(pkv_cand_rerank_kernel<B>, SEL_THREADS, 2);
+    return kernel == K_VOTE ? vote : kernel == K_RERANK ? rr : cr;
 }
 
-// Blocks per KV head of the vote (P), the five-kernel rerank and the three-kernel rerank (R):
-// those of all heads in one wave of resident blocks (equal shares: a second, partial wave would
-// add its whole length), at least 256 slots (candidates) each at full capacity; P at most MAX_P,
-// the three-kernel R at most P and 256 (its last block scans a count per block). The first call
+// Blocks per KV head of the vote (P), the rerank of the five-kernel selection and the candidates +
+// rerank kernel (R): those of all heads in one wave of resident blocks (equal shares: a second,
+// partial wave would add its whole length), at least 256 slots (candidates) each at full
+// capacity; P at most MAX_P, R at most P (each block takes whole vote blocks). The first call
 // (pkv_gpu_scratch_alloc) queries the occupancies, so that none runs inside a stream capture.
 static int blocks_per_head(int n_kv, int B, int cap, int kernel) {
     int per_sm = B == 8 ? resident_of<8>(kernel) : B == 16 ? resident_of<16>(kernel) : resident_of<32>(kernel);
     int p = per_sm * sm_count() / n_kv, most = (cap + 255) / 256;
     p = p < most ? p : most;
     if (kernel != K_RERANK) p = p < MAX_P ? p : MAX_P;
-    if (kernel == K_RERANK_TOPK) {
+    if (kernel == K_CAND_RERANK) {
         int P = blocks_per_head(n_kv, B, cap, K_VOTE);
         p = p < P ? p : P;
-        p = p < 256 ? p : 256;
     }
     return p > 0 ? p : 1;
 }
 
 int pkv_staged_vote_blocks(int n_kv, int B, int cap) { return blocks_per_head(n_kv, B, cap, K_VOTE); }
-int pkv_rerank_topk_blocks(int n_kv, int B, int cap) { return blocks_per_head(n_kv, B, cap, K_RERANK_TOPK); }
+int pkv_cand_rerank_blocks(int n_kv, int B, int cap) { return blocks_per_head(n_kv, B, cap, K_CAND_RERANK); }
 
 template <int B> static cudaError_t launch_select(PkvSelArgs a, cudaStream_t st) {
     dim3 per_head(a.P, a.n_kv);
     CU_TRY(launch_pdl(pkv_bonus_kernel, dim3(B, a.n_kv), dim3(SEL_THREADS), 0, st, a));
     CU_TRY(launch_pdl(pkv_vote_kernel<B>, per_head, dim3(SEL_THREADS), 0, st, a));
-    // Three kernels where the R blocks' own top-k fit the last block's shared memory (k <= 124 at
-    // R = 33: 8 KV heads on 132 SMs), fewer blocks up to k = 256, else five.
-    int R3 = a.R < LIST_CAP / a.k ? a.R : LIST_CAP / a.k;
-    if (a.five == 2) { // four kernels
+    if (!a.five) {
         CU_TRY(launch_pdl(pkv_cand_rerank_kernel<B>, dim3(a.R, a.n_kv), dim3(SEL_THREADS), 0, st, a));
         return launch_pdl(pkv_topk_kernel, dim3(TOPK_CLUSTER, a.n_kv), dim3(TOPK_THREADS), 0, st, a);
-    }
-    if (!a.five && R3 >= 16) {
-        a.R = R3, a.segcap = a.k;
-        return launch_pdl(pkv_rerank_topk_kernel<B>, dim3(a.R, a.n_kv), dim3(SEL_THREADS), 0, st, a);
     }
     a.R = blocks_per_head(a.n_kv, B, a.cap, K_RERANK);
     CU_TRY(launch_pdl(pkv_compact_kernel, per_head, dim3(SEL_THREADS), 0, st, a));

@@ -382,7 +382,7 @@ static void run_select_cfg(const SelCfg &cfg, unsigned long long seed) {
     CU_CHECK(pkv_gpu_index_alloc(&ix, 2, n_kv, D, cap, 0));
     PkvGpuScratch s;
     CU_CHECK(pkv_gpu_scratch_alloc(&s, &ix, kmax));
-    printf("  selection: %s\n", s.five ? "five kernels a layer (PKV_SELECT=five)" : "three kernels a layer");
+    printf("  selection: %s\n", s.five ? "five kernels a layer (PKV_SELECT=five)" : "four kernels a layer");
     CU_CHECK(cudaDeviceSynchronize()); // the allocations' zeroing ran on stream 0; st does not wait for it
     cudaStream_t st;
     CU_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
@@ -766,7 +766,6 @@ static void stage_times(Bench &bn, const float *d_q, int G, double C) {
         {"pkv_compact_kernel", (double)H * n},
         {"pkv_rerank_kernel", (double)H * C * (4 + 6 * B)},
         {"pkv_topk_kernel", (double)H * C * 4},
-        {"pkv_rerank_topk_kernel", (double)H * (n + C * 6 * B)},
         {"pkv_cand_rerank_kernel", (double)H * (n + C * 6 * B)},
     };
     printf("  %-24s %14s %9s %9s %9s\n", "kernel", "grid x block", "us", "MB read", "GB/s");
@@ -918,7 +917,7 @@ int main(void) {
     };
     if (mutant_mode) printf("PKV_TEST_MUTANT: one selected slot changed on the device after every selection: its selection checks must FAIL\n");
     // Both selections (PKV_SELECT picks one at scratch allocation), each against the CPU.
-    for (const char *variant : {"three", "four", "five"}) {
+    for (const char *variant : {"four", "five"}) {
         setenv("PKV_SELECT", variant, 1);
         printf("\n== selection variant: %s\n", variant);
         unsigned long long vseed = seed;
