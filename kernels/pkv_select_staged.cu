@@ -6,7 +6,7 @@
 //   pkv_bonus_kernel   (B, n_kv) x 256  the group query's transform (each block; block 0
 //                                       stores it), tier bonus of the 256 patterns of each
 //                                       subspace (rank by sorting, prefix sum of the id
-//                                       counts); zeroes this step's histograms and counter
+//                                       counts); zeroes this step's histograms
 //   pkv_vote_kernel    (P, n_kv) x 256  scores of block j's slot range [j S, (j+1) S): the ids
 //                                       streamed with coalesced 16-byte loads, the bonus
 //                                       tables as 4-bit entries in shared memory; a score
