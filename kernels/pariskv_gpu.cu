@@ -34,12 +34,12 @@ static size_t al256(size_t x) { return (x + 255) & ~(size_t)255; }
 
 // ---- index ----
 
-// Byte offsets of ids, codes, w, count, signs in the one allocation; returns its size.
-static size_t index_layout(int n_layers, int n_kv, int D, int cap, size_t off[5]) {
+// Byte offsets of ids, cw, count, signs in the one allocation; returns its size.
+static size_t index_layout(int n_layers, int n_kv, int D, int cap, size_t off[4]) {
     size_t B = (size_t)D / 8, keys = (size_t)n_layers * n_kv * (cap > 0 ? cap : 1);
-    size_t sz[5] = {keys * B, keys * B * 4, keys * B * 2, (size_t)n_layers * n_kv * B * 256 * 4, (size_t)D * 4};
+    size_t sz[4] = {keys * B, keys * B * 6, (size_t)n_layers * n_kv * B * 256 * 4, (size_t)D * 4};
     size_t tot = 0;
-    for (int i = 0; i < 5; i++) off[i] = tot, tot += al256(sz[i]);
+    for (int i = 0; i < 4; i++) off[i] = tot, tot += al256(sz[i]);
     return tot;
 }
 
@@ -49,25 +49,24 @@ static int index_shape_ok(int n_layers, int n_kv, int D, int cap) {
 }
 
 extern "C" size_t pkv_gpu_index_bytes(int n_layers, int n_kv, int D, int cap) {
-    size_t off[5];
+    size_t off[4];
     return index_layout(n_layers, n_kv, D, cap, off);
 }
 
 extern "C" cudaError_t pkv_gpu_index_alloc(PkvGpuIndex *ix, int n_layers, int n_kv, int D, int cap, cudaStream_t st) {
     memset(ix, 0, sizeof *ix);
     if (!index_shape_ok(n_layers, n_kv, D, cap)) return cudaErrorInvalidValue;
-    size_t off[5], bytes = index_layout(n_layers, n_kv, D, cap, off);
+    size_t off[4], bytes = index_layout(n_layers, n_kv, D, cap, off);
     char *p;
     CU_TRY(cudaMalloc(&p, bytes));
     ix->n_layers = n_layers, ix->n_kv = n_kv, ix->D = D, ix->B = D / 8, ix->cap = cap;
     ix->ids = (uint8_t *)p; // the base: pkv_gpu_index_free frees it
-    ix->codes = (uint8_t *)(p + off[1]);
-    ix->w = (uint16_t *)(p + off[2]);
-    ix->count = (int32_t *)(p + off[3]);
-    ix->signs = (float *)(p + off[4]);
+    ix->cw = (uint8_t *)(p + off[1]);
+    ix->count = (int32_t *)(p + off[2]);
+    ix->signs = (float *)(p + off[3]);
     float s[PKV_GPU_MAX_D];
     srht_signs(SRHT_SEED, D, s);
-    cudaError_t e = cudaMemsetAsync(p, 0, off[4], st);
+    cudaError_t e = cudaMemsetAsync(p, 0, off[3], st);
     // From pageable memory: returns once s is staged, so the stack array may go.
     if (e == cudaSuccess) e = cudaMemcpyAsync(ix->signs, s, (size_t)D * sizeof(float), cudaMemcpyHostToDevice, st);
     if (e != cudaSuccess) pkv_gpu_index_free(ix);
@@ -93,8 +92,7 @@ struct PkvEncArgs {
     size_t ls, hs, ss; // strides of the key source, elements (bytes for fp8)
     const uint8_t *base8; // fp8 keys instead (PkvKeySource.fp8)
     size_t soff;          // the scale's byte offset from a row's first code
-    uint8_t *ids, *codes;
-    uint16_t *w;
+    uint8_t *ids, *cw;
     int32_t *count;
     const float *signs;
     int n_kv, cap, from, to, chunk, vec;
@@ -139,8 +137,7 @@ template <int D> static __global__ void __launch_bounds__(256) pkv_encode_kernel
     };
     size_t head = (size_t)lh * a.cap;
     uint8_t *ids = a.ids + head * B;
-    uint32_t *codes = (uint32_t *)(a.codes + head * B * 4);
-    uint16_t *w = a.w + head * B;
+    uint8_t *cw = a.cw + head * B * 6;
     // The loop bound is uniform over the warp (its shuffles need every lane).
     int first = i0 + warp * KPW;
     uint4 nxt = first + g < i1 ? load(first + g) : make_uint4(0, 0, 0, 0);
@@ -212,8 +209,9 @@ template <int D> static __global__ void __launch_bounds__(256) pkv_encode_kernel
         float wb = __fdiv_rn(__fmul_rn(r, rb), al);
         if (i < i1) {
             ids[(size_t)i * B + p] = (uint8_t)id;
-            codes[(size_t)i * B + p] = word;
-            w[(size_t)i * B + p] = __half_as_ushort(__float2half_rn(wb < 65504.0f ? wb : 65504.0f));
+            uint8_t *rec = cw + (size_t)i * B * 6; // codes, then w
+            ((uint32_t *)rec)[p] = word;
+            ((uint16_t *)(rec + B * 4))[p] = __half_as_ushort(__float2half_rn(wb < 65504.0f ? wb : 65504.0f));
             atomicAdd(&cnt[p * 256 + id], 1);
         }
     }
@@ -229,8 +227,8 @@ extern "C" cudaError_t pkv_gpu_encode(const PkvGpuIndex *ix, PkvKeySource src, i
     if (src.fp8 && ((uintptr_t)src.fp8 % 8 || src.layer_stride % 8 || src.head_stride % 8 || src.slot_stride % 8 || src.scale_offset % 4))
         return cudaErrorInvalidValue;
     if (from == to) return cudaSuccess;
-    PkvEncArgs a = {src.base, src.layer_stride, src.head_stride, src.slot_stride, src.fp8, src.scale_offset, ix->ids, ix->codes,
-                 ix->w, ix->count, ix->signs, ix->n_kv, ix->cap, from, to, 0, 0};
+    PkvEncArgs a = {src.base, src.layer_stride, src.head_stride, src.slot_stride, src.fp8, src.scale_offset, ix->ids, ix->cw,
+                 ix->count, ix->signs, ix->n_kv, ix->cap, from, to, 0, 0};
     a.vec = (uintptr_t)src.base % 16 == 0 && src.layer_stride % 8 == 0 && src.head_stride % 8 == 0 && src.slot_stride % 8 == 0;
     // Chunks of up to 2048 slots per block, smaller while that leaves the GPU short of blocks
     // (an update of 512 slots).
@@ -295,7 +293,7 @@ extern "C" cudaError_t pkv_gpu_select(PkvGpuScratch *s, const PkvGpuIndex *ix, i
     if (k < 1 || k > s->kmax || layer < 0 || layer >= ix->n_layers || !s->base || n_heads <= 0 || n_heads % ix->n_kv)
         return cudaErrorInvalidValue;
     size_t keys = (size_t)layer * ix->n_kv * ix->cap, B = ix->B;
-    PkvSelArgs a = {q, ix->signs, n_heads / ix->n_kv, ix->ids + keys * B, ix->codes + keys * B * 4, ix->w + keys * B,
+    PkvSelArgs a = {q, ix->signs, n_heads / ix->n_kv, ix->ids + keys * B, ix->cw + keys * B * 6,
                     ix->count + (size_t)layer * ix->n_kv * B * 256, s->qt, s->qn, s->bonus, s->score, s->hist, s->cand,
                     s->est, s->sel, s->nsel, d_n, ix->n_kv, ix->D, ix->B, ix->cap, (ix->cap + 15) & ~15, k, s->kmax,
                     (s->hist_stride - HIST_BLK0) / HIST_BLK, s->hist_stride, beta, rho, s->R, s->five};

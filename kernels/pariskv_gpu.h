@@ -26,8 +26,9 @@ typedef struct {
     int n_layers, n_kv, D, B;
     int cap;          // zone slots per (layer, KV head)
     uint8_t *ids;     // (n_layers, n_kv, cap, B)      sign-pattern id per subspace
-    uint8_t *codes;   // (n_layers, n_kv, cap, B * 4)  4-bit codes, even coordinate in the low nibble
-    uint16_t *w;      // (n_layers, n_kv, cap, B)      fp16 ||k|| r_b / alpha_b
+    uint8_t *cw;      // (n_layers, n_kv, cap, B * 6)  per key: its 4-bit codes (B * 4 bytes, even
+                      //   coordinate in the low nibble), then its fp16 w = ||k|| r_b / alpha_b
+                      //   (B * 2 bytes): the rerank gathers one record a candidate
     int32_t *count;   // (n_layers, n_kv, B, 256)      zone keys with each id, per subspace
     float *signs;     // (D) the SRHT signs (srht_signs(SRHT_SEED, D))
 } PkvGpuIndex;

@@ -82,8 +82,7 @@ static __device__ float query_transform(float *x, const float *q, const float *s
 struct PkvSelArgs {
     const float *q, *signs;     // the step's queries (n_kv G heads, D), the SRHT signs
     int G;
-    const uint8_t *ids, *codes; // this layer's
-    const uint16_t *w;
+    const uint8_t *ids, *cw; // this layer's
     const int32_t *count;
     float *qt, *qn;
     uint8_t *bonus, *score;

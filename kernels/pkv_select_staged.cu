@@ -29,8 +29,8 @@
 // block per head, from each block's own top-k -- its serial radix passes cost more than the
 // launch they saved (63.5 against 55.4 us a layer at 128K).
 // P and R fill the GPU with one wave of resident blocks. Bytes read per KV head, n slots, C
-// candidates (n = 1M, D = 128: C = 100K): ids n B (16 MB), scores n (1 MB, from L2), codes and
-// w C 6 B (9.6 MB), cand and est C 8 (L2), counts B 1 KB; written: scores n, cand + est C 8.
+// candidates (n = 1M, D = 128: C = 100K): ids n B (16 MB), scores n (1 MB, from L2), the
+// records of codes and w C 6 B (9.6 MB, one 96-byte gather a candidate), cand and est C 8 (L2), counts B 1 KB; written: scores n, cand + est C 8.
 // All kernels of a step use PDL (pdl_wait() before reading anything an earlier kernel wrote).
 
 #include "pkv_select.cuh"
@@ -228,8 +228,7 @@ template <int B, bool HIST> static __device__ void rerank_range(const PkvSelArgs
 #pragma unroll
     for (int i = 0; i < 32; i++) q[i] = a.qt[(size_t)h * a.D + part * 32 + i];
     const float qn = a.qn[h];
-    const uint8_t *codes = a.codes + (size_t)h * a.cap * B * 4;
-    const uint16_t *w = a.w + (size_t)h * a.cap * B;
+    const uint8_t *cw = a.cw + (size_t)h * a.cap * B * 6;
     const int *cand = a.cand + (size_t)h * a.capp;
     float *est = a.est + (size_t)h * a.capp;
     auto slots = [&](int c, int (&slot)[U]) {
@@ -244,8 +243,9 @@ template <int B, bool HIST> static __device__ void rerank_range(const PkvSelArgs
         for (int u = 0; u < U; u++) {
             cv[u] = make_uint4(0, 0, 0, 0), wv[u] = make_uint2(0, 0);
             if (slot[u] >= 0) {
-                cv[u] = __ldcs((const uint4 *)(codes + (size_t)slot[u] * B * 4) + part);
-                wv[u] = __ldcs((const uint2 *)(w + (size_t)slot[u] * B) + part);
+                const uint8_t *rec = cw + (size_t)slot[u] * B * 6; // one record: codes, then w
+                cv[u] = __ldcs((const uint4 *)rec + part);
+                wv[u] = __ldcs((const uint2 *)(rec + B * 4) + part);
             }
         }
     };

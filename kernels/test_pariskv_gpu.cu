@@ -147,8 +147,12 @@ static HostIndex index_to_host(const PkvGpuIndex &ix) {
     size_t keys = (size_t)ix.n_layers * ix.n_kv * ix.cap, B = ix.B;
     HostIndex h;
     h.ids = from_dev(ix.ids, keys * B);
-    h.codes = from_dev(ix.codes, keys * B * 4);
-    h.w = from_dev(ix.w, keys * B);
+    std::vector<uint8_t> cw = from_dev(ix.cw, keys * B * 6); // per key: codes, then w
+    h.codes.resize(keys * B * 4), h.w.resize(keys * B);
+    for (size_t i = 0; i < keys; i++) {
+        memcpy(&h.codes[i * B * 4], &cw[i * B * 6], B * 4);
+        memcpy(&h.w[i * B], &cw[i * B * 6 + B * 4], B * 2);
+    }
     h.count = from_dev(ix.count, (size_t)ix.n_layers * ix.n_kv * B * 256);
     return h;
 }
