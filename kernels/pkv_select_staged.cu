@@ -22,7 +22,9 @@
 //   pkv_topk_kernel    (8, n_kv) x 512  one cluster per head: radix select on the keys
 //                                       (12/10/10 bits) from that histogram, histograms
 //                                       summed in distributed shared memory, ties at the k-th
-//                                       to the smaller slot; the selection written in slot order
+//                                       to the smaller slot; the selection written in slot order.
+//                                       Up to TOPK_ONE_BLOCK candidates (contexts to ~320K)
+//                                       the cluster's first block does it alone
 // The five-kernel selection splits the third kernel into pkv_compact_kernel (the vote's
 // blocks) and pkv_rerank_kernel (equal shares of the candidates): a launch and a pass more.
 // Tried and dropped (tests/bench/GPU.md, session 13): the top-k in the rerank kernel's last
@@ -34,6 +36,8 @@
 // All kernels of a step use PDL (pdl_wait() before reading anything an earlier kernel wrote).
 
 #include "pkv_select.cuh"
+
+#define TOPK_ONE_BLOCK 32768 // candidates a head up to which one block of the top-k cluster takes them all
 
 
 // Block (b, h): subspace b of KV head h. Thread c scores pattern c (pkv_bonus's sum), the
@@ -371,6 +375,73 @@ static __device__ __forceinline__ void cluster_hist_sum(cg::cluster_group &cl, i
     __syncthreads();
 }
 
+// The items [lo, hi) of est (lo a multiple of 16) above T and the first `quota` equal to it, in
+// order, to out: an item's place is (items above T before it) + min(ties before it, quota).
+// Every thread of the block calls it (TOPK_THREADS), 16 items a thread per chunk.
+static __device__ void write_ordered(const float *est, const int *cand, int *out, int lo, int hi, uint32_t T, int quota,
+                                     long long *red64) {
+    int gb = 0, eb = 0; // the block's counts before the current chunk
+    for (int c0 = lo; c0 < hi; c0 += 16 * TOPK_THREADS) {
+        int i0 = c0 + 16 * threadIdx.x, g = 0, e = 0;
+        uint32_t key[16];
+#pragma unroll
+        for (int v = 0; v < 4; v++) {
+            float4 e4 = i0 + 4 * v < hi ? *(const float4 *)(est + i0 + 4 * v) : make_float4(0, 0, 0, 0);
+            key[4 * v] = fkey(e4.x), key[4 * v + 1] = fkey(e4.y), key[4 * v + 2] = fkey(e4.z), key[4 * v + 3] = fkey(e4.w);
+        }
+#pragma unroll
+        for (int u = 0; u < 16; u++)
+            if (i0 + u < hi) g += key[u] > T, e += key[u] == T;
+        long long ctot, ex = block_scan((long long)g << 32 | e, red64, &ctot);
+        int gx = gb + (int)(ex >> 32), ex_e = eb + (int)(ex & 0xffffffff);
+#pragma unroll
+        for (int u = 0; u < 16; u++) {
+            if (i0 + u >= hi) continue;
+            if (key[u] > T) out[gx + min(ex_e, quota)] = cand[i0 + u], gx++;
+            else if (key[u] == T) {
+                if (ex_e < quota) out[gx + ex_e] = cand[i0 + u];
+                ex_e++;
+            }
+        }
+        gb += (int)(ctot >> 32), eb += (int)(ctot & 0xffffffff);
+    }
+}
+
+// The top-k of a head's C <= TOPK_ONE_BLOCK estimates by one block (the cluster's first): the
+// same radix as the cluster's, block barriers instead of cluster barriers (which cost more than
+// the passes at this size: 40K cycles a layer at 128K, a third of its samples at the barriers).
+static __device__ void topk_one_block(const PkvSelArgs &a, int h, int C, int *hist, int *h2, int *h3, int *red, long long *red64) {
+    __shared__ int s_d, s_above, s_in;
+    const int t = threadIdx.x;
+    const float *est = a.est + (size_t)h * a.capp;
+    const int *cand = a.cand + (size_t)h * a.capp;
+    const int32_t *hh = a.hist + (size_t)h * a.hist_stride;
+    for (int i = t; i < EST_BINS; i += TOPK_THREADS) hist[i] = hh[HIST_EST + i];
+    for (int i = t; i < 1024; i += TOPK_THREADS) h2[i] = 0, h3[i] = 0;
+    __syncthreads();
+    pdl_release();
+    int r = a.k;
+    find_digit(hist, EST_BINS, r, red, &s_d, &s_above, &s_in);
+    const uint32_t d1 = s_d;
+    r -= s_above;
+    est_pass(est, 0, C, [&](int, uint32_t key) {
+        if (key >> 20 == d1) atomicAdd(&h2[(key >> 10) & 1023], 1);
+    });
+    __syncthreads();
+    find_digit(h2, 1024, r, red, &s_d, &s_above, &s_in);
+    const uint32_t p22 = d1 << 10 | (uint32_t)s_d;
+    r -= s_above;
+    est_pass(est, 0, C, [&](int, uint32_t key) {
+        if (key >> 10 == p22) atomicAdd(&h3[key & 1023], 1);
+    });
+    __syncthreads();
+    find_digit(h3, 1024, r, red, &s_d, &s_above, &s_in);
+    const uint32_t T = p22 << 10 | (uint32_t)s_d;
+    r -= s_above; // ties taken, the first in slot order
+    write_ordered(est, cand, a.sel + (size_t)h * a.kmax, 0, C, T, r, red64);
+    if (t == 0) a.nsel[h] = a.k;
+}
+
 // Cluster (h) of TOPK_CLUSTER blocks per KV head: the k best of the C estimates (ties: the
 // smaller slot) by radix select on their keys, digits of 12, 10 and 10 bits, written to sel in
 // slot order (cand is ascending): the attention needs no sort. Block j takes the candidates
@@ -395,6 +466,10 @@ static __global__ void __cluster_dims__(TOPK_CLUSTER, 1, 1) __launch_bounds__(TO
     if (n <= k || C == k) { // every slot, or every candidate (ascending)
         for (int i = j * TOPK_THREADS + t; i < (n <= k ? n : k); i += TOPK_CLUSTER * TOPK_THREADS) sel[i] = n <= k ? i : cand[i];
         if (j == 0 && t == 0) a.nsel[h] = n <= k ? n : k;
+        return;
+    }
+    if (C <= TOPK_ONE_BLOCK) { // the whole cluster's decision (C is the same in every block)
+        if (j == 0) topk_one_block(a, h, C, hist, h2, h3, red, red64);
         return;
     }
     const float *est = a.est + (size_t)h * a.capp;
@@ -437,32 +512,7 @@ static __global__ void __cluster_dims__(TOPK_CLUSTER, 1, 1) __launch_bounds__(TO
     int G0 = 0, E0 = 0;
     for (int q = 0; q < j; q++) G0 += *cl.map_shared_rank(&s_gt, q), E0 += *cl.map_shared_rank(&s_eq, q);
     int quota = max(0, r - E0); // ties this block may take, from its first
-    // Ordered pass: an item's place is (items above T before it) + min(ties before it, quota).
-    int gb = 0, eb = 0; // this block's counts before the current chunk
-    for (int c0 = lo; c0 < hi; c0 += 16 * TOPK_THREADS) {
-        int i0 = c0 + 16 * t, g = 0, e = 0;
-        uint32_t key[16];
-#pragma unroll
-        for (int v = 0; v < 4; v++) {
-            float4 e4 = i0 + 4 * v < hi ? *(const float4 *)(est + i0 + 4 * v) : make_float4(0, 0, 0, 0);
-            key[4 * v] = fkey(e4.x), key[4 * v + 1] = fkey(e4.y), key[4 * v + 2] = fkey(e4.z), key[4 * v + 3] = fkey(e4.w);
-        }
-#pragma unroll
-        for (int u = 0; u < 16; u++)
-            if (i0 + u < hi) g += key[u] > T, e += key[u] == T;
-        long long ctot, ex = block_scan((long long)g << 32 | e, red64, &ctot);
-        int gx = gb + (int)(ex >> 32), ex_e = eb + (int)(ex & 0xffffffff);
-#pragma unroll
-        for (int u = 0; u < 16; u++) {
-            if (i0 + u >= hi) continue;
-            if (key[u] > T) sel[G0 + min(E0, r) + gx + min(ex_e, quota)] = cand[i0 + u], gx++;
-            else if (key[u] == T) {
-                if (ex_e < quota) sel[G0 + min(E0, r) + gx + ex_e] = cand[i0 + u];
-                ex_e++;
-            }
-        }
-        gb += (int)(ctot >> 32), eb += (int)(ctot & 0xffffffff);
-    }
+    write_ordered(est, cand, sel + G0 + min(E0, r), lo, hi, T, quota, red64);
     if (j == 0 && t == 0) a.nsel[h] = k;
     cl.sync(); // peers may still read s_gt / s_eq
 }

@@ -900,8 +900,10 @@ int main(void) {
     printf("device: %s (%d SMs)%s\n", prop.name, prop.multiProcessorCount, quick ? ", quick (PKV_TEST_QUICK)" : "");
     unsigned long long seed = 1000;
     const char *bo = getenv("PKV_TEST_BENCH_ONLY"); // profiling the timing part alone (counts no check)
-    if (bo && *bo && strcmp(bo, "0")) {
-        bench(1 << 20), bench(1 << 17);
+    if (bo && *bo && strcmp(bo, "0")) { // a zone size past 1000: that one alone
+        int n = atoi(bo);
+        if (n > 1000) bench(n);
+        else bench(1 << 20), bench(1 << 17);
         return 0;
     }
     test_encode(64, 2, 3, 1000, 333, 999, seed++);
@@ -913,11 +915,13 @@ int main(void) {
         {64, 2, 3, 3.0f, "D=64", {{0, 100, 0, 0}, {60, 100, 0, 0}, {100, 100, 0, 0}, {101, 100, 0, 0}, {3000, 100, 0, 0},
                                   {3000, 2048, 0, 0}, {20000, 100, 0, 0}, {20000, 100, 0.3f, 0.3f}, {big, 100, 0, 0}}},
         {128, 8, 4, 3.0f, "D=128", {{0, 100, 0, 0}, {100, 100, 0, 0}, {3000, 100, 0, 0}, {20000, 100, 0, 0},
-                                    {big, 100, 0, 0}, {big, 2048, 0, 0}, {9999, 2048, 0.25f, 0.3f}}},
+                                    {big, 100, 0, 0}, {big, 2048, 0, 0}, {9999, 2048, 0.25f, 0.3f},
+                                    {quick ? 20000 : 400000, 100, 0, 0}}}, // past 32,768 candidates: the top-k's cluster
         {256, 1, 8, 2.0f, "D=256", {{5000, 100, 0, 0}, {30001, 100, 0, 0}, {30001, 700, 0, 0}}},
         // Nearly parallel keys: skewed counts, most scores and estimates equal (ties everywhere),
         // and many candidates in the k-th's first radix bin (the top-k's later digits decide).
-        {128, 2, 2, 200.0f, "degenerate", {{quick ? 131072 : 300000, 100, 0, 0}, {quick ? 131072 : 300000, 1000, 0, 0}}},
+        // The first case's 13K-30K candidates take the top-k's one-block path, the second's 34K-40K its cluster.
+        {128, 2, 2, 200.0f, "degenerate", {{quick ? 131072 : 300000, 100, 0, 0}, {quick ? 340000 : 400000, 1000, 0, 0}}},
     };
     if (mutant_mode) printf("PKV_TEST_MUTANT: one selected slot changed on the device after every selection: its selection checks must FAIL\n");
     // Both selections (PKV_SELECT picks one at scratch allocation), each against the CPU.
