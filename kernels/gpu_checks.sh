@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the repo root, with binaries from kernels/prepare_device.sh in .dev/:
 # kernel tests against the CPU reference, whole-model GPU vs CPU, and the decode benchmark.
-# Usage: kernels/gpu_checks.sh [kernels|mutants|models|smollm2|sampling|quant|quantbench|pkvrand|pkvchat|pkvsmol|pkvfp8|pkvcache|pkvtable|pkvlayer|pkvchunk|pkvdrift|session|sessbench|pkvsan|pkvlong|pkvbench|bench|prefill|peer|hfcheck|tp|tpbench|all]...
+# Usage: kernels/gpu_checks.sh [kernels|mutants|models|smollm2|passkey|sampling|quant|quantbench|pkvrand|pkvchat|pkvsmol|pkvfp8|pkvcache|pkvtable|pkvlayer|pkvchunk|pkvdrift|session|sessbench|pkvsan|pkvlong|pkvbench|bench|prefill|peer|hfcheck|tp|tpbench|all]...
 # tp, tpbench need two GPUs (--gpus 2) and are left out of `all`.
 # Exits non-zero when any check fails: every command's status counts (pipefail: a `cmd | tee`
 # fails when cmd does), and a GPU/CPU mismatch is a failure, not a note.
@@ -463,6 +463,16 @@ if want sessbench; then
             { echo "FAIL $store: 128K restore differs"; status=1; }
         rm -f /root/sb.bin
     done
+fi
+if want passkey; then
+    # Issue 25's retrieval test on the GPU: SmolLM2 reads ~2,400 tokens of text with a pass key at
+    # two depths; the key's digits must be the top-1 predictions under full attention and ParisKV,
+    # and StreamingLLM (the control, blind to the zone) must miss them (tests/test_passkey.py, the
+    # same file the CPU suite runs). The GGUF assembled from carried parts, as in smollm2.
+    G=/root/smol/model.gguf
+    mkdir -p /root/smol; for d in .smol .smol0 .smol1 .smol2; do [ -d $d ] && { cp $d/part0* /root/smol/ || status=1; }; done
+    [ -f $G ] || cat /root/smol/part0* > $G
+    PASSKEY_DEVICE=gpu PKV_BIN=$PWD/$D SMOLLM2_GGUF=$G timeout 300 python3 tests/test_passkey.py 2>&1 | tee "$OUT/passkey.txt" || status=1
 fi
 if want pkvsan; then
     # compute-sanitizer memcheck and racecheck over the ParisKV kernels' tests (quick sizes) and the
