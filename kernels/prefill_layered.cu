@@ -106,7 +106,7 @@ cudaError_t gpu_prefill_layered(GpuState *g, const int *tokens, int n, char *err
         if (e == cudaSuccess) e = pkv_layer_rows_out(p->kv, (int)l, ks, vs, n, ring_from, n, 0, st);
         if (e == cudaSuccess && show) {
             e = cudaStreamSynchronize(st);
-            progress((int)l + 1, (int)c->n_layers, n, t0, &last_tenth);
+            if (g->shard.rank == 0) progress((int)l + 1, (int)c->n_layers, n, t0, &last_tenth); // one line for all GPUs
         }
     }
     if (e == cudaSuccess) e = gpu_logits(g, x + (size_t)(n - 1) * dim, 1);
@@ -123,7 +123,7 @@ cudaError_t gpu_prefill_layered(GpuState *g, const int *tokens, int n, char *err
     double t1 = now_s();
     e = pkv_index_to(g, attn_zone_end(&p->cfg, n), n, err);
     if (e == cudaSuccess) e = cudaStreamSynchronize(st);
-    if (e == cudaSuccess)
+    if (e == cudaSuccess && g->shard.rank == 0)
         fprintf(stderr, "prefill, layer by layer (%d tokens; device cache %d positions): %.1f s, then the index of %d zone positions %.1f s\n", n,
                 dcap, t1 - t0, n - S, now_s() - t1);
     return e;
