@@ -15,7 +15,7 @@
 namespace cg = cooperative_groups;
 
 #define SEL_THREADS 256             // bonus, vote, compact, rerank blocks
-#define TOPK_THREADS 512            // top-k blocks (five-kernel selection)
+#define TOPK_THREADS 512            // top-k blocks
 #define TOPK_CLUSTER 8              // top-k blocks per KV head: one cluster (a portable size)
 #define EMIT_CHUNK (SEL_THREADS * 16) // slots a compact block scans at once (16 scores a thread)
 #define RERANK_U 4                  // candidate groups a rerank warp gathers at once

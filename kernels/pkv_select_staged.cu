@@ -32,7 +32,8 @@
 // launch they saved (63.5 against 55.4 us a layer at 128K).
 // P and R fill the GPU with one wave of resident blocks. Bytes read per KV head, n slots, C
 // candidates (n = 1M, D = 128: C = 100K): ids n B (16 MB), scores n (1 MB, from L2), the
-// records of codes and w C 6 B (9.6 MB, one 96-byte gather a candidate), cand and est C 8 (L2), counts B 1 KB; written: scores n, cand + est C 8.
+// records of codes and w C 6 B (9.6 MB, one 96-byte gather a candidate), cand and est C 8 (L2),
+// counts B 1 KB; written: scores n, cand + est C 8.
 // All kernels of a step use PDL (pdl_wait() before reading anything an earlier kernel wrote).
 
 #include "pkv_select.cuh"
@@ -219,13 +220,13 @@ static __device__ void topc_write(const uint8_t *sc, int *cand, int lo, int hi, 
 
 // ---- the rerank ----
 
-// The estimates of candidates [c_lo, c_hi) of head h into est, and (HIST) a 12-bit histogram of
-// their order-preserving keys into h1 (shared, zeroed by the caller). Each warp takes U groups of CPW
+// The estimates of candidates [c_lo, c_hi) of head h into est, and a 12-bit histogram of their
+// order-preserving keys into h1 (shared, zeroed by the caller). Each warp takes U groups of CPW
 // candidates at once: the slots, then all U gathers of codes (16 bytes a lane) and w (8) before
 // any arithmetic, so each lane has 2U loads in flight; software-pipelined: the codes and w of the
 // next group and the slots of the one after are in flight while this group is scored. lev: the
 // 16 reconstruction levels (shared). Every thread of the block calls it.
-template <int B, bool HIST> static __device__ void rerank_range(const PkvSelArgs &a, int h, int c_lo, int c_hi, int *h1, const float *lev) {
+template <int B> static __device__ void rerank_range(const PkvSelArgs &a, int h, int c_lo, int c_hi, int *h1, const float *lev) {
     constexpr int L = B / 4, CPW = 32 / L, NW = SEL_THREADS / 32, U = RERANK_U, STEP = NW * CPW * U;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, part = lane % L, g = lane / L;
     float q[32];
@@ -268,7 +269,7 @@ template <int B, bool HIST> static __device__ void rerank_range(const PkvSelArgs
             float e = estimate<L>(cv[u], wv[u], q, qn, lev);
             if (part == 0 && s_cur[u] >= 0) {
                 est[c + u * CPW + g] = e;
-                if (HIST) atomicAdd(&h1[fkey(e) >> 20], 1);
+                atomicAdd(&h1[fkey(e) >> 20], 1);
             }
         }
 #pragma unroll
@@ -279,6 +280,15 @@ template <int B, bool HIST> static __device__ void rerank_range(const PkvSelArgs
 static __device__ void rerank_setup(int *h1, float *lev) {
     for (int i = threadIdx.x; i < EST_BINS; i += blockDim.x) h1[i] = 0;
     if (threadIdx.x < 16) lev[threadIdx.x] = threadIdx.x & 8 ? c_centers[threadIdx.x & 7] : -c_centers[threadIdx.x & 7]; // pkv_levels
+}
+
+// After a block's rerank_range: the next kernel may start, and the block's histogram (its
+// nonzero bins) is added to the head's.
+static __device__ void rerank_finish(int32_t *hh, const int *h1) {
+    pdl_release();
+    __syncthreads();
+    for (int i = threadIdx.x; i < EST_BINS; i += SEL_THREADS) // the rerank kernels' block size
+        if (h1[i]) atomicAdd(&hh[HIST_EST + i], h1[i]);
 }
 
 // ---- the top-k ----
@@ -304,7 +314,7 @@ static __device__ void find_digit(const int *hist, int nb, int r, int *red, int 
 template <int B> static __global__ void __launch_bounds__(SEL_THREADS) pkv_cand_rerank_kernel(PkvSelArgs a) {
     __shared__ int h1[EST_BINS];
     __shared__ float lev[16];
-    const int h = blockIdx.y, r = blockIdx.x, t = threadIdx.x;
+    const int h = blockIdx.y, r = blockIdx.x;
     rerank_setup(h1, lev);
     pdl_wait();
     int n, C;
@@ -319,11 +329,8 @@ template <int B> static __global__ void __launch_bounds__(SEL_THREADS) pkv_cand_
     topc_write(a.score + (size_t)h * a.capp, a.cand + (size_t)h * a.capp, lo, hi, thr, quota, G, E);
     const int c_hi = G + min(E, quota);
     __syncthreads(); // this block's cand entries, read back by its other warps
-    rerank_range<B, true>(a, h, c_lo, c_hi, h1, lev);
-    pdl_release();
-    __syncthreads();
-    for (int i = t; i < EST_BINS; i += SEL_THREADS)
-        if (h1[i]) atomicAdd(&hh[HIST_EST + i], h1[i]);
+    rerank_range<B>(a, h, c_lo, c_hi, h1, lev);
+    rerank_finish(hh, h1);
 }
 
 // ---- the five-kernel selection (PKV_SELECT=five) ----
@@ -347,7 +354,7 @@ static __global__ void __launch_bounds__(SEL_THREADS) pkv_compact_kernel(PkvSelA
 template <int B> static __global__ void __launch_bounds__(SEL_THREADS) pkv_rerank_kernel(PkvSelArgs a) {
     __shared__ int h1[EST_BINS];
     __shared__ float lev[16];
-    int h = blockIdx.y, r = blockIdx.x, t = threadIdx.x;
+    int h = blockIdx.y, r = blockIdx.x;
     rerank_setup(h1, lev);
     pdl_wait();
     int n, C;
@@ -355,12 +362,8 @@ template <int B> static __global__ void __launch_bounds__(SEL_THREADS) pkv_reran
     if (n <= a.k) return;
     int per = (C + a.R - 1) / a.R, c_lo = min(r * per, C), c_hi = min(c_lo + per, C);
     __syncthreads(); // h1, lev
-    rerank_range<B, true>(a, h, c_lo, c_hi, h1, lev);
-    pdl_release();
-    __syncthreads();
-    int32_t *hh = a.hist + (size_t)h * a.hist_stride;
-    for (int i = t; i < EST_BINS; i += SEL_THREADS)
-        if (h1[i]) atomicAdd(&hh[HIST_EST + i], h1[i]);
+    rerank_range<B>(a, h, c_lo, c_hi, h1, lev);
+    rerank_finish(a.hist + (size_t)h * a.hist_stride, h1);
 }
 
 // The sum of bins [0, nb) of hist over the cluster's blocks (ranks in order: every block gets the

@@ -916,7 +916,7 @@ int main(void) {
                                   {3000, 2048, 0, 0}, {20000, 100, 0, 0}, {20000, 100, 0.3f, 0.3f}, {big, 100, 0, 0}}},
         {128, 8, 4, 3.0f, "D=128", {{0, 100, 0, 0}, {100, 100, 0, 0}, {3000, 100, 0, 0}, {20000, 100, 0, 0},
                                     {big, 100, 0, 0}, {big, 2048, 0, 0}, {9999, 2048, 0.25f, 0.3f},
-                                    {quick ? 20000 : 400000, 100, 0, 0}}}, // past 32,768 candidates: the top-k's cluster
+                                    {quick ? 20000 : 400000, 100, 0, 0}}}, // full runs: past 32,768 candidates, the top-k's cluster
         {256, 1, 8, 2.0f, "D=256", {{5000, 100, 0, 0}, {30001, 100, 0, 0}, {30001, 700, 0, 0}}},
         // Nearly parallel keys: skewed counts, most scores and estimates equal (ties everywhere),
         // and many candidates in the k-th's first radix bin (the top-k's later digits decide).
