@@ -14,15 +14,16 @@
 // Slabs start on 1024-byte boundaries.
 //
 // Kernel 1 (sm_90a, wgmma; the default): 2 warpgroups of 64 rows, 128-key tiles. K/V tiles go through a
-// 3-stage ring of shared memory filled by cp.async from all 256 threads, with mbarrier full/empty
-// handshakes (cp.async arrives on the full barrier when it lands; a slot is refilled once both
-// warpgroups released it). S = Q K^T with both operands from shared memory; O += P V with P from
+// 3-stage ring of shared memory filled by TMA bulk tensor copies that thread 0 issues, with mbarrier
+// full/empty handshakes (the copies complete the full barrier's transaction count; a slot is refilled
+// once both warpgroups released it). Q is copied once by all threads (cp.async). S = Q K^T with both operands from shared memory; O += P V with P from
 // registers and V read transposed (MN-major) from shared memory. The S GEMM of tile j+1 is issued
 // before the PV GEMM of tile j, so the softmax of one tile overlaps the PV GEMM.
 // Kernel 2 (sm_80+, mma.sync m16n8k16; fallback): FA2 layout, 8 warps x 16 rows, 64-key tiles, 2-stage
 // cp.async, ldmatrix from the same swizzled layout.
 // Measured on an H100 (kernels/bench/flash_prefill.md): Qwen3-8B shapes, whole 128K prompt, kernel 1
-// 458 TFLOP/s (11.1 s over 36 layers), kernel 2 306 TFLOP/s. Tried and slower: the MODE 1/2 scheduling
+// 499-503 TFLOP/s (10.1 s over 36 layers; 452 with the threads' cp.async copies, MODE 0), kernel 2
+// 306 TFLOP/s. Tried and slower: the MODE 1/2 scheduling
 // variants below; a separate producer warpgroup with setmaxnreg (ptxas 13.0 then caps every thread at
 // 168 registers, the consumers spill and the wgmmas serialize).
 // Why one file of ~670 lines: the wgmma and mma.sync kernels share the swizzled tile layout, its
@@ -30,8 +31,11 @@
 #include "flash_prefill.h"
 #include "variants.h"
 
+#include <cuda.h> // CUtensorMap (the type only: the encoder comes through the runtime's driver entry point)
+#include <cudaTypedefs.h>
 #include <math.h>
 #include <stdint.h>
+#include <string.h>
 
 typedef __nv_bfloat16 bf16;
 
@@ -134,6 +138,16 @@ __device__ __forceinline__ void mbar_wait(uint64_t *b, int parity) {
 __device__ __forceinline__ void cp_async_arrive(uint64_t *b) {
     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_u32(b)) : "memory");
 }
+// The producer's arrival, announcing the bytes the tile's bulk copies will complete on the barrier.
+__device__ __forceinline__ void mbar_expect_tx(uint64_t *b, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(b)), "r"(bytes) : "memory");
+}
+// One box of a 3-D tensor map (coordinates innermost first) into shared memory, completing on bar.
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap *map, int c0, int c1, int c2, uint64_t *bar) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
+                 "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(smem_u32(bar))
+                 : "memory");
+}
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 // Named barriers 1 and 2 over both warpgroups (256 threads): one side syncs, the other arrives.
 __device__ __forceinline__ void named_sync(int id) { asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory"); }
@@ -202,11 +216,17 @@ __device__ __forceinline__ void wgmma_rs_n64_tb(float (&d)[32], uint32_t a0, uin
 // MODE 1: warpgroup 1 alone refills the ring; warpgroup 0 never waits on warpgroup 1.
 // MODE 2: MODE 1 + ping-pong: named barriers make the warpgroups take turns issuing their GEMMs, so one
 //         warpgroup's softmax runs while the other's GEMMs occupy the tensor cores.
+// MODE 3: as MODE 0, but thread 0 alone fills the ring, with TMA bulk tensor copies (tmk, tmv: the
+//         layer's K and V caches as (n_kv, pos0 + T, HD), boxes of 128 rows x 64 columns, 128-byte
+//         swizzle: the layout above), so the warps issue no copies or address arithmetic. (A ninth,
+//         producer warp instead: ptxas then budgets 168 registers a thread, as for 384, and spills.)
+//         MODE 3 with MODE 2's turns measured no faster (494.7-491.0 against 498.9-503.1 TFLOP/s over
+//         the whole 128K prompt): not kept.
 template <int HD, int MODE>
 __global__ void __launch_bounds__(WG_THREADS, 1)
     fp_wgmma_kernel(bf16 *__restrict__ out, const bf16 *__restrict__ q, const bf16 *__restrict__ kc,
                     const bf16 *__restrict__ vc, int pos0, int T, int n_heads, int n_kv, int ctx, int G, int nq,
-                    int n_qtiles, float sl2) {
+                    int n_qtiles, float sl2, const __grid_constant__ CUtensorMap tmk, const __grid_constant__ CUtensorMap tmv) {
 #if FP_HAVE_WGMMA
     constexpr int QB = BM * HD * 2, KVB = WG_BN * HD * 2;
     constexpr int NO = HD / 2; // O accumulators per thread (m64 x nHD over 128 threads)
@@ -227,12 +247,24 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
     if (tid == 0) {
 #pragma unroll
         for (int s = 0; s < WG_STAGES; s++) {
-            mbar_init(&bar_full[s], MODE == 0 ? WG_THREADS : 128);
+            mbar_init(&bar_full[s], MODE == 0 ? WG_THREADS : MODE == 3 ? 1 : 128);
             mbar_init(&bar_empty[s], WG_THREADS);
         }
         mbar_init(&bar_q, WG_THREADS);
+        if (MODE == 3) asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); // visible to the TMA unit
     }
     __syncthreads();
+    constexpr bool TMA = MODE == 3;
+    auto tma_tile = [&](int jt) { // MODE 3, thread 0
+        const int s = jt % WG_STAGES;
+        const uint32_t kb = sKV + s * 2 * KVB;
+        mbar_expect_tx(&bar_full[s], 2 * KVB);
+#pragma unroll
+        for (int sl = 0; sl < HD / 64; sl++) {
+            tma_load_3d(kb + sl * WG_BN * 128, &tmk, sl * 64, jt * WG_BN, kvh, &bar_full[s]);
+            tma_load_3d(kb + KVB + sl * WG_BN * 128, &tmv, sl * 64, jt * WG_BN, kvh, &bar_full[s]);
+        }
+    };
 
     // The copying threads each copy their share of a tile and arrive on the tile's barrier when it lands.
     auto issue_tile = [&](int jt) {
@@ -249,7 +281,10 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
     };
     load_q<HD, WG_THREADS>(sQ, q, t0, nqh, G, kvh, n_heads, tid);
     cp_async_arrive(&bar_q);
-    if (MODE == 0 || tid >= 128)
+    if (TMA) {
+        if (tid == 0)
+            for (int jt = 0; jt < WG_STAGES && jt < n_tiles; jt++) tma_tile(jt);
+    } else if (MODE == 0 || tid >= 128)
         for (int jt = 0; jt < WG_STAGES && jt < n_tiles; jt++) issue_tile(jt);
     if (MODE == 2 && tid >= 128) named_arrive(1); // warpgroup 0 issues first
     // GEMM issue turns (MODE 2): point k of warpgroup w waits for the other's point k-1 (or the start).
@@ -383,7 +418,11 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
         if (!(l0 < 0.f)) wgmma_wait<0>();
         fence_regs(o);
         mbar_arrive(&bar_empty[sp]);
-        if (j - 1 + WG_STAGES < n_tiles && (MODE == 0 || warp >= 4)) {
+        if (TMA && tid == 0 && j - 1 + WG_STAGES < n_tiles) {
+            mbar_wait(&bar_empty[sp], ((j - 1) / WG_STAGES) & 1);
+            tma_tile(j - 1 + WG_STAGES);
+        }
+        if (!TMA && j - 1 + WG_STAGES < n_tiles && (MODE == 0 || warp >= 4)) {
             // refill the slot of tile j-1 once both warpgroups are done with it
             mbar_wait(&bar_empty[sp], ((j - 1) / WG_STAGES) & 1);
             issue_tile(j - 1 + WG_STAGES);
@@ -617,6 +656,27 @@ int wgmma_usable(cudaStream_t st) {
     return state;
 }
 
+// The layer's K or V cache (n_kv, ctx, HD) as a 3-D tensor map of rows 0 .. rows-1: boxes of WG_BN rows
+// x 64 columns with the 128-byte swizzle; rows past `rows` read as zeros. The encoder comes from the
+// driver through the runtime (no link against libcuda).
+cudaError_t kv_tensor_map(CUtensorMap *map, const bf16 *base, int HD, int rows, int n_kv, int ctx) {
+    static PFN_cuTensorMapEncodeTiled_v12000 encode = NULL;
+    if (!encode) {
+        cudaDriverEntryPointQueryResult qr;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void **)&encode, 12000, cudaEnableDefault, &qr) != cudaSuccess ||
+            qr != cudaDriverEntryPointSuccess || !encode) {
+            encode = NULL;
+            return cudaErrorNotSupported;
+        }
+    }
+    const cuuint64_t dims[3] = {(cuuint64_t)HD, (cuuint64_t)rows, (cuuint64_t)n_kv};
+    const cuuint64_t strides[2] = {(cuuint64_t)HD * 2, (cuuint64_t)ctx * HD * 2}; // bytes, dims 1 and 2
+    const cuuint32_t box[3] = {64, WG_BN, 1}, estr[3] = {1, 1, 1};
+    CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, (void *)base, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                        CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
 template <int HD>
 cudaError_t launch(int impl, bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v, int pos0, int T, int n_heads,
                    int n_kv, int ctx, cudaStream_t st) {
@@ -627,13 +687,22 @@ cudaError_t launch(int impl, bf16 *out, const bf16 *q, const bf16 *k, const bf16
     const dim3 grid((unsigned)(n_qtiles * n_kv));
     if (impl != FLASH_PREFILL_MMA) {
         const int smem = wg_smem_bytes<HD>();
-        void (*kern)(bf16 *, const bf16 *, const bf16 *, const bf16 *, int, int, int, int, int, int, int, int,
-                     float) = impl == FLASH_PREFILL_WGMMA_M1   ? fp_wgmma_kernel<HD, 1>
-                              : impl == FLASH_PREFILL_WGMMA_M2 ? fp_wgmma_kernel<HD, 2>
-                                                               : fp_wgmma_kernel<HD, 0>;
+        CUtensorMap tmk, tmv;
+        memset(&tmk, 0, sizeof tmk), memset(&tmv, 0, sizeof tmv);
+        if (impl == FLASH_PREFILL_WGMMA || impl == FLASH_PREFILL_AUTO) {
+            cudaError_t e = kv_tensor_map(&tmk, k, HD, pos0 + T, n_kv, ctx);
+            if (e == cudaSuccess) e = kv_tensor_map(&tmv, v, HD, pos0 + T, n_kv, ctx);
+            if (e != cudaSuccess && impl == FLASH_PREFILL_WGMMA) return e;
+            impl = e == cudaSuccess ? FLASH_PREFILL_WGMMA : FLASH_PREFILL_WGMMA_M0; // no encoder from the driver: copies by the threads
+        }
+        void (*kern)(bf16 *, const bf16 *, const bf16 *, const bf16 *, int, int, int, int, int, int, int, int, float, const CUtensorMap,
+                     const CUtensorMap) = impl == FLASH_PREFILL_WGMMA_M1   ? fp_wgmma_kernel<HD, 1>
+                                          : impl == FLASH_PREFILL_WGMMA_M2 ? fp_wgmma_kernel<HD, 2>
+                                          : impl == FLASH_PREFILL_WGMMA_M0 ? fp_wgmma_kernel<HD, 0>
+                                                                           : fp_wgmma_kernel<HD, 3>;
         cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
         if (e != cudaSuccess) return e;
-        kern<<<grid, WG_THREADS, smem, st>>>(out, q, k, v, pos0, T, n_heads, n_kv, ctx, G, nq, n_qtiles, sl2);
+        kern<<<grid, WG_THREADS, smem, st>>>(out, q, k, v, pos0, T, n_heads, n_kv, ctx, G, nq, n_qtiles, sl2, tmk, tmv);
     } else {
         const int smem = mma_smem_bytes<HD>();
         cudaError_t e = cudaFuncSetAttribute(fp_mma_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
@@ -653,9 +722,10 @@ extern "C" cudaError_t flash_prefill_impl(int impl, bf16 *out, const bf16 *q, co
         n_heads % n_kv_heads || n_heads / n_kv_heads > BM || (head_dim != 64 && head_dim != 128) ||
         (long long)pos0 + T > ctx || (((uintptr_t)out | (uintptr_t)q | (uintptr_t)k_cache | (uintptr_t)v_cache) & 15))
         return cudaErrorInvalidValue;
-    if (impl == FLASH_PREFILL_AUTO) impl = wgmma_usable(stream) ? FLASH_PREFILL_WGMMA : FLASH_PREFILL_MMA;
+    if (impl == FLASH_PREFILL_AUTO) impl = wgmma_usable(stream) ? FLASH_PREFILL_AUTO : FLASH_PREFILL_MMA; // AUTO: launch() picks
     else if (impl == FLASH_PREFILL_MMA) {
-    } else if (impl == FLASH_PREFILL_WGMMA || impl == FLASH_PREFILL_WGMMA_M1 || impl == FLASH_PREFILL_WGMMA_M2) {
+    } else if (impl == FLASH_PREFILL_WGMMA || impl == FLASH_PREFILL_WGMMA_M1 || impl == FLASH_PREFILL_WGMMA_M2 ||
+               impl == FLASH_PREFILL_WGMMA_M0) {
         if (!wgmma_usable(stream)) return cudaErrorInvalidDeviceFunction;
     } else
         return cudaErrorInvalidValue;

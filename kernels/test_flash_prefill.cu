@@ -338,6 +338,7 @@ int main(int argc, char **argv) {
     if (!strcmp(impl, "wgmma")) g_impl = FLASH_PREFILL_WGMMA;
     else if (!strcmp(impl, "wgmma1")) g_impl = FLASH_PREFILL_WGMMA_M1;
     else if (!strcmp(impl, "wgmma2")) g_impl = FLASH_PREFILL_WGMMA_M2;
+    else if (!strcmp(impl, "wgmma0")) g_impl = FLASH_PREFILL_WGMMA_M0;
     else if (!strcmp(impl, "mma")) g_impl = FLASH_PREFILL_MMA;
     else g_impl = FLASH_PREFILL_AUTO;
     cudaDeviceProp prop;
@@ -348,6 +349,6 @@ int main(int argc, char **argv) {
     if (!strcmp(mode, "check")) return check(false);
     if (!strcmp(mode, "small")) return check(true);
     if (!strcmp(mode, "bench")) return bench();
-    fprintf(stderr, "usage: %s check|small|bench wgmma|mma|auto\n", argv[0]);
+    fprintf(stderr, "usage: %s check|small|bench wgmma|wgmma0|wgmma1|wgmma2|mma|auto\n", argv[0]);
     return 2;
 }
