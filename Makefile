@@ -173,11 +173,12 @@ asan-bins: $(BUILD)/run $(BUILD)/export $(TEST_BIN) $(BUILD)/tests/tok_tool $(FU
 # has AVX-512, else x86-64-v2: other vector widths, other FMA use, other summation orders), so a
 # bound tuned to one machine's rounding fails here rather than on the next machine's CI.
 ALT_MARCH = $(if $(shell grep -m1 -ow avx512f /proc/cpuinfo 2>/dev/null),x86-64-v4,x86-64-v2)
-FLOAT_TESTS = test_attention test_bf16 test_dot_bf16 test_fp8 test_gemm_dnnl test_pariskv test_pariskv_model test_pariskv_policy test_quant test_selectors
+FLOAT_TESTS = test_attention test_bf16 test_bf16_model test_dot_bf16 test_fp8 test_gemm_dnnl test_pariskv test_pariskv_model test_pariskv_policy test_quant test_selectors
 # The decode products' kernels are picked at run time (model/cpu_isa.h), whatever -march says: the
 # first run forces the portable ones (PKV_CPU_ISA=generic, vectorized as this -march allows), then
 # the model is checked end to end on each fp32-exact set this CPU has. (test_dot_bf16 checks every
-# set's kernels, avx512bf16's too, against their bounds, in both runs.)
+# set's kernels, avx512bf16's too, against their bounds, and test_bf16_model the bf16 path end to
+# end where the CPU has it, in both runs.)
 MARCH_ISAS = $(if $(shell grep -m1 -ow avx2 /proc/cpuinfo 2>/dev/null),avx2) $(if $(shell grep -m1 -ow avx512bw /proc/cpuinfo 2>/dev/null),avx512)
 test-march:
 	@echo "=== float-sensitive tests built with -march=$(ALT_MARCH)"

@@ -1,8 +1,10 @@
 // The CPU backend: the reference every other backend is checked against. fp32 math, the pool's
 // threads across output rows, bf16 weights widened and Q8_0 / Q4_K blocks dequantized on the fly
 // (several tokens), or multiplied as blocks by activations quantized per 32 (decode; quant.h).
-// A decode step's bf16 products run on the instruction set cpu_isa() picks (dot_bf16.h); with
-// PKV_CPU_ISA=avx512bf16 a prompt's go through oneDNN's bf16 matmul (gemm_dnnl.h) where built.
+// A decode step's bf16 products run on the instruction set cpu_isa() picks (dot_bf16.h); where
+// that is avx512bf16 (the default on CPUs with AVX512_BF16) a prompt's go through oneDNN's bf16
+// matmul (gemm_dnnl.h) where built, and both round the activations to bf16: as a reference the
+// backend runs with PKV_CPU_ISA=fp32 (tests/run_all.sh sets it).
 #include "backend.h"
 #include "bf16.h"
 #include "config.h"

@@ -46,31 +46,40 @@ static CpuIsa detect(void) { return CPU_ISA_GENERIC; }
 #endif
 
 static CpuIsa best = CPU_ISA_GENERIC, chosen = CPU_ISA_GENERIC;
-static pthread_once_t once = PTHREAD_ONCE_INIT;
+static pthread_once_t best_once = PTHREAD_ONCE_INIT, chosen_once = PTHREAD_ONCE_INIT;
 
-static void init(void) {
-    best = detect();
-    chosen = best > CPU_ISA_AVX512 ? CPU_ISA_AVX512 : best;
-    const char *env = getenv("PKV_CPU_ISA");
-    if (!env || !*env) return;
-    int want = cpu_isa_parse(env);
-    if (want < 0)
-        fprintf(stderr, "warning: PKV_CPU_ISA=%s is none of generic, avx2, avx512, avx512bf16: using %s\n", env, names[chosen]);
-    else if (want > (int)best)
-        fprintf(stderr, "warning: PKV_CPU_ISA=%s: this CPU lacks it, using %s\n", env, names[chosen]);
-    else
-        chosen = (CpuIsa)want;
-    fprintf(stderr, "cpu: products on %s (PKV_CPU_ISA=%s; this CPU's best: %s)\n", names[chosen], env, names[best]);
-}
+static void init_best(void) { best = detect(); }
 
 CpuIsa cpu_isa_best(void) {
-    pthread_once(&once, init);
+    pthread_once(&best_once, init_best);
     return best;
+}
+
+// The default, or PKV_CPU_ISA's choice; the line on stderr says which set runs whenever it was
+// asked for or rounds the activations (the one numerical difference a user may not expect).
+static void init_chosen(void) {
+    CpuIsa b = cpu_isa_best();
+    const char *env = getenv("PKV_CPU_ISA");
+    chosen = b;
+    if (!env || !*env) {
+        if (b == CPU_ISA_AVX512BF16)
+            fprintf(stderr, "cpu: bf16 weights' products on %s (this CPU's best): activations rounded to bf16; PKV_CPU_ISA=fp32 keeps them fp32\n", names[b]);
+        return;
+    }
+    int want = strcmp(env, "fp32") == 0 ? (b < CPU_ISA_AVX512 ? (int)b : CPU_ISA_AVX512) : cpu_isa_parse(env);
+    if (want < 0)
+        fprintf(stderr, "warning: PKV_CPU_ISA=%s is none of generic, avx2, avx512, avx512bf16, fp32: using %s\n", env, names[b]);
+    else if (want > (int)b)
+        fprintf(stderr, "warning: PKV_CPU_ISA=%s: this CPU lacks it, using %s\n", env, names[b]);
+    else
+        chosen = (CpuIsa)want;
+    fprintf(stderr, "cpu: products on %s (PKV_CPU_ISA=%s; this CPU's best: %s)%s\n", names[chosen], env, names[b],
+            chosen == CPU_ISA_AVX512BF16 ? ": activations rounded to bf16" : "");
 }
 
 int cpu_isa_supported(CpuIsa isa) { return isa <= cpu_isa_best(); }
 
 CpuIsa cpu_isa(void) {
-    pthread_once(&once, init);
+    pthread_once(&chosen_once, init_chosen);
     return chosen;
 }

@@ -16,9 +16,10 @@
 //               inputs and results flushed to zero; 64 partial sums of at most floor(n / 128) + 1
 //               instructions, then a 6-level tree.
 // The first three multiply the fp32 activations exactly as the reference does (only the order
-// of the sums differs); the last loses 8 bits of each activation. A decode step reads each
-// weight once and is bound by memory bandwidth, not by these instructions (avx512 streams well
-// past it), so avx512bf16 is taken only when asked for (PKV_CPU_ISA, model/cpu_isa.h).
+// of the sums differs); the last loses 8 bits of each activation. avx512bf16 is the default where
+// the CPU has it (model/cpu_isa.h): a decode step is bound by memory bandwidth either way, but a
+// prompt's products, compute-bound, run several times faster in bf16 (oneDNN, AMX), and one
+// rounding of the activations serves both. PKV_CPU_ISA=fp32 keeps them fp32 (the tests' reference).
 #ifndef DOT_BF16_H
 #define DOT_BF16_H
 

@@ -14,22 +14,25 @@
 //         too): elsewhere that part is skipped and named.
 // Then the backend's prompt product (backend_cpu.c, T > 1 on bf16 weights), which takes one of two
 // paths, and the test expects the one the code takes (backend_cpu.c, matmul):
-//   bf16  oneDNN's bf16 matmul, x rounded to bf16 once (dot_bf16_round): only when the products'
-//         set, cpu_isa(), is avx512bf16 (PKV_CPU_ISA=avx512bf16; never the default) and oneDNN
-//         has a bf16 matmul here. The bf16 bound above, and against xr gamma(n) alone.
+//   bf16  oneDNN's bf16 matmul, x rounded to bf16 once (dot_bf16_round): when the products' set,
+//         cpu_isa(), is avx512bf16 (the default where the CPU has AVX512_BF16, or
+//         PKV_CPU_ISA=avx512bf16) and oneDNN has a bf16 matmul here. The bf16 bound above, and
+//         against xr gamma(n) alone.
 //   fp32  every other case: OpenBLAS's sgemm on the weights widened to fp32 (exactly) and x as it
 //         is (NO_BLAS: dot_f32 row by row): any order, gamma(n) sum |w x| against x.
 // PKV_CPU_ISA never reaches oneDNN: gemm_dnnl.c does not cap oneDNN's instruction set (oneDNN
 // reads only its own ONEDNN_MAX_CPU_ISA); it decides whether our code calls oneDNN at all. So on
-// an AVX512_BF16 CPU with PKV_CPU_ISA=avx512, or without PKV_CPU_ISA (whose default there is
-// avx512), the prompt product is fp32: far inside the bf16 bound (on the Xeon, 0.0001 of it),
-// but not the path a bf16 expectation asks for (the test once set PKV_CPU_ISA=avx512bf16 itself,
-// after the set had been decided, and failed there for that). A probe (one weight 1, x = 1 +
-// 2^-10, which bf16 rounds to 1) sees which path ran, and must agree with the rule. The set is
-// decided once per process, at its first use, so setting PKV_CPU_ISA inside the test comes too
-// late: where the CPU has the other path, the test runs itself again (--backend) with PKV_CPU_ISA
-// set for it (avx512bf16 for bf16, avx512 for fp32), and that run checks the backend alone; so a
-// plain run covers both paths.
+// an AVX512_BF16 CPU with PKV_CPU_ISA=avx512 or fp32 the prompt product is fp32: far inside the
+// bf16 bound (on the Xeon, 0.0001 of it), but not the path a bf16 expectation asks for (the test
+// once set PKV_CPU_ISA=avx512bf16 itself, after the set had been decided, and failed there for
+// that). A probe (one weight 1, x = 1 + 2^-10, which bf16 rounds to 1) sees which path ran, and
+// must agree with the rule. The set is decided once per process, at its first use, so setting
+// PKV_CPU_ISA inside the test comes too late: the test runs itself again (--backend), with
+// PKV_CPU_ISA set for the path this run did not take where the CPU has it (avx512bf16 for bf16,
+// avx512 for fp32), and with PKV_CPU_ISA unset when this run had it set (the suite sets fp32).
+// So the default is checked too: it is the CPU's best set (cpu_isa.h), and takes the bf16 path
+// exactly where the CPU has AVX512_BF16 and oneDNN a bf16 matmul. Each such run checks the backend
+// alone; a plain run covers both paths and the default.
 // Planted errors, through the same bounds, must be rejected: x's last element dropped, on the
 // path that ran; on the fp32 path, x rounded to bf16 beforehand (what the bf16 path does) against
 // the fp32 bound; on the bf16 path, its result against the fp32 bound.
@@ -210,8 +213,45 @@ static int check_backend(void) {
     return bf16;
 }
 
-// This test again, checking the backend alone with PKV_CPU_ISA=isa (the set is chosen once per
-// process); its lines print as it runs. Returns its exit status, -1 if it did not run or end.
+// The set the products' rule gives for PKV_CPU_ISA = env (NULL: unset; cpu_isa.h): by default
+// this CPU's best; the set named where the CPU has it (fp32: the best of generic, avx2, avx512);
+// else the best.
+static CpuIsa rule(const char *env) {
+    CpuIsa best = cpu_isa_best();
+    if (!env || !*env) return best;
+    if (strcmp(env, "fp32") == 0) return best < CPU_ISA_AVX512 ? best : CPU_ISA_AVX512;
+    int want = cpu_isa_parse(env);
+    return want >= 0 && want <= (int)best ? (CpuIsa)want : best;
+}
+
+// This process's set against the rule, then its backend's checks; returns the path (1 bf16).
+// Unset PKV_CPU_ISA (the default) must take the bf16 path exactly where this CPU has AVX512_BF16
+// and oneDNN a bf16 matmul (dnnl_bf16).
+static int check_set_backend(const char *who, int dnnl_bf16) {
+    const char *env = getenv("PKV_CPU_ISA");
+    int dflt = !env || !*env;
+    check(cpu_isa() == rule(env), "backend (%s): the products' set is %s, as PKV_CPU_ISA=%s gives (the rule: %s)", who, cpu_isa_name(cpu_isa()),
+          dflt ? "(unset)" : env, cpu_isa_name(rule(env)));
+    int bf16 = check_backend();
+    if (dflt) {
+        int want = cpu_isa_best() == CPU_ISA_AVX512BF16 && dnnl_bf16;
+        check(bf16 == want, "backend (%s): by default a prompt product %s x (this CPU's best set: %s; oneDNN's bf16 matmul: %s)", who,
+              bf16 ? "rounds" : "keeps", cpu_isa_name(cpu_isa_best()), dnnl_bf16 ? "here" : "none");
+    }
+    return bf16;
+}
+
+// Whether oneDNN has a bf16 matmul for this CPU.
+static int dnnl_has_bf16(void) {
+    GemmDnnl *g = gemm_dnnl_create(GEMM_DNNL_BF16, 1, 64, 64, PANEL);
+    int ok = g != NULL;
+    gemm_dnnl_destroy(g);
+    return ok;
+}
+
+// This test again, checking the backend alone with PKV_CPU_ISA=isa (NULL: unset; the set is
+// chosen once per process); its lines print as it runs. Returns its exit status, -1 if it did not
+// run or end.
 static int run_backend_child(const char *isa) {
     extern char **environ;
     size_t n = 0, k = 0;
@@ -221,8 +261,11 @@ static int run_backend_child(const char *isa) {
     if (!env) return -1;
     for (size_t i = 0; i < n; i++)
         if (strncmp(environ[i], "PKV_CPU_ISA=", 12) != 0) env[k++] = environ[i];
-    snprintf(var, sizeof var, "PKV_CPU_ISA=%s", isa);
-    env[k++] = var, env[k] = NULL;
+    if (isa) {
+        snprintf(var, sizeof var, "PKV_CPU_ISA=%s", isa);
+        env[k++] = var;
+    }
+    env[k] = NULL;
     fflush(stdout), fflush(stderr);
     pid_t pid = fork();
     if (pid == 0) {
@@ -237,10 +280,10 @@ static int run_backend_child(const char *isa) {
 
 int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "--backend") == 0) { // the child: the backend with PKV_CPU_ISA as given
-        const char *want = getenv("PKV_CPU_ISA");
-        check(want && strcmp(want, cpu_isa_name(cpu_isa())) == 0, "backend (a second run): the products' set is %s, as PKV_CPU_ISA=%s asks",
-              cpu_isa_name(cpu_isa()), want ? want : "(unset)");
-        check_backend();
+        const char *env = getenv("PKV_CPU_ISA");
+        char who[80];
+        snprintf(who, sizeof who, "a second run, PKV_CPU_ISA=%s", env ? env : "(unset)");
+        check_set_backend(who, dnnl_has_bf16());
         return failed ? 1 : 0; // no closing line: the first run counts this one as one check
     }
     Rng r = {2929};
@@ -260,7 +303,7 @@ int main(int argc, char **argv) {
         printf("SKIP bf16 matmul: oneDNN has none for this CPU (it needs AVX512_BF16 or AMX; this one's best: %s)\n", gemm_dnnl_isa());
         skipped++;
     }
-    int bf16 = check_backend();
+    int bf16 = check_set_backend("this run", dnnl_bf16);
     // The other path, where this CPU has it: in a second run, with the set that takes it.
     const char *other = bf16 ? "avx512" : cpu_isa_supported(CPU_ISA_AVX512BF16) && dnnl_bf16 ? "avx512bf16" : NULL;
     if (other) {
@@ -271,6 +314,13 @@ int main(int argc, char **argv) {
         printf("SKIP the backend's bf16 prompt product: %s\n",
                cpu_isa_supported(CPU_ISA_AVX512BF16) ? "oneDNN has no bf16 matmul here" : "this CPU lacks AVX512_BF16");
         skipped++;
+    }
+    // The default, where this run had PKV_CPU_ISA set.
+    const char *env = getenv("PKV_CPU_ISA");
+    if (env && *env) {
+        int st = run_backend_child(NULL);
+        check(st == 0, "backend: the default (PKV_CPU_ISA unset), in a second run: its checks above %s (exit %d)", st == 0 ? "passed" : "did not all pass",
+              st);
     }
     printf("%d passed, %d failed, %d skipped\n", passed, failed, skipped);
     return failed ? 1 : 0;

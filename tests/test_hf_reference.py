@@ -50,6 +50,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DATA = os.path.join(ROOT, "tests", "data")
 RUN = os.path.join(os.environ.get("PKV_BIN", ROOT), "run")  # PKV_BIN: the sanitizer build
 EXPORT = os.path.join(os.environ.get("PKV_BIN", ROOT), "export")
+# The bounds below are for fp32 arithmetic: unless the caller named a set, the products keep the
+# activations fp32 (the default on a CPU with AVX512_BF16 rounds them to bf16: model/cpu_isa.h;
+# tests/test_bf16_model.c checks that path against its own bound).
+os.environ.setdefault("PKV_CPU_ISA", "fp32")
 
 # TINY_TOL. Both sides compute in fp32 (u = 2^-24 = 6.0e-8) in different summation orders
 # (torch's BLAS; here OpenMP chunks and whatever vectorization -march gives), so the bound is
