@@ -7,6 +7,9 @@
 # fails when cmd does), and a GPU/CPU mismatch is a failure, not a note.
 set -uo pipefail
 export LD_LIBRARY_PATH=$PWD/.dev/lib:/usr/local/cuda/lib64:${LD_LIBRARY_PATH:-}
+# The CPU path is the reference here, held to fp32 tolerances: on this machine's Xeon (AVX512_BF16)
+# its default would round activations to bf16 (model/cpu_isa.h).
+export PKV_CPU_ISA=${PKV_CPU_ISA:-fp32}
 D=.dev
 . kernels/unpack_dev.sh
 unpack_dev || exit 1   # the carried build, afresh when .dev holds another; says which runs

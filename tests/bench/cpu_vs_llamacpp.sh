@@ -27,7 +27,7 @@
 # the two runners' conditions alike).
 #   LC_CPUS=0,1   both runners under `taskset -c 0,1` (a 2-core table on a bigger machine)
 #   LC_ISA=avx512 ./run's products on that instruction set (PKV_CPU_ISA, model/cpu_isa.h; default:
-#                 ./run's own default, avx512 or avx2); the table's header says which set ran
+#                 ./run's own default, the CPU's best: avx512bf16, avx512 or avx2); the table's header says which set ran
 #                 (as ./run confirms it), the CPU's flags and its threads per core
 #   LC_TESTS="prefill decode512"  only these tests (spaces or commas), for a table in pieces
 #   LC_DEADLINE=450  for a machine that cuts a command off: no repetition starts that would end
@@ -98,6 +98,7 @@ if [ -z "${LC_ISA:-}" ]; then # ./run's default, named so that ./run confirms it
     LC_ISA=generic
     grep -qw avx2 /proc/cpuinfo && LC_ISA=avx2
     grep -qw avx512bw /proc/cpuinfo && LC_ISA=avx512
+    grep -qw avx512_bf16 /proc/cpuinfo && LC_ISA=avx512bf16
 fi
 export PKV_CPU_ISA=$LC_ISA
 lc_pp() { "${TS[@]}" "$LB" -m "$W/smollm2-BF16.gguf" -p 512 -n 0 -t "$1" -r 1 -o csv 2>/dev/null | tail -1 | tr -d '"' | awk -F, '{print $(NF-1)}'; }

@@ -11,7 +11,8 @@
 #                                          # shape, which read and multiply the same bytes)
 #   bash tests/bench/xeon.sh tests         # there: test_dot_bf16 and test_gemm_dnnl (every
 #                                          # instruction set of that CPU; without PKV_CPU_ISA and
-#                                          # with avx512 and avx512bf16), the tiny models end to
+#                                          # with avx512 and avx512bf16), test_bf16_model (the
+#                                          # bf16 path end to end), the tiny models end to
 #                                          # end on each set, cpu_probe on CPUs 0-1; builds
 #                                          # llama.cpp's llama-bench and llama-quantize into $OUT
 #   bash tests/bench/xeon.sh table ISA [THREADS [TESTS [REPS]]]
@@ -59,9 +60,9 @@ pack)
     B=build-xeon
     rm -rf $B # make does not see a change of flags
     make -j2 BUILD=$B NO_CUDA=1 OPT="${XEON_OPT:--O3 -march=x86-64-v4}" $B/run $B/export $B/tests/test_dot_bf16 \
-        $B/tests/test_gemm_dnnl $B/tests/bench/cpu_probe >/dev/null
+        $B/tests/test_gemm_dnnl $B/tests/test_bf16_model $B/tests/bench/cpu_probe >/dev/null
     rm -rf "$X" && mkdir -p "$X/lib"
-    cp $B/run $B/export $B/tests/test_dot_bf16 $B/tests/test_gemm_dnnl $B/tests/bench/cpu_probe "$X/"
+    cp $B/run $B/export $B/tests/test_dot_bf16 $B/tests/test_gemm_dnnl $B/tests/test_bf16_model $B/tests/bench/cpu_probe "$X/"
     for l in $(libs $B/run $B/tests/test_gemm_dnnl); do cp -L "$l" "$X/lib/"; done
     xz -T2 "$X"/lib/* # 88 MB -> 17 MB (a carry holds 64 MiB)
     L=/tmp/xeon-llama
@@ -90,6 +91,9 @@ tests)
         PKV_CPU_ISA=$isa "$X/test_dot_bf16" || rc=1
         PKV_CPU_ISA=$isa "$X/test_gemm_dnnl" || rc=1
     done
+    # The bf16 path (the default on this CPU) end to end on the tiny models, within its bound
+    echo "=== test_bf16_model"
+    PKV_BIN=$X "$X/test_bf16_model" || rc=1
     # The tiny models end to end on each fp32-exact set (avx512bf16's bf16 arithmetic is outside
     # these fp32 tolerances by design: run for the record, not counted)
     for isa in generic avx2 avx512 avx512bf16; do
