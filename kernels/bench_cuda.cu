@@ -86,8 +86,8 @@ typedef struct {
 static void bench_comm(void *g, uint32_t n_layers) {
     double ms = 0;
     if (gpu_comm_time(g, 50, &ms) == cudaSuccess)
-        printf("communication a step (%d GPUs, NCCL): %u all-reduces of the residual + the logits' gather, alone %.3f ms (median of 50)\n",
-               gpu_count(g), 2 * n_layers, ms);
+        printf("communication a step (%d GPUs, %s): %u all-reduces of the residual (with the next norm's stats) + the logits' gather, "
+               "alone %.3f ms (median of 50)\n", gpu_count(g), gpu_comm_kind(g), 2 * n_layers, ms);
     else printf("communication a step: cannot time it\n");
 }
 

@@ -40,6 +40,8 @@ double gpu_prefill_attention_ms(void *dev, int start);
 // takes alone (its all-reduces and the logits' gather, replayed as a graph: median ms; 0 on one).
 int gpu_count(void *dev);
 cudaError_t gpu_comm_time(void *dev, int reps, double *median_ms);
+// How the step's sums travel: "NCCL", or the one-shot all-reduce over peer access (tp_oneshot.cu).
+const char *gpu_comm_kind(void *dev);
 // Measured streaming read bandwidth of the device, bytes per second.
 double gpu_read_bandwidth(void);
 // ./run --bench: for each context, fill (real prefill of random tokens in chunks, or random

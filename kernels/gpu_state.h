@@ -85,9 +85,22 @@ typedef struct {
     void *comm;         // the rank's NCCL communicator (ncclComm_t), NULL when n == 1
 } Shard;
 
+// The one-shot all-reduce's buffers (tp_oneshot.cu), on every rank: each rank's slots and flags
+// (peer-accessible device pointers) and this rank's call count. on == 0: NCCL for every sum.
+#define TP_MAX_RANKS 16
+#define TP_ONESHOT_MAX 16384 // floats: the decode residual (dim) at most
+typedef struct {
+    float *in[TP_MAX_RANKS];
+    unsigned *flag[TP_MAX_RANKS];
+    unsigned *epoch;
+    int on;
+} TpPeers;
+
 struct GpuState {
     Config c;           // the rank's share: n_heads, n_kv_heads, hidden_dim divided by shard.n (vocab_size whole)
     Shard shard;
+    TpPeers tp;         // the one-shot all-reduce (n > 1 with peer access); tp_base its allocation here
+    void *tp_base;
     int vocab0, vocab_n; // the LM head's rows here: [vocab0, vocab0 + vocab_n) of the vocabulary
     float *logits_gather; // (logit_rows, vocab) the ranks' logit slices gathered, before their reordering (n > 1, logit_rows > 1)
     int ctx, chunk, logit_rows;
@@ -150,6 +163,16 @@ void gpu_set_err(char *err, const char *fmt, ...);
 cudaError_t tp_all_reduce(GpuState *g, float *x, size_t n);
 // buf (n_ranks * count floats): rank r's slice at r * count gathered into every rank's buf, in place.
 cudaError_t tp_all_gather(GpuState *g, float *buf, size_t count);
+// tp_all_reduce, then xb = bf16(x) and *sumsq = sum of x^2 (residual_stats): in one kernel over
+// peer access where the ranks have it and x is a decode residual (tp_oneshot.cu), else NCCL + stats.
+cudaError_t tp_all_reduce_stats(GpuState *g, float *x, size_t n, bf16 *xb, float *sumsq);
+// tp_oneshot.cu: alloc on each rank's thread (peer access enabled; PKV_TP_ONESHOT=0: left off),
+// then link once with every rank's state, before any decode graph is captured; free on the rank's thread.
+cudaError_t tp_oneshot_alloc(GpuState *g);
+void tp_oneshot_link(GpuState *const *all, int n);
+void tp_oneshot_free(GpuState *g);
+int tp_oneshot_fits(const GpuState *g, size_t n);
+cudaError_t tp_oneshot(GpuState *g, float *x, size_t n, bf16 *xb, float *sumsq);
 
 // ---- the layer sequence (layer.cu) ----
 

@@ -101,6 +101,12 @@ cudaError_t tp_all_gather(GpuState *g, float *buf, size_t count) {
 }
 #endif
 
+cudaError_t tp_all_reduce_stats(GpuState *g, float *x, size_t n, bf16 *xb, float *sumsq) {
+    if (tp_oneshot_fits(g, n)) return tp_oneshot(g, x, n, xb, sumsq);
+    CU_TRY(tp_all_reduce(g, x, n));
+    return residual_stats(x, xb, sumsq, (int)n, g->st);
+}
+
 // ---- the ranks and their threads ----
 
 // A call run on every rank at once: rank r's part, 0 or non-zero (the first non-zero is returned).
@@ -190,7 +196,7 @@ static void first_err(Gpus *G, char *err) {
 static void gpus_free(Gpus *G) {
     if (!G) return;
     each(G, [&](int r) {
-        if (G->g[r]) one_destroy(G->g[r]);
+        if (G->g[r]) tp_oneshot_free((GpuState *)G->g[r]), one_destroy(G->g[r]);
         G->g[r] = NULL;
         return 0;
     });
@@ -296,6 +302,14 @@ template <typename F> static void *gpus_create(const Model *m, char *err, F make
             gpus_free(G);
             return NULL;
         }
+        // The decode step's sums over peer access where the GPUs have it (after NCCL's first
+        // exchange, which must not be one of them; before any graph is captured).
+        if (each(G, [&](int r) { return (int)tp_oneshot_alloc((GpuState *)G->g[r]); })) {
+            gpu_set_err(err, "--gpus %d: cannot allocate the all-reduce's buffers", G->n);
+            gpus_free(G);
+            return NULL;
+        }
+        tp_oneshot_link((GpuState *const *)G->g, G->n);
         size_t need = 0;
         for (int r = 0; r < G->n; r++) {
             const Pkv *p = &((GpuState *)G->g[r])->pkv;
@@ -514,6 +528,11 @@ extern "C" int gpu_count(void *dev) { return ((Gpus *)dev)->n; }
 
 // What a decode step spends communicating: its all-reduces (two a layer, dim floats each) and
 // its logits' gather, alone in a graph of their own, replayed `reps` times; the median ms.
+extern "C" const char *gpu_comm_kind(void *dev) {
+    Gpus *G = (Gpus *)dev;
+    return G->n > 1 && ((GpuState *)G->g[0])->tp.on ? "one-shot all-reduces over peer access (PKV_TP_ONESHOT=0: NCCL's), gather by NCCL" : "NCCL";
+}
+
 extern "C" cudaError_t gpu_comm_time(void *dev, int reps, double *median_ms) {
     Gpus *G = (Gpus *)dev;
     *median_ms = 0;
@@ -529,7 +548,7 @@ extern "C" cudaError_t gpu_comm_time(void *dev, int reps, double *median_ms) {
         CU_TRY(cudaEventCreate(&b));
         CU_TRY(cudaStreamBeginCapture(g->st, cudaStreamCaptureModeThreadLocal));
         cudaError_t e = cudaSuccess;
-        for (uint32_t l = 0; l < 2 * g->c.n_layers && e == cudaSuccess; l++) e = tp_all_reduce(g, g->x, g->c.dim);
+        for (uint32_t l = 0; l < 2 * g->c.n_layers && e == cudaSuccess; l++) e = tp_all_reduce_stats(g, g->x, g->c.dim, g->xb, g->sumsq_b);
         if (e == cudaSuccess) e = tp_all_gather(g, g->logits, (size_t)g->vocab_n);
         cudaError_t e2 = cudaStreamEndCapture(g->st, &graph);
         CU_TRY(e);

@@ -56,7 +56,7 @@ static cudaError_t dec_add_stats(GpuState *g, const bf16 *W, const QMat *q, cons
         int epi = adds_residual(g) ? GEMV_ADD : GEMV_STORE;
         if (q->dt) CU_TRY(gemv_q(g->x, q, x, epi, g->st));
         else CU_TRY(gemv_bf16(g->x, W, x, n, d, epi, g->st));
-        if (!skip_sum) CU_TRY(tp_all_reduce(g, g->x, (size_t)d));
+        if (!skip_sum) return tp_all_reduce_stats(g, g->x, (size_t)d, g->xb, sumsq);
         return residual_stats(g->x, g->xb, sumsq, d, g->st);
     }
     if (q->dt) return gemv_q_add_stats(g->x, q, x, g->xb, sumsq, g->st);
