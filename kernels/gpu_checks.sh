@@ -645,14 +645,20 @@ if want tp; then
     # Sampling: the same --seed gives the same tokens on 2 GPUs run twice (both ranks pick one id).
     for k in 1 2; do $D/run --synthetic qwen3-0.6b --ids -f /tmp/ids3k.txt -n 48 --temp 0.8 --top-p 0.95 --seed 5 --gpus 2 > /tmp/tps.$k 2>/dev/null || echo "FAIL sampled run $k"; done
     cmp -s /tmp/tps.1 /tmp/tps.2 && [ -s /tmp/tps.1 ] && echo "ok   sampled --seed 5 --gpus 2 repeats exactly" || { echo "FAIL sampled --gpus 2 does not repeat"; status=1; }
+    # The decode step's sums: the one-shot all-reduce (tp_oneshot.cu, the default with peer access)
+    # against NCCL's (PKV_TP_ONESHOT=0). Both sum two parts, a + b, so the same bits: ids identical.
+    PKV_TP_ONESHOT=0 timeout 200 $D/run --synthetic qwen3-0.6b --ids -f /tmp/ids3k.txt -n 48 --temp 0 --ignore-eos --attn full --gpus 2 > /tmp/syn.nccl 2>/dev/null
+    cmp -s /tmp/syn.full.2 /tmp/syn.nccl && [ -s /tmp/syn.nccl ] && echo "ok   48 greedy ids with the one-shot all-reduce == with NCCL's" ||
+        { echo "FAIL one-shot vs NCCL all-reduce: $(head -c 200 /tmp/syn.full.2) vs $(head -c 200 /tmp/syn.nccl)"; status=1; }
 fi
 if want tpbench; then
     # One GPU beside two in the same call: dense decode at 4K, ParisKV with the host store.
     echo "=== tpbench"
     M=${TP_MODEL:-llama3.1-8b}; Q=${TP_QUANT:+--quant $TP_QUANT}
-    for n in 1 2; do
-        [ -n "${TP_CTX-4096,32768}" ] && { timeout 200 $D/run --bench --synthetic $M $Q --gpus $n --bench-ctx ${TP_CTX:-4096,32768} --bench-steps 64 2>&1 | grep -v "^warning" | tee -a "$OUT/tpbench.txt" || status=1; }
-        [ -n "${TP_PKV:-}" ] && { timeout 280 $D/run --bench --synthetic $M $Q --gpus $n --attn pariskv --kv-store host --topk 100 --bench-ctx $TP_PKV 2>&1 | grep -v "^warning" | tee -a "$OUT/tpbench.txt" || status=1; }
+    for n in 1 2 2nccl; do # 2nccl: two GPUs with NCCL's all-reduce instead of the one-shot one
+        o=; [ $n = 2nccl ] && n=2 o=0
+        [ -n "${TP_CTX-4096,32768}" ] && { PKV_TP_ONESHOT=$o timeout 200 $D/run --bench --synthetic $M $Q --gpus $n --bench-ctx ${TP_CTX:-4096,32768} --bench-steps 64 2>&1 | grep -v "^warning" | tee -a "$OUT/tpbench.txt" || status=1; }
+        [ -n "${TP_PKV:-}" ] && { PKV_TP_ONESHOT=$o timeout 280 $D/run --bench --synthetic $M $Q --gpus $n --attn pariskv --kv-store host --topk 100 --bench-ctx $TP_PKV 2>&1 | grep -v "^warning" | tee -a "$OUT/tpbench.txt" || status=1; }
     done
 fi
 if want bench; then
