@@ -96,10 +96,10 @@ cudaError_t tp_oneshot_alloc(GpuState *g) {
     for (int q = 0; q < g->shard.n; q++) {
         int can = 0;
         if (q == dev) continue;
-        if (cudaDeviceCanAccessPeer(&can, dev, q) != cudaSuccess || !can) return cudaSuccess; // no peer access: NCCL
+        if (cudaDeviceCanAccessPeer(&can, dev, q) != cudaSuccess || !can) return (void)cudaGetLastError(), cudaSuccess; // no peer access: NCCL
         cudaError_t e = cudaDeviceEnablePeerAccess(q, 0);
-        if (e == cudaErrorPeerAccessAlreadyEnabled) cudaGetLastError();
-        else if (e != cudaSuccess) return cudaSuccess;
+        if (e != cudaSuccess) cudaGetLastError(); // not left for a later check to find
+        if (e != cudaSuccess && e != cudaErrorPeerAccessAlreadyEnabled) return cudaSuccess;
     }
     size_t slots = (size_t)2 * g->shard.n * TP_ONESHOT_MAX * sizeof(float), flags = 64 * sizeof(unsigned);
     char *p;
