@@ -660,15 +660,15 @@ int wgmma_usable(cudaStream_t st) {
 // x 64 columns with the 128-byte swizzle; rows past `rows` read as zeros. The encoder comes from the
 // driver through the runtime (no link against libcuda).
 cudaError_t kv_tensor_map(CUtensorMap *map, const bf16 *base, int HD, int rows, int n_kv, int ctx) {
-    static PFN_cuTensorMapEncodeTiled_v12000 encode = NULL;
-    if (!encode) {
+    // Looked up once (a function-local static: thread-safe, and --gpus N prefills on N threads).
+    static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+        void *f = NULL;
         cudaDriverEntryPointQueryResult qr;
-        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", (void **)&encode, 12000, cudaEnableDefault, &qr) != cudaSuccess ||
-            qr != cudaDriverEntryPointSuccess || !encode) {
-            encode = NULL;
-            return cudaErrorNotSupported;
-        }
-    }
+        cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &qr);
+        if (e != cudaSuccess) cudaGetLastError();
+        return e == cudaSuccess && qr == cudaDriverEntryPointSuccess ? (PFN_cuTensorMapEncodeTiled_v12000)f : NULL;
+    }();
+    if (!encode) return cudaErrorNotSupported;
     const cuuint64_t dims[3] = {(cuuint64_t)HD, (cuuint64_t)rows, (cuuint64_t)n_kv};
     const cuuint64_t strides[2] = {(cuuint64_t)HD * 2, (cuuint64_t)ctx * HD * 2}; // bytes, dims 1 and 2
     const cuuint32_t box[3] = {64, WG_BN, 1}, estr[3] = {1, 1, 1};
