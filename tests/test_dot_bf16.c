@@ -47,13 +47,14 @@
 //   truncated  on the bf16 path, x cut to bf16 (toward zero) instead of rounded to nearest: the
 //              check against xr must see it.
 // Sets this CPU lacks are listed and counted as skipped, not passed.
-// Which set the products use (model/cpu_isa.h) is checked against the rule, written out here: by
-// default this CPU's best, avx512bf16 included; PKV_CPU_ISA's set where the CPU has it (fp32: the
-// best of generic, avx2, avx512), else the best. The default is checked even when the caller set
-// PKV_CPU_ISA (the suite runs on fp32): a child forked before this process's set is decided
-// unsets it and says which set it got.
+// Which set the products use (model/cpu_isa.h) is checked against the rule, written out apart in
+// cpu_isa_rule.h: by default this CPU's best, avx512bf16 included; PKV_CPU_ISA's set where the CPU
+// has it (fp32: the best of generic, avx2, avx512), else the best. The default is checked even
+// when the caller set PKV_CPU_ISA (the suite runs on fp32): a child forked before this process's
+// set is decided unsets it and says which set it got.
 #include "../model/bf16.h"
 #include "../model/cpu_isa.h"
+#include "cpu_isa_rule.h"
 #include "../model/dot_bf16.h"
 #include "test_pariskv_util.h"
 
@@ -274,15 +275,6 @@ static void check_path(const DotBf16 *k, const char *name) {
     }
 }
 
-// The set the rule gives for PKV_CPU_ISA = env (NULL: unset).
-static CpuIsa rule(const char *env) {
-    CpuIsa best = cpu_isa_best();
-    if (!env || !*env) return best;
-    if (strcmp(env, "fp32") == 0) return best < CPU_ISA_AVX512 ? best : CPU_ISA_AVX512;
-    int want = cpu_isa_parse(env);
-    return want >= 0 && want <= (int)best ? (CpuIsa)want : best;
-}
-
 // The set a process gets without PKV_CPU_ISA, from a child forked before this one decides its own
 // (cpu_isa_best() reads no environment); -1 if the child did not run or end.
 static int default_set(void) {
@@ -304,8 +296,8 @@ int main(void) {
     check(dflt == (int)cpu_isa_best(), "without PKV_CPU_ISA the products use this CPU's best set, %s (got %s)%s", cpu_isa_name(cpu_isa_best()),
           dflt < 0 ? "no answer" : cpu_isa_name((CpuIsa)dflt), cpu_isa_best() == CPU_ISA_AVX512BF16 ? ": activations rounded to bf16" : "");
     const char *env = getenv("PKV_CPU_ISA");
-    check(cpu_isa() == rule(env), "here, with PKV_CPU_ISA=%s, the products use %s (the rule: %s)", env ? env : "(unset)", cpu_isa_name(cpu_isa()),
-          cpu_isa_name(rule(env)));
+    check(cpu_isa() == cpu_isa_rule(env), "here, with PKV_CPU_ISA=%s, the products use %s (the rule: %s)", env ? env : "(unset)",
+          cpu_isa_name(cpu_isa()), cpu_isa_name(cpu_isa_rule(env)));
     check(cpu_isa_supported(cpu_isa()), "the set in use (%s) is one this CPU has (best: %s)", cpu_isa_name(cpu_isa()),
           cpu_isa_name(cpu_isa_best()));
     for (int s = 0; s < CPU_ISA_COUNT; s++)

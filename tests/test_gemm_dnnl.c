@@ -40,6 +40,7 @@
 #include "../model/bf16.h"
 #include "../model/config.h"
 #include "../model/cpu_isa.h"
+#include "cpu_isa_rule.h"
 #include "../model/dot_bf16.h"
 #include "../model/gemm_dnnl.h"
 #include "test_pariskv_util.h"
@@ -213,25 +214,14 @@ static int check_backend(void) {
     return bf16;
 }
 
-// The set the products' rule gives for PKV_CPU_ISA = env (NULL: unset; cpu_isa.h): by default
-// this CPU's best; the set named where the CPU has it (fp32: the best of generic, avx2, avx512);
-// else the best.
-static CpuIsa rule(const char *env) {
-    CpuIsa best = cpu_isa_best();
-    if (!env || !*env) return best;
-    if (strcmp(env, "fp32") == 0) return best < CPU_ISA_AVX512 ? best : CPU_ISA_AVX512;
-    int want = cpu_isa_parse(env);
-    return want >= 0 && want <= (int)best ? (CpuIsa)want : best;
-}
-
 // This process's set against the rule, then its backend's checks; returns the path (1 bf16).
 // Unset PKV_CPU_ISA (the default) must take the bf16 path exactly where this CPU has AVX512_BF16
 // and oneDNN a bf16 matmul (dnnl_bf16).
 static int check_set_backend(const char *who, int dnnl_bf16) {
     const char *env = getenv("PKV_CPU_ISA");
     int dflt = !env || !*env;
-    check(cpu_isa() == rule(env), "backend (%s): the products' set is %s, as PKV_CPU_ISA=%s gives (the rule: %s)", who, cpu_isa_name(cpu_isa()),
-          dflt ? "(unset)" : env, cpu_isa_name(rule(env)));
+    check(cpu_isa() == cpu_isa_rule(env), "backend (%s): the products' set is %s, as PKV_CPU_ISA=%s gives (the rule: %s)", who,
+          cpu_isa_name(cpu_isa()), dflt ? "(unset)" : env, cpu_isa_name(cpu_isa_rule(env)));
     int bf16 = check_backend();
     if (dflt) {
         int want = cpu_isa_best() == CPU_ISA_AVX512BF16 && dnnl_bf16;
