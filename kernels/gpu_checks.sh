@@ -611,8 +611,20 @@ if want tp; then
             timeout 200 $D/run --synthetic qwen3-0.6b --score /tmp/ids3k.txt --ids --attn $a --gpus $n > /tmp/synsc.$a.$n 2>>"$OUT/syn.$a.$n.err" ||
                 { echo "FAIL synthetic --score --attn $a --gpus $n"; status=1; }
         done
-        cmp -s /tmp/syn.$a.1 /tmp/syn.$a.2 && [ -s /tmp/syn.$a.1 ] && echo "ok   qwen3-0.6b shape, 3,000 ids, --attn $a: 48 greedy ids --gpus 2 == one GPU" ||
-            { echo "FAIL qwen3-0.6b --attn $a greedy --gpus 2: $(head -c 200 /tmp/syn.$a.2) vs $(head -c 200 /tmp/syn.$a.1)"; status=1; }
+        if [ $a = full ]; then
+            cmp -s /tmp/syn.$a.1 /tmp/syn.$a.2 && [ -s /tmp/syn.$a.1 ] && echo "ok   qwen3-0.6b shape, 3,000 ids, --attn $a: 48 greedy ids --gpus 2 == one GPU" ||
+                { echo "FAIL qwen3-0.6b --attn $a greedy --gpus 2: $(head -c 200 /tmp/syn.$a.2) vs $(head -c 200 /tmp/syn.$a.1)"; status=1; }
+        else
+            # After a 3,000-token prefill the two differ by the GEMMs' rounding (cuBLAS picks per
+            # shape and card), which a selection's threshold can turn into another top-k: the
+            # greedy paths may part (on two H200s at 16 of 48; on two H100s they did not). Exact
+            # here: two GPUs with the one-shot all-reduce against two with NCCL's (a + b either
+            # way); one GPU's selections are compared in the generation below, where no GEMM runs.
+            PKV_TP_ONESHOT=0 timeout 200 $D/run --synthetic qwen3-0.6b --ids -f /tmp/ids3k.txt -n 48 --temp 0 --ignore-eos --attn $a --gpus 2 > /tmp/syn.$a.nccl 2>/dev/null
+            cmp -s /tmp/syn.$a.2 /tmp/syn.$a.nccl && [ -s /tmp/syn.$a.2 ] && echo "ok   qwen3-0.6b shape, 3,000 ids, --attn $a --gpus 2: 48 greedy ids, one-shot all-reduce == NCCL's" ||
+                { echo "FAIL qwen3-0.6b --attn $a --gpus 2 one-shot vs NCCL: $(head -c 200 /tmp/syn.$a.2) vs $(head -c 200 /tmp/syn.$a.nccl)"; status=1; }
+            echo "     --gpus 2 against one GPU: $(python3 -c "import sys; a, b = open('/tmp/syn.$a.1').read().split(), open('/tmp/syn.$a.2').read().split(); print(next((i for i in range(min(len(a), len(b))) if a[i] != b[i]), min(len(a), len(b))))") of 48 greedy ids equal before the paths part"
+        fi
         # Random weights of this scale give logits hundreds of nats apart (mean NLL ~91), so a changed
         # bf16 rounding of one activation moves a position by up to ~1 nat (as between the GPU and
         # the CPU on the tiny models): judged on the mean |dNLL|, with ParisKV's selections moving too.

@@ -85,13 +85,13 @@ typedef struct {
     void *comm;         // the rank's NCCL communicator (ncclComm_t), NULL when n == 1
 } Shard;
 
-// The one-shot all-reduce's buffers (tp_oneshot.cu), on every rank: each rank's slots and flags
-// (peer-accessible device pointers) and this rank's call count. on == 0: NCCL for every sum.
+// The one-shot all-reduce's buffers (tp_oneshot.cu), on every rank: each rank's slots of
+// 16-byte lines (two floats, each beside the call's number; peer-accessible device pointers) and
+// this rank's call count. on == 0: NCCL for every sum.
 #define TP_MAX_RANKS 16
 #define TP_ONESHOT_MAX 16384 // floats: the decode residual (dim) at most
 typedef struct {
-    float *in[TP_MAX_RANKS];
-    unsigned *flag[TP_MAX_RANKS];
+    uint4 *in[TP_MAX_RANKS];
     unsigned *epoch;
     int on;
 } TpPeers;

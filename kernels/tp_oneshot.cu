@@ -1,69 +1,86 @@
 // The decode step's all-reduces over the GPUs' peer access (--gpus N): each rank writes its part
-// of the residual straight into every peer's memory, raises a flag there, waits for the peers'
-// flags in its own, then sums the N parts in rank order (the same order, so the same bits, on
-// every rank) and, fused, writes bf16(x) and the sum of squares the next RMSNorm reads. One kernel
-// where NCCL's all-reduce and the stats took two launches (two H100s, 64 sums and the logits'
-// gather a step: 0.476 ms against 0.576; tests/bench/GPU.md, session 14). Prefill's larger sums
-// stay with NCCL. (Not yet tried: NCCL's LL protocol, each value stored beside the call's number
-// in one 8-byte store, which needs no fence or flag.)
+// of the residual straight into every peer's memory, then sums the N parts in rank order (the same
+// order, so the same bits, on every rank) and, fused, writes bf16(x) and the sum of squares the
+// next RMSNorm reads. One kernel where NCCL's all-reduce and the stats took two launches.
 //
-// Each rank's slots: 2 parities x N ranks x TP_ONESHOT_MAX floats. Call e (an epoch counted on
+// The parts travel as NCCL's LL protocol has them: 16-byte lines of two floats, each float beside
+// the call's number e, written with one 16-byte store (each 8-byte half lands whole). A reader
+// polls its own memory until both halves of a line carry e: the data is its own flag, so no
+// fence and no flag's second round trip over the link (session 14's flag version: ~7 us a sum,
+// tests/bench/GPU.md). Launched with PDL: the next GEMV's blocks load their weights while this
+// one waits for the peers; everything this kernel reads or writes comes after pdl_wait().
+//
+// Each rank's slots: 2 parities x N ranks x TP_ONESHOT_MAX / 2 lines. Call e (an epoch counted on
 // each rank; every rank makes the same calls in the same order) uses parity e & 1: a rank can be
 // one call ahead of a peer still reading call e - 1's slot, never two (to start call e + 1 it
 // needs that peer's part of call e, written after the peer's call e - 1 ended).
 #include "gpu_state.h"
 #include "kernels.h"
+#include "pdl.h"
 
 #define TP_THREADS 512
+#define TP_LINES (TP_ONESHOT_MAX / 2) // 16-byte lines a slot
 
-__device__ __forceinline__ void st_release_sys(unsigned *p, unsigned v) {
-    asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+__device__ __forceinline__ void st_line(uint4 *p, uint4 v) {
+    asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
 }
-__device__ __forceinline__ unsigned ld_acquire_sys(const unsigned *p) {
-    unsigned v;
-    asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+__device__ __forceinline__ uint4 ld_line(const uint4 *p) {
+    uint4 v;
+    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p) : "memory");
     return v;
 }
 
+// Lines per thread: TP_ONESHOT_MAX / 2 / TP_THREADS at most.
+#define TP_PER (TP_LINES / TP_THREADS)
+
 __global__ void __launch_bounds__(TP_THREADS) tp_oneshot_kernel(float *x, int n, bf16 *xb, float *sumsq, TpPeers P, int rank, int N) {
-    __shared__ unsigned s_e;
     __shared__ float red[TP_THREADS / 32];
-    const int t = threadIdx.x, n4 = n / 4;
-    if (t == 0) s_e = *P.epoch + 1;
-    __syncthreads();
-    const unsigned e = s_e;
+    const int t = threadIdx.x, n2 = n / 2;
+    pdl_release(); // the next kernel's blocks may start loading weights
+    pdl_wait();    // the GEMV before has written x; the call before has written the epoch
+    const unsigned e = *P.epoch + 1;
     const size_t par = (size_t)(e & 1) * N;
+    float2 v[TP_PER];
+#pragma unroll
+    for (int u = 0; u < TP_PER; u++) {
+        int i = t + u * TP_THREADS;
+        v[u] = i < n2 ? ((const float2 *)x)[i] : make_float2(0.f, 0.f);
+    }
     for (int q = 0; q < N; q++) // this rank's part into slot (par, rank) of every peer
         if (q != rank) {
-            float4 *dst = (float4 *)(P.in[q] + (par + rank) * TP_ONESHOT_MAX);
-            for (int i = t; i < n4; i += TP_THREADS) dst[i] = ((const float4 *)x)[i];
+            uint4 *dst = P.in[q] + (par + rank) * TP_LINES;
+#pragma unroll
+            for (int u = 0; u < TP_PER; u++) {
+                int i = t + u * TP_THREADS;
+                if (i < n2) st_line(dst + i, make_uint4(__float_as_uint(v[u].x), e, __float_as_uint(v[u].y), e));
+            }
         }
-    __syncthreads(); // every thread's writes before the flags (the fence below is cumulative)
-    if (t == 0) {
-        __threadfence_system();
-        for (int q = 0; q < N; q++)
-            if (q != rank) st_release_sys(P.flag[q] + rank, e);
-    }
-    if (t < N && t != rank) { // peer t's part has landed here
-        long spins = 0;
-        while (ld_acquire_sys(P.flag[rank] + t) < e)
-            if (++spins > (1L << 26)) __trap(); // a lost peer: a launch error after ~a minute, not a hang
-    }
-    __syncthreads();
     float ss = 0.0f;
-    const float4 *mine = (const float4 *)P.in[rank];
-    for (int i = t; i < n4; i += TP_THREADS) {
-        float4 a = make_float4(0.f, 0.f, 0.f, 0.f);
+    const uint4 *mine = P.in[rank];
+#pragma unroll
+    for (int u = 0; u < TP_PER; u++) {
+        int i = t + u * TP_THREADS;
+        if (i >= n2) break;
+        float2 a = make_float2(0.f, 0.f);
         for (int q = 0; q < N; q++) {
-            float4 v = q == rank ? ((const float4 *)x)[i] : __ldcg(mine + (par + q) * (TP_ONESHOT_MAX / 4) + i); // L2: a peer wrote it
-            if (q == 0) a = v;
-            else a.x += v.x, a.y += v.y, a.z += v.z, a.w += v.w;
+            float2 w = v[u];
+            if (q != rank) { // poll this line of peer q's part until both halves are call e's
+                const uint4 *src = mine + (par + q) * TP_LINES + i;
+                uint4 l = ld_line(src);
+                long spins = 0;
+                while (l.y != e || l.w != e) {
+                    if (++spins > (1L << 26)) __trap(); // a lost peer: a launch error after ~a minute, not a hang
+                    l = ld_line(src);
+                }
+                w = make_float2(__uint_as_float(l.x), __uint_as_float(l.z));
+            }
+            if (q == 0) a = w;
+            else a.x += w.x, a.y += w.y;
         }
-        ((float4 *)x)[i] = a;
+        ((float2 *)x)[i] = a;
         if (xb) {
-            __nv_bfloat162 *o = (__nv_bfloat162 *)(xb + 4 * (size_t)i);
-            o[0] = __floats2bfloat162_rn(a.x, a.y), o[1] = __floats2bfloat162_rn(a.z, a.w);
-            ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
+            ((__nv_bfloat162 *)xb)[i] = __floats2bfloat162_rn(a.x, a.y);
+            ss += a.x * a.x + a.y * a.y;
         }
     }
     if (xb) {
@@ -76,6 +93,7 @@ __global__ void __launch_bounds__(TP_THREADS) tp_oneshot_kernel(float *x, int n,
             *sumsq = s;
         }
     }
+    __syncthreads(); // every thread has read the epoch
     if (t == 0) *P.epoch = e;
 }
 
@@ -83,8 +101,7 @@ int tp_oneshot_fits(const GpuState *g, size_t n) { return g->tp.on && n <= TP_ON
 
 cudaError_t tp_oneshot(GpuState *g, float *x, size_t n, bf16 *xb, float *sumsq) {
     if (!tp_oneshot_fits(g, n)) return cudaErrorInvalidValue;
-    tp_oneshot_kernel<<<1, TP_THREADS, 0, g->st>>>(x, (int)n, xb, sumsq, g->tp, g->shard.rank, g->shard.n);
-    return cudaGetLastError();
+    return launch_pdl(tp_oneshot_kernel, dim3(1), dim3(TP_THREADS), 0, g->st, x, (int)n, xb, sumsq, g->tp, g->shard.rank, g->shard.n);
 }
 
 cudaError_t tp_oneshot_alloc(GpuState *g) {
@@ -101,15 +118,14 @@ cudaError_t tp_oneshot_alloc(GpuState *g) {
         if (e != cudaSuccess) cudaGetLastError(); // not left for a later check to find
         if (e != cudaSuccess && e != cudaErrorPeerAccessAlreadyEnabled) return cudaSuccess;
     }
-    size_t slots = (size_t)2 * g->shard.n * TP_ONESHOT_MAX * sizeof(float), flags = 64 * sizeof(unsigned);
+    size_t slots = (size_t)2 * g->shard.n * TP_LINES * sizeof(uint4);
     char *p;
-    CU_TRY(cudaMalloc(&p, slots + flags));
-    CU_TRY(cudaMemset(p, 0, slots + flags));
-    CU_TRY(cudaDeviceSynchronize()); // zeroed before the rank's (non-blocking) stream first reads it
+    CU_TRY(cudaMalloc(&p, slots + 256));
+    CU_TRY(cudaMemset(p, 0, slots + 256)); // call numbers start at 1: no line matches before it is written
+    CU_TRY(cudaDeviceSynchronize());      // zeroed before the rank's (non-blocking) stream first reads it
     g->tp_base = p;
-    g->tp.in[g->shard.rank] = (float *)p;
-    g->tp.flag[g->shard.rank] = (unsigned *)(p + slots);
-    g->tp.epoch = (unsigned *)(p + slots) + 32; // this rank's own count (flags take the first N)
+    g->tp.in[g->shard.rank] = (uint4 *)p;
+    g->tp.epoch = (unsigned *)(p + slots); // this rank's own count
     return cudaSuccess;
 }
 
@@ -117,7 +133,7 @@ void tp_oneshot_link(GpuState *const *all, int n) {
     for (int r = 0; r < n; r++)
         if (!all[r]->tp_base) return; // some rank has no peer access: NCCL everywhere
     for (int r = 0; r < n; r++) {
-        for (int q = 0; q < n; q++) all[r]->tp.in[q] = all[q]->tp.in[q], all[r]->tp.flag[q] = all[q]->tp.flag[q];
+        for (int q = 0; q < n; q++) all[r]->tp.in[q] = all[q]->tp.in[q];
         all[r]->tp.on = 1;
     }
 }
