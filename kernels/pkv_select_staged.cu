@@ -24,7 +24,8 @@
 //                                       summed in distributed shared memory, ties at the k-th
 //                                       to the smaller slot; the selection written in slot order.
 //                                       Up to TOPK_ONE_BLOCK candidates (contexts to ~320K)
-//                                       the cluster's first block does it alone
+//                                       the cluster's first block does it alone, the keys
+//                                       in shared memory
 // The five-kernel selection splits the third kernel into pkv_compact_kernel (the vote's
 // blocks) and pkv_rerank_kernel (equal shares of the candidates): a launch and a pass more.
 // Tried and dropped (tests/bench/GPU.md, session 13): the top-k in the rerank kernel's last
@@ -411,37 +412,76 @@ static __device__ void write_ordered(const float *est, const int *cand, int *out
 }
 
 // The top-k of a head's C <= TOPK_ONE_BLOCK estimates by one block (the cluster's first): the
-// same radix as the cluster's, block barriers instead of cluster barriers (which cost more than
-// the passes at this size: 40K cycles a layer at 128K, a third of its samples at the barriers).
-static __device__ void topk_one_block(const PkvSelArgs &a, int h, int C, int *hist, int *h2, int *h3, int *red, long long *red64) {
-    __shared__ int s_d, s_above, s_in;
-    const int t = threadIdx.x;
+// same radix as the cluster's, the keys read once into shared memory (keys: the kernel's dynamic
+// shared memory, TOPK_ONE_BLOCK words), block barriers instead of cluster barriers. Session 13's
+// version read the estimates from L2 in each of its passes (seven dependent L2 round trips);
+// keeping them in registers instead unrolled every pass 64 times, and the instruction cache
+// missed (tests/bench/GPU.md, session 15).
+#define TOPK_LOADS (TOPK_ONE_BLOCK / (4 * TOPK_THREADS)) // 16-byte loads a thread, all in flight
+static __device__ void topk_one_block(const PkvSelArgs &a, int h, int C, uint32_t *keys, int *hist, int *h2, int *h3, int *red) {
+    __shared__ int s_d, s_above, s_in, w_g[TOPK_THREADS / 32], w_e[TOPK_THREADS / 32];
+    const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
     const float *est = a.est + (size_t)h * a.capp;
     const int *cand = a.cand + (size_t)h * a.capp;
     const int32_t *hh = a.hist + (size_t)h * a.hist_stride;
-    for (int i = t; i < EST_BINS; i += TOPK_THREADS) hist[i] = hh[HIST_EST + i];
-    for (int i = t; i < 1024; i += TOPK_THREADS) h2[i] = 0, h3[i] = 0;
+    {
+        float4 e4[TOPK_LOADS]; // est rows are padded to 16: a load that starts below C stays in the row
+#pragma unroll
+        for (int v = 0; v < TOPK_LOADS; v++) {
+            int i = 4 * (v * TOPK_THREADS + t);
+            e4[v] = i < C ? *(const float4 *)(est + i) : make_float4(0, 0, 0, 0);
+        }
+        for (int i = t; i < EST_BINS; i += TOPK_THREADS) hist[i] = hh[HIST_EST + i];
+        for (int i = t; i < 1024; i += TOPK_THREADS) h2[i] = 0, h3[i] = 0;
+#pragma unroll
+        for (int v = 0; v < TOPK_LOADS; v++) {
+            int i = 4 * (v * TOPK_THREADS + t);
+            if (i < C) *(uint4 *)(keys + i) = make_uint4(fkey(e4[v].x), fkey(e4[v].y), fkey(e4[v].z), fkey(e4[v].w));
+        }
+    }
     __syncthreads();
     pdl_release();
     int r = a.k;
     find_digit(hist, EST_BINS, r, red, &s_d, &s_above, &s_in);
     const uint32_t d1 = s_d;
     r -= s_above;
-    est_pass(est, 0, C, [&](int, uint32_t key) {
-        if (key >> 20 == d1) atomicAdd(&h2[(key >> 10) & 1023], 1);
-    });
+    for (int i = t; i < C; i += TOPK_THREADS)
+        if (keys[i] >> 20 == d1) atomicAdd(&h2[(keys[i] >> 10) & 1023], 1);
     __syncthreads();
     find_digit(h2, 1024, r, red, &s_d, &s_above, &s_in);
     const uint32_t p22 = d1 << 10 | (uint32_t)s_d;
     r -= s_above;
-    est_pass(est, 0, C, [&](int, uint32_t key) {
-        if (key >> 10 == p22) atomicAdd(&h3[key & 1023], 1);
-    });
+    for (int i = t; i < C; i += TOPK_THREADS)
+        if (keys[i] >> 10 == p22) atomicAdd(&h3[keys[i] & 1023], 1);
     __syncthreads();
     find_digit(h3, 1024, r, red, &s_d, &s_above, &s_in);
     const uint32_t T = p22 << 10 | (uint32_t)s_d;
-    r -= s_above; // ties taken, the first in slot order
-    write_ordered(est, cand, a.sel + (size_t)h * a.kmax, 0, C, T, r, red64);
+    const int quota = r - s_above; // of T's ties, the first quota in slot order are taken
+    // Warp w takes the items [w seg, (w+1) seg) in slot order. An item's place: the items above
+    // T before it + min(the ties before it, quota); the place gets the item's index first, its
+    // slot after a barrier (one L2 round trip for all k, not one per item).
+    const int seg = ((C + TOPK_THREADS - 1) / TOPK_THREADS) * 32, lo = min(warp * seg, C), hi = min(lo + seg, C);
+    int g = 0, e = 0;
+    for (int i = lo + lane; i < hi; i += 32) g += keys[i] > T, e += keys[i] == T;
+    for (int o = 16; o > 0; o >>= 1) g += __shfl_xor_sync(0xffffffffu, g, o), e += __shfl_xor_sync(0xffffffffu, e, o);
+    if (lane == 0) w_g[warp] = g, w_e[warp] = e;
+    __syncthreads();
+    int G = 0, E = 0;
+    for (int w = 0; w < warp; w++) G += w_g[w], E += w_e[w];
+    int *out = a.sel + (size_t)h * a.kmax;
+    const unsigned below = (1u << lane) - 1;
+    for (int b = lo; b < hi; b += 32) { // uniform over the warp (the ballots)
+        int i = b + lane;
+        uint32_t key = i < hi ? keys[i] : 0;
+        bool gt = i < hi && key > T, eq = i < hi && key == T;
+        unsigned mg = __ballot_sync(0xffffffffu, gt), me = __ballot_sync(0xffffffffu, eq);
+        int gx = G + __popc(mg & below), ex = E + __popc(me & below);
+        if (gt) out[gx + min(ex, quota)] = i;
+        else if (eq && ex < quota) out[gx + ex] = i;
+        G += __popc(mg), E += __popc(me);
+    }
+    __syncthreads(); // the indices written (a block's global writes are visible to it after a barrier)
+    for (int p = t; p < a.k; p += TOPK_THREADS) out[p] = cand[out[p]];
     if (t == 0) a.nsel[h] = a.k;
 }
 
@@ -472,7 +512,8 @@ static __global__ void __cluster_dims__(TOPK_CLUSTER, 1, 1) __launch_bounds__(TO
         return;
     }
     if (C <= TOPK_ONE_BLOCK) { // the whole cluster's decision (C is the same in every block)
-        if (j == 0) topk_one_block(a, h, C, hist, h2, h3, red, red64);
+        extern __shared__ uint32_t keys[];
+        if (j == 0) topk_one_block(a, h, C, keys, hist, h2, h3, red);
         return;
     }
     const float *est = a.est + (size_t)h * a.capp;
@@ -551,7 +592,18 @@ static int blocks_per_head(int n_kv, int B, int cap, int kernel) {
     return p > 0 ? p : 1;
 }
 
-int pkv_staged_vote_blocks(int n_kv, int B, int cap) { return blocks_per_head(n_kv, B, cap, K_VOTE); }
+// The top-k's dynamic shared memory (the one-block path's keys), allowed once, at the first
+// call (pkv_gpu_scratch_alloc's, outside any capture).
+#define TOPK_SMEM (TOPK_ONE_BLOCK * sizeof(uint32_t))
+static cudaError_t topk_smem_allowed(void) {
+    static const cudaError_t e = cudaFuncSetAttribute(pkv_topk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)TOPK_SMEM);
+    return e;
+}
+
+int pkv_staged_vote_blocks(int n_kv, int B, int cap) {
+    topk_smem_allowed();
+    return blocks_per_head(n_kv, B, cap, K_VOTE);
+}
 int pkv_cand_rerank_blocks(int n_kv, int B, int cap) { return blocks_per_head(n_kv, B, cap, K_CAND_RERANK); }
 
 template <int B> static cudaError_t launch_select(PkvSelArgs a, cudaStream_t st) {
@@ -560,15 +612,16 @@ template <int B> static cudaError_t launch_select(PkvSelArgs a, cudaStream_t st)
     CU_TRY(launch_pdl(pkv_vote_kernel<B>, per_head, dim3(SEL_THREADS), 0, st, a));
     if (!a.five) {
         CU_TRY(launch_pdl(pkv_cand_rerank_kernel<B>, dim3(a.R, a.n_kv), dim3(SEL_THREADS), 0, st, a));
-        return launch_pdl(pkv_topk_kernel, dim3(TOPK_CLUSTER, a.n_kv), dim3(TOPK_THREADS), 0, st, a);
+        return launch_pdl(pkv_topk_kernel, dim3(TOPK_CLUSTER, a.n_kv), dim3(TOPK_THREADS), TOPK_SMEM, st, a);
     }
     a.R = blocks_per_head(a.n_kv, B, a.cap, K_RERANK);
     CU_TRY(launch_pdl(pkv_compact_kernel, per_head, dim3(SEL_THREADS), 0, st, a));
     CU_TRY(launch_pdl(pkv_rerank_kernel<B>, dim3(a.R, a.n_kv), dim3(SEL_THREADS), 0, st, a));
-    return launch_pdl(pkv_topk_kernel, dim3(TOPK_CLUSTER, a.n_kv), dim3(TOPK_THREADS), 0, st, a);
+    return launch_pdl(pkv_topk_kernel, dim3(TOPK_CLUSTER, a.n_kv), dim3(TOPK_THREADS), TOPK_SMEM, st, a);
 }
 
 cudaError_t pkv_select_staged(PkvSelArgs a, cudaStream_t st) {
+    CU_TRY(topk_smem_allowed());
     switch (a.B) {
     case 8: return launch_select<8>(a, st);
     case 16: return launch_select<16>(a, st);
