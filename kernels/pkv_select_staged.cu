@@ -97,9 +97,20 @@ template <int B> static __global__ void __launch_bounds__(SEL_THREADS, 6) pkv_vo
     __shared__ int red[32];
     int h = blockIdx.y, j = blockIdx.x, t = threadIdx.x, lane = t & 31, warp = t >> 5;
     for (int i = t; i < 2 * NW * HSTR; i += SEL_THREADS) wh[i] = 0;
-    pdl_wait();
     int n, C;
     sel_setup(a, &n, &C, NULL);
+    // The ids of the block's first pass (16 KB at most a block: all blocks' fit L2) asked of HBM
+    // before the wait: the index and the zone size were written before the bonus kernel, which
+    // passed its own wait before this kernel could start (PDL), so they are final here.
+    // (B = 8: a head's rows are only 8-byte aligned, the bulk prefetch needs 16.)
+    if (B >= 16 && t == 0 && n > a.k) {
+        int S0 = block_slots(n, a.P), lo0 = min(j * S0, n), hi0 = min(min(lo0 + S0, n), lo0 + NW * 32 * UNR / PPS);
+        if (hi0 > lo0) {
+            const uint8_t *p0 = a.ids + ((size_t)h * a.cap + lo0) * B;
+            asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p0), "r"((unsigned)(hi0 - lo0) * B) : "memory");
+        }
+    }
+    pdl_wait();
     if (n <= a.k) return;
     const uint8_t *bs = a.bonus + (size_t)h * B * 256;
     for (int i = t; i < B * 32; i += SEL_THREADS) {
@@ -485,6 +496,26 @@ static __device__ void topk_one_block(const PkvSelArgs &a, int h, int C, uint32_
     if (t == 0) a.nsel[h] = a.k;
 }
 
+// Block (h): the top-k where no step of this capacity has more than TOPK_ONE_BLOCK candidates a
+// head (topk_one_block_always): the same as the cluster's first block, without a cluster launch.
+static __global__ void __launch_bounds__(TOPK_THREADS) pkv_topk1_kernel(PkvSelArgs a) {
+    __shared__ int hist[EST_BINS], h2[1024], h3[1024];
+    __shared__ int red[32];
+    extern __shared__ uint32_t keys[];
+    pdl_wait();
+    int h = blockIdx.x, t = threadIdx.x, k = a.k;
+    int n, C;
+    sel_setup(a, &n, &C, NULL);
+    if (n <= k || C == k) { // every slot, or every candidate (ascending)
+        int *sel = a.sel + (size_t)h * a.kmax;
+        const int *cand = a.cand + (size_t)h * a.capp;
+        for (int i = t; i < (n <= k ? n : k); i += TOPK_THREADS) sel[i] = n <= k ? i : cand[i];
+        if (t == 0) a.nsel[h] = n <= k ? n : k;
+        return;
+    }
+    topk_one_block(a, h, C, keys, hist, h2, h3, red);
+}
+
 // Cluster (h) of TOPK_CLUSTER blocks per KV head: the k best of the C estimates (ties: the
 // smaller slot) by radix select on their keys, digits of 12, 10 and 10 bits, written to sel in
 // slot order (cand is ascending): the attention needs no sort. Block j takes the candidates
@@ -596,8 +627,18 @@ static int blocks_per_head(int n_kv, int B, int cap, int kernel) {
 // call (pkv_gpu_scratch_alloc's, outside any capture).
 #define TOPK_SMEM (TOPK_ONE_BLOCK * sizeof(uint32_t))
 static cudaError_t topk_smem_allowed(void) {
-    static const cudaError_t e = cudaFuncSetAttribute(pkv_topk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)TOPK_SMEM);
-    return e;
+    static const cudaError_t e = cudaFuncSetAttribute(pkv_topk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)TOPK_SMEM),
+                             e1 = cudaFuncSetAttribute(pkv_topk1_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)TOPK_SMEM);
+    return e != cudaSuccess ? e : e1;
+}
+
+// Whether every step of this capacity has at most TOPK_ONE_BLOCK candidates a head: C = min(max(
+// ceil(beta n), k), n) for n <= cap, beta from the schedule (0.5, 0.25, 0.2 below 5,000, 10,000,
+// 30,000 keys, then 0.1: at most max(6,000, cap / 10)) unless both beta and rho are given.
+static bool topk_one_block_always(const PkvSelArgs &a) {
+    double most = a.beta > 0.0f && a.rho > 0.0f ? ceil((double)a.beta * a.cap) : fmax(6000.0, ceil(0.1 * a.cap));
+    most = fmin(fmax(most + 1.0, (double)a.kmax), (double)a.cap); // + 1: the decimal rounding of beta
+    return most <= TOPK_ONE_BLOCK;
 }
 
 int pkv_staged_vote_blocks(int n_kv, int B, int cap) {
@@ -612,6 +653,7 @@ template <int B> static cudaError_t launch_select(PkvSelArgs a, cudaStream_t st)
     CU_TRY(launch_pdl(pkv_vote_kernel<B>, per_head, dim3(SEL_THREADS), 0, st, a));
     if (!a.five) {
         CU_TRY(launch_pdl(pkv_cand_rerank_kernel<B>, dim3(a.R, a.n_kv), dim3(SEL_THREADS), 0, st, a));
+        if (topk_one_block_always(a)) return launch_pdl(pkv_topk1_kernel, dim3(a.n_kv), dim3(TOPK_THREADS), TOPK_SMEM, st, a);
         return launch_pdl(pkv_topk_kernel, dim3(TOPK_CLUSTER, a.n_kv), dim3(TOPK_THREADS), TOPK_SMEM, st, a);
     }
     a.R = blocks_per_head(a.n_kv, B, a.cap, K_RERANK);
