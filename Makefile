@@ -89,7 +89,7 @@ WEIGHTS_SRC = $(wildcard weights/*.c)
 
 obj = $(patsubst %.cc,$(BUILD)/%.o,$(patsubst %.c,$(BUILD)/%.o,$(1)))
 RUN_OBJ    = $(call obj,run.c $(MODEL_SRC) $(TOK_SRC) $(ATTN_SRC)) $(CUDA_OBJ)
-EXPORT_OBJ = $(call obj,$(WEIGHTS_SRC) $(TOK_SRC) model/modelfile.c model/guard.c model/quant.c model/quant_q45.c)
+EXPORT_OBJ = $(call obj,$(WEIGHTS_SRC) $(TOK_SRC) model/modelfile.c model/guard.c model/quant.c model/quant_q45.c model/quant_vnni.c model/cpu_isa.c)
 LIB_OBJ    = $(call obj,$(MODEL_SRC) $(TOK_SRC) $(ATTN_SRC) $(filter-out weights/export.c,$(WEIGHTS_SRC))) $(CUDA_OBJ)
 
 TEST_SRC  = $(wildcard tests/test_*.c)

@@ -41,8 +41,13 @@ static CpuIsa detect(void) {
     if (__get_cpuid_count(7, 1, &a, &b, &c, &d) && (a >> 5 & 1)) return CPU_ISA_AVX512BF16; // AVX512_BF16
     return CPU_ISA_AVX512;
 }
+static int detect_vnni(void) { // AVX512_VNNI: leaf 7, ECX bit 11
+    unsigned a, b, c, d;
+    return __get_cpuid_count(7, 0, &a, &b, &c, &d) && (c >> 11 & 1);
+}
 #else
 static CpuIsa detect(void) { return CPU_ISA_GENERIC; }
+static int detect_vnni(void) { return 0; }
 #endif
 
 static CpuIsa best = CPU_ISA_GENERIC, chosen = CPU_ISA_GENERIC;
@@ -82,4 +87,13 @@ int cpu_isa_supported(CpuIsa isa) { return isa <= cpu_isa_best(); }
 CpuIsa cpu_isa(void) {
     pthread_once(&chosen_once, init_chosen);
     return chosen;
+}
+
+static int vnni;
+static pthread_once_t vnni_once = PTHREAD_ONCE_INIT;
+static void init_vnni(void) { vnni = cpu_isa() >= CPU_ISA_AVX512 && detect_vnni(); }
+
+int cpu_int8_vnni(void) {
+    pthread_once(&vnni_once, init_vnni);
+    return vnni;
 }

@@ -32,5 +32,8 @@ CpuIsa cpu_isa(void);
 const char *cpu_isa_name(CpuIsa isa);
 // The set named s ("avx2", ...), or -1 (also for "fp32", which names no one set).
 int cpu_isa_parse(const char *s);
+// Whether the quantized weights' decode products use AVX512_VNNI (quant_vnni.c): the CPU has it
+// and the chosen set is avx512 or avx512bf16. Integer sums: the same results as avx2's.
+int cpu_int8_vnni(void);
 
 #endif

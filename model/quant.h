@@ -81,7 +81,12 @@ float dot_q4_k_act(const uint8_t *w, const ActQ8 *a);
 float dot_q4_0_act(const uint8_t *w, const ActQ8 *a);
 // sum_r dx_(r / 2) d sc_r sum_j (q_j - 32) qx_j over the 16-weight runs r (Q6_K).
 float dot_q6_k_act(const uint8_t *w, const ActQ8 *a);
-// The one of the above for a quantized dtype (w: one row of it).
+// The same products with AVX512_VNNI (quant_vnni.c): equal to the AVX2 kernels bit for bit; to be
+// called only where cpu_int8_vnni() (cpu_isa.h) says the CPU has them.
+float dot_q8_0_act_vnni(const uint8_t *w, const ActQ8 *a);
+float dot_q4_k_act_vnni(const uint8_t *w, const ActQ8 *a);
+float dot_q4_0_act_vnni(const uint8_t *w, const ActQ8 *a);
+// The one of the above for a quantized dtype (w: one row of it); VNNI's where cpu_int8_vnni().
 float dot_act(const uint8_t *w, uint32_t dtype, const ActQ8 *a);
 
 // Q4_1, Q5_0, Q5_1, Q5_K (quant_q45.c): n weights from p dequantized into out; a row's dot product

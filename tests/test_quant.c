@@ -17,6 +17,7 @@
 //    quantized per 32 (quant.h's ActQ8): checked against double over those quantized values.
 #include "../model/backend.h"
 #include "../model/bf16.h"
+#include "../model/cpu_isa.h"
 #include "../model/quant.h"
 #include "../weights/gguf.h"
 #include "test_pariskv_util.h"
@@ -264,6 +265,50 @@ static void test_matmul(Rng *r, uint32_t dt, int T, int n, int d) {
     free(src), free(w), free(x), free(y), free(q), free(e);
 }
 
+// The AVX512_VNNI kernels (quant_vnni.c) against the AVX2 ones, on the same rows and activations:
+// the same integer lanes and the same fp32 steps, so equal bit for bit. Only where the CPU has
+// VNNI and the chosen set allows it (cpu_int8_vnni); elsewhere nothing is counted.
+static void test_vnni(Rng *r) {
+    if (!cpu_int8_vnni()) {
+        printf("note: the VNNI kernels not run: this CPU lacks AVX512_VNNI or the chosen set is below avx512 (nothing counted)\n");
+        return;
+    }
+#if defined(__AVX2__) && defined(__FMA__)
+    enum { N = 4096, ROWS = 40 };
+    float x[N];
+    int8_t aq[N];
+    float ad[N / 32];
+    int32_t as[N / 32];
+    ActQ8 a = {N, aq, ad, as};
+    static const uint32_t dts[3] = {DTYPE_Q8_0, DTYPE_Q4_K, DTYPE_Q4_0};
+    for (int k = 0; k < 3; k++) {
+        uint32_t dt = dts[k];
+        size_t rb = dtype_row_bytes(dt, N);
+        uint8_t *q = malloc(ROWS * rb);
+        random_blocks(r, dt, q, ROWS * (N / dtype_block_elems(dt)));
+        for (size_t b = 0; b < ROWS * (N / dtype_block_elems(dt)); b++) { // scales of real weights' size
+            uint16_t h = f32_to_f16(0.01f * (1.0f + (float)uniform(r)));
+            memcpy(q + b * dtype_row_bytes(dt, dtype_block_elems(dt)), &h, 2);
+        }
+        int differ = 0;
+        for (int i = 0; i < ROWS; i++) {
+            for (int j = 0; j < N; j++) x[j] = gauss(r) * (j % 11 == 0 ? 8.0f : 1.0f);
+            act_q8_quantize(x, &a);
+            const uint8_t *w = q + i * rb;
+            float v = dt == DTYPE_Q8_0 ? dot_q8_0_act_vnni(w, &a) : dt == DTYPE_Q4_K ? dot_q4_k_act_vnni(w, &a) : dot_q4_0_act_vnni(w, &a);
+            float e = dt == DTYPE_Q8_0 ? dot_q8_0_act(w, &a) : dt == DTYPE_Q4_K ? dot_q4_k_act(w, &a) : dot_q4_0_act(w, &a);
+            differ += memcmp(&v, &e, sizeof v) != 0;
+        }
+        check(differ == 0, "%s decode product with AVX512_VNNI: %d rows of %d equal the AVX2 kernel's bit for bit (%d differ)", dtype_name(dt),
+              ROWS - differ, N, differ);
+        free(q);
+    }
+#else
+    (void)r;
+    printf("note: the VNNI kernels not compared: this build has no AVX2 kernels to compare with (-march); the decode checks above ran them\n");
+#endif
+}
+
 static void test_sizes(void) {
     check(dtype_row_bytes(DTYPE_Q8_0, 576) == 18 * 34 && dtype_row_bytes(DTYPE_Q4_K, 1536) == 6 * 144 &&
               dtype_row_bytes(DTYPE_Q4_0, 576) == 18 * 18 && dtype_row_bytes(DTYPE_Q4_0, 48) == 0 &&
@@ -290,6 +335,7 @@ int main(void) {
         test_matmul(&r, dt, 5, 512, 200);   // prefill: dequantized panels (sgemm, or row by row)
         test_matmul(&r, dt, 1, 4096, 64);   // a long row
     }
+    test_vnni(&r);
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;
 }

@@ -15,6 +15,8 @@
 #                                          # bf16 path end to end), the tiny models end to
 #                                          # end on each set, cpu_probe on CPUs 0-1; builds
 #                                          # llama.cpp's llama-bench and llama-quantize into $OUT
+#   bash tests/bench/xeon.sh vnni          # there: test_quant with and without AVX512_VNNI, and
+#                                          # the quantized decode's speed both ways
 #   bash tests/bench/xeon.sh table ISA [THREADS [TESTS [REPS]]]
 #                                          # there, the two llama.cpp programs carried back in
 #                                          # xeon/: cpu_vs_llamacpp.sh on CPUs 0-1 (taskset), ./run
@@ -60,9 +62,9 @@ pack)
     B=build-xeon
     rm -rf $B # make does not see a change of flags
     make -j2 BUILD=$B NO_CUDA=1 OPT="${XEON_OPT:--O3 -march=x86-64-v4}" $B/run $B/export $B/tests/test_dot_bf16 \
-        $B/tests/test_gemm_dnnl $B/tests/test_bf16_model $B/tests/bench/cpu_probe >/dev/null
+        $B/tests/test_gemm_dnnl $B/tests/test_bf16_model $B/tests/test_quant $B/tests/bench/cpu_probe >/dev/null
     rm -rf "$X" && mkdir -p "$X/lib"
-    cp $B/run $B/export $B/tests/test_dot_bf16 $B/tests/test_gemm_dnnl $B/tests/test_bf16_model $B/tests/bench/cpu_probe "$X/"
+    cp $B/run $B/export $B/tests/test_dot_bf16 $B/tests/test_gemm_dnnl $B/tests/test_bf16_model $B/tests/test_quant $B/tests/bench/cpu_probe "$X/"
     for l in $(libs $B/run $B/tests/test_gemm_dnnl); do cp -L "$l" "$X/lib/"; done
     xz -T2 "$X"/lib/* # 88 MB -> 17 MB (a carry holds 64 MiB)
     L=/tmp/xeon-llama
@@ -110,6 +112,35 @@ tests)
         -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF >/tmp/lc/cmake.log 2>&1
     cmake --build /tmp/lc/b --target llama-bench llama-quantize -j"$(nproc)" >/tmp/lc/build.log 2>&1 || { tail -20 /tmp/lc/build.log; exit 1; }
     cp /tmp/lc/b/bin/llama-bench /tmp/lc/b/bin/llama-quantize "${OUT:-$X}/"
+    exit $rc
+    ;;
+vnni)
+    # The quantized decode products with AVX512_VNNI (the default where the CPU has it) and without
+    # (PKV_CPU_ISA=avx2: the same integer sums, so the same tokens), SmolLM2's shape in Q8_0, Q4_K
+    # and Q4_0 (random blocks), a 512-id prompt then 64 tokens, one and two threads on CPUs 0-1.
+    for f in "$X"/lib/*.xz; do [ -f "$f" ] && xz -d -f "$f"; done
+    export LD_LIBRARY_PATH=$X/lib
+    rc=0
+    for isa in "" avx2 avx512; do
+        echo "=== test_quant, PKV_CPU_ISA=${isa:-(unset)}"
+        PKV_CPU_ISA=$isa "$X/test_quant" > /tmp/tq.log 2>&1 || rc=1
+        grep -E 'VNNI|passed' /tmp/tq.log
+    done
+    mkdir -p /tmp/lc && { [ -d /tmp/lc/gguf-py ] || tar -xJf "$X/llama_src.tar.xz" -C /tmp/lc ./gguf-py; }
+    python3 -c "import random; random.seed(5); print(' '.join(str(random.randrange(49152)) for _ in range(512)))" > /tmp/ids512v.txt
+    for q in ${XEON_QUANTS:-q8_0 q4_k q4_0}; do
+        PYTHONPATH=/tmp/lc/gguf-py python3 tests/bench/gguf_random.py "$X/smol_tok.gguf" /tmp/s_$q.gguf $q --shape smollm2 >/dev/null &&
+            "$X/export" /tmp/s_$q.gguf /tmp/s_$q.bin >/dev/null || { echo "FAIL making the $q model"; rc=1; continue; }
+        for t in 1 2; do
+            for rep in 1 2 3; do
+                for isa in "" avx2; do
+                    o=$(PKV_CPU_ISA=$isa taskset -c 0,1 "$X/run" /tmp/s_$q.bin --ids -f /tmp/ids512v.txt -n 64 --temp 0 --ignore-eos --threads $t \
+                        --device cpu --attn full 2>/tmp/vn.err) || rc=1
+                    echo "$q threads $t ${isa:-vnni} rep $rep: $(grep 'prompt .* tokens |' /tmp/vn.err) | ids $(echo "$o" | md5sum | cut -c1-8)"
+                done
+            done
+        done
+    done
     exit $rc
     ;;
 table)
