@@ -35,7 +35,10 @@
 // candidates (n = 1M, D = 128: C = 100K): ids n B (16 MB), scores n (1 MB, from L2), the
 // records of codes and w C 6 B (9.6 MB, one 96-byte gather a candidate), cand and est C 8 (L2),
 // counts B 1 KB; written: scores n, cand + est C 8.
-// All kernels of a step use PDL (pdl_wait() before reading anything an earlier kernel wrote).
+// All kernels of a step use PDL: pdl_wait() before reading what the kernel before wrote. A kernel
+// starts only once the one before it passed its own wait, so from the vote on, what existed when
+// the bonus kernel started (the index, the zone size) and from the cand-rerank on, the bonus
+// kernel's query transform are final and read before the wait, overlapping the previous tail.
 
 #include "pkv_select.cuh"
 
@@ -238,13 +241,11 @@ static __device__ void topc_write(const uint8_t *sc, int *cand, int lo, int hi, 
 // any arithmetic, so each lane has 2U loads in flight; software-pipelined: the codes and w of the
 // next group and the slots of the one after are in flight while this group is scored. lev: the
 // 16 reconstruction levels (shared). Every thread of the block calls it.
-template <int B> static __device__ void rerank_range(const PkvSelArgs &a, int h, int c_lo, int c_hi, int *h1, const float *lev) {
+// q, qn: this lane's 32 values of the head's transformed query and its norm (rerank_query).
+template <int B>
+static __device__ void rerank_range(const PkvSelArgs &a, int h, int c_lo, int c_hi, int *h1, const float *lev, const float (&q)[32], float qn) {
     constexpr int L = B / 4, CPW = 32 / L, NW = SEL_THREADS / 32, U = RERANK_U, STEP = NW * CPW * U;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, part = lane % L, g = lane / L;
-    float q[32];
-#pragma unroll
-    for (int i = 0; i < 32; i++) q[i] = a.qt[(size_t)h * a.D + part * 32 + i];
-    const float qn = a.qn[h];
     const uint8_t *cw = a.cw + (size_t)h * a.cap * B * 6;
     const int *cand = a.cand + (size_t)h * a.capp;
     float *est = a.est + (size_t)h * a.capp;
@@ -289,6 +290,16 @@ template <int B> static __device__ void rerank_range(const PkvSelArgs &a, int h,
     }
 }
 
+// The lane's part of head h's transformed query and its norm (the bonus kernel's): read before
+// pdl_wait() by the rerank kernels, which start only after the vote passed its own wait, so
+// after the bonus kernel ended.
+template <int B> static __device__ void rerank_query(const PkvSelArgs &a, int h, float (&q)[32], float *qn) {
+    const int part = (threadIdx.x & 31) % (B / 4);
+#pragma unroll
+    for (int i = 0; i < 32; i++) q[i] = a.qt[(size_t)h * a.D + part * 32 + i];
+    *qn = a.qn[h];
+}
+
 static __device__ void rerank_setup(int *h1, float *lev) {
     for (int i = threadIdx.x; i < EST_BINS; i += blockDim.x) h1[i] = 0;
     if (threadIdx.x < 16) lev[threadIdx.x] = threadIdx.x & 8 ? c_centers[threadIdx.x & 7] : -c_centers[threadIdx.x & 7]; // pkv_levels
@@ -328,9 +339,11 @@ template <int B> static __global__ void __launch_bounds__(SEL_THREADS) pkv_cand_
     __shared__ float lev[16];
     const int h = blockIdx.y, r = blockIdx.x;
     rerank_setup(h1, lev);
-    pdl_wait();
-    int n, C;
+    int n, C; // the zone size, the query: final before the vote began (rerank_query)
     sel_setup(a, &n, &C, NULL);
+    float q[32], qn;
+    rerank_query<B>(a, h, q, &qn);
+    pdl_wait();
     if (n <= a.k) return;
     int32_t *hh = a.hist + (size_t)h * a.hist_stride;
     const int S = block_slots(n, a.P), j0 = r * a.P / a.R, j1 = (r + 1) * a.P / a.R;
@@ -341,7 +354,7 @@ template <int B> static __global__ void __launch_bounds__(SEL_THREADS) pkv_cand_
     topc_write(a.score + (size_t)h * a.capp, a.cand + (size_t)h * a.capp, lo, hi, thr, quota, G, E);
     const int c_hi = G + min(E, quota);
     __syncthreads(); // this block's cand entries, read back by its other warps
-    rerank_range<B>(a, h, c_lo, c_hi, h1, lev);
+    rerank_range<B>(a, h, c_lo, c_hi, h1, lev, q, qn);
     rerank_finish(hh, h1);
 }
 
@@ -368,13 +381,15 @@ template <int B> static __global__ void __launch_bounds__(SEL_THREADS) pkv_reran
     __shared__ float lev[16];
     int h = blockIdx.y, r = blockIdx.x;
     rerank_setup(h1, lev);
-    pdl_wait();
     int n, C;
     sel_setup(a, &n, &C, NULL);
+    float q[32], qn;
+    rerank_query<B>(a, h, q, &qn);
+    pdl_wait();
     if (n <= a.k) return;
     int per = (C + a.R - 1) / a.R, c_lo = min(r * per, C), c_hi = min(c_lo + per, C);
     __syncthreads(); // h1, lev
-    rerank_range<B>(a, h, c_lo, c_hi, h1, lev);
+    rerank_range<B>(a, h, c_lo, c_hi, h1, lev, q, qn);
     rerank_finish(a.hist + (size_t)h * a.hist_stride, h1);
 }
 
@@ -502,10 +517,10 @@ static __global__ void __launch_bounds__(TOPK_THREADS) pkv_topk1_kernel(PkvSelAr
     __shared__ int hist[EST_BINS], h2[1024], h3[1024];
     __shared__ int red[32];
     extern __shared__ uint32_t keys[];
-    pdl_wait();
     int h = blockIdx.x, t = threadIdx.x, k = a.k;
     int n, C;
-    sel_setup(a, &n, &C, NULL);
+    sel_setup(a, &n, &C, NULL); // the zone size: final before the vote began
+    pdl_wait();
     if (n <= k || C == k) { // every slot, or every candidate (ascending)
         int *sel = a.sel + (size_t)h * a.kmax;
         const int *cand = a.cand + (size_t)h * a.capp;
@@ -531,10 +546,10 @@ static __global__ void __cluster_dims__(TOPK_CLUSTER, 1, 1) __launch_bounds__(TO
     __shared__ long long red64[32];
     __shared__ int s_d, s_above, s_in, s_gt, s_eq;
     cg::cluster_group cl = cg::this_cluster();
-    pdl_wait();
     int h = blockIdx.y, j = (int)cl.block_rank(), t = threadIdx.x, k = a.k;
     int n, C;
-    sel_setup(a, &n, &C, NULL);
+    sel_setup(a, &n, &C, NULL); // the zone size: final before the vote began
+    pdl_wait();
     int *sel = a.sel + (size_t)h * a.kmax;
     const int *cand = a.cand + (size_t)h * a.capp;
     if (n <= k || C == k) { // every slot, or every candidate (ascending)
