@@ -42,6 +42,8 @@
 
 #include "pkv_select.cuh"
 
+#include <atomic>
+
 #define TOPK_ONE_BLOCK 32768 // candidates a head up to which one block of the top-k cluster takes them all
 
 
@@ -638,13 +640,20 @@ static int blocks_per_head(int n_kv, int B, int cap, int kernel) {
     return p > 0 ? p : 1;
 }
 
-// The top-k's dynamic shared memory (the one-block path's keys), allowed once, at the first
-// call (pkv_gpu_scratch_alloc's, outside any capture).
+// The top-k's dynamic shared memory (the one-block path's keys), allowed once per device: a
+// kernel's attribute belongs to the current device, and with --gpus N each GPU's thread launches
+// it (set once per process, another GPU's launches failed). The first call on a device is
+// pkv_gpu_scratch_alloc's (pkv_staged_vote_blocks), outside any capture.
 #define TOPK_SMEM (TOPK_ONE_BLOCK * sizeof(uint32_t))
 static cudaError_t topk_smem_allowed(void) {
-    static const cudaError_t e = cudaFuncSetAttribute(pkv_topk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)TOPK_SMEM),
-                             e1 = cudaFuncSetAttribute(pkv_topk1_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)TOPK_SMEM);
-    return e != cudaSuccess ? e : e1;
+    static std::atomic<bool> done[64];
+    int dev = 0;
+    CU_TRY(cudaGetDevice(&dev));
+    if (dev < 64 && done[dev].load()) return cudaSuccess;
+    CU_TRY(cudaFuncSetAttribute(pkv_topk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)TOPK_SMEM));
+    CU_TRY(cudaFuncSetAttribute(pkv_topk1_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)TOPK_SMEM));
+    if (dev < 64) done[dev].store(true);
+    return cudaSuccess;
 }
 
 // Whether every step of this capacity has at most TOPK_ONE_BLOCK candidates a head: C = min(max(
@@ -657,7 +666,7 @@ static bool topk_one_block_always(const PkvSelArgs &a) {
 }
 
 int pkv_staged_vote_blocks(int n_kv, int B, int cap) {
-    topk_smem_allowed();
+    if (topk_smem_allowed() != cudaSuccess) cudaGetLastError(); // pkv_select_staged tries again and returns the error
     return blocks_per_head(n_kv, B, cap, K_VOTE);
 }
 int pkv_cand_rerank_blocks(int n_kv, int B, int cap) { return blocks_per_head(n_kv, B, cap, K_CAND_RERANK); }
