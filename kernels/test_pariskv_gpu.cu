@@ -770,6 +770,7 @@ static void stage_times(Bench &bn, const float *d_q, int G, double C) {
         {"pkv_compact_kernel", (double)H * n},
         {"pkv_rerank_kernel", (double)H * C * (4 + 6 * B)},
         {"pkv_topk_kernel", (double)H * C * 4},
+        {"pkv_topk1_kernel", (double)H * C * 4},
         {"pkv_cand_rerank_kernel", (double)H * (n + C * 6 * B)},
     };
     printf("  %-24s %14s %9s %9s %9s\n", "kernel", "grid x block", "us", "MB read", "GB/s");
