@@ -27,6 +27,10 @@ print(f"{'ok  ' if ok else 'FAIL'} {sys.argv[1]}: mean NLL {m[0] if m else '?'} 
 sys.exit(0 if ok else 1)
 PY
 }
+# ids_agree A B: how many leading ids two generations' outputs share (where their paths part).
+ids_agree() {
+    python3 -c "import sys; a, b = open(sys.argv[1]).read().split(), open(sys.argv[2]).read().split(); print(next((i for i in range(min(len(a), len(b))) if a[i] != b[i]), min(len(a), len(b))))" "$1" "$2"
+}
 STEPS=("${@:-all}")
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 if want kernels; then
@@ -623,7 +627,7 @@ if want tp; then
             PKV_TP_ONESHOT=0 timeout 200 $D/run --synthetic qwen3-0.6b --ids -f /tmp/ids3k.txt -n 48 --temp 0 --ignore-eos --attn $a --gpus 2 > /tmp/syn.$a.nccl 2>/dev/null
             cmp -s /tmp/syn.$a.2 /tmp/syn.$a.nccl && [ -s /tmp/syn.$a.2 ] && echo "ok   qwen3-0.6b shape, 3,000 ids, --attn $a --gpus 2: 48 greedy ids, one-shot all-reduce == NCCL's" ||
                 { echo "FAIL qwen3-0.6b --attn $a --gpus 2 one-shot vs NCCL: $(head -c 200 /tmp/syn.$a.2) vs $(head -c 200 /tmp/syn.$a.nccl)"; status=1; }
-            echo "     --gpus 2 against one GPU: $(python3 -c "import sys; a, b = open('/tmp/syn.$a.1').read().split(), open('/tmp/syn.$a.2').read().split(); print(next((i for i in range(min(len(a), len(b))) if a[i] != b[i]), min(len(a), len(b))))") of 48 greedy ids equal before the paths part"
+            echo "     --gpus 2 against one GPU: $(ids_agree /tmp/syn.$a.1 /tmp/syn.$a.2) of 48 greedy ids equal before the paths part"
         fi
         # Random weights of this scale give logits hundreds of nats apart (mean NLL ~91), so a changed
         # bf16 rounding of one activation moves a position by up to ~1 nat (as between the GPU and
@@ -643,7 +647,7 @@ if want tp; then
             > /tmp/gen.$n 2>"$OUT/gen.$n.err" || { echo "FAIL generation --gpus $n:"; tail -n 3 "$OUT/gen.$n.err"; status=1; }
     done
     # The two greedy paths may part at a near-tie (as full attention's may): compared up to there.
-    k=$(python3 -c "import sys; a, b = open('/tmp/gen.1').read().split(), open('/tmp/gen.2').read().split(); print(next((i for i in range(min(len(a), len(b))) if a[i] != b[i]), min(len(a), len(b))))")
+    k=$(ids_agree /tmp/gen.1 /tmp/gen.2)
     if [ -s /tmp/rec.1 ] && [ "$k" -gt 100 ]; then
         awk -v k=$k '$1 <= k' /tmp/rec.1 | sort -n -k1 -k2 -k3 > /tmp/rec.1s; awk -v k=$k '$1 <= k' /tmp/rec.2 | sort -n -k1 -k2 -k3 > /tmp/rec.2s
         l0=$(awk '$2 == 0' /tmp/rec.1s | wc -l)

@@ -513,23 +513,29 @@ static __device__ void topk_one_block(const PkvSelArgs &a, int h, int C, uint32_
     if (t == 0) a.nsel[h] = a.k;
 }
 
+// When the top-k is every slot (n <= k) or every candidate (C == k): those written to sel
+// (ascending) by threads i0, i0 + step, ..., nsel by thread 0 of i0; returns whether it was so.
+static __device__ bool topk_takes_all(const PkvSelArgs &a, int h, int n, int C, int i0, int step) {
+    const int k = a.k;
+    if (n > k && C != k) return false;
+    int *sel = a.sel + (size_t)h * a.kmax;
+    const int *cand = a.cand + (size_t)h * a.capp;
+    for (int i = i0; i < (n <= k ? n : k); i += step) sel[i] = n <= k ? i : cand[i];
+    if (i0 == 0) a.nsel[h] = n <= k ? n : k;
+    return true;
+}
+
 // Block (h): the top-k where no step of this capacity has more than TOPK_ONE_BLOCK candidates a
 // head (topk_one_block_always): the same as the cluster's first block, without a cluster launch.
 static __global__ void __launch_bounds__(TOPK_THREADS) pkv_topk1_kernel(PkvSelArgs a) {
     __shared__ int hist[EST_BINS], h2[1024], h3[1024];
     __shared__ int red[32];
     extern __shared__ uint32_t keys[];
-    int h = blockIdx.x, t = threadIdx.x, k = a.k;
+    int h = blockIdx.x;
     int n, C;
     sel_setup(a, &n, &C, NULL); // the zone size: final before the vote began
     pdl_wait();
-    if (n <= k || C == k) { // every slot, or every candidate (ascending)
-        int *sel = a.sel + (size_t)h * a.kmax;
-        const int *cand = a.cand + (size_t)h * a.capp;
-        for (int i = t; i < (n <= k ? n : k); i += TOPK_THREADS) sel[i] = n <= k ? i : cand[i];
-        if (t == 0) a.nsel[h] = n <= k ? n : k;
-        return;
-    }
+    if (topk_takes_all(a, h, n, C, threadIdx.x, TOPK_THREADS)) return;
     topk_one_block(a, h, C, keys, hist, h2, h3, red);
 }
 
@@ -554,11 +560,7 @@ static __global__ void __cluster_dims__(TOPK_CLUSTER, 1, 1) __launch_bounds__(TO
     pdl_wait();
     int *sel = a.sel + (size_t)h * a.kmax;
     const int *cand = a.cand + (size_t)h * a.capp;
-    if (n <= k || C == k) { // every slot, or every candidate (ascending)
-        for (int i = j * TOPK_THREADS + t; i < (n <= k ? n : k); i += TOPK_CLUSTER * TOPK_THREADS) sel[i] = n <= k ? i : cand[i];
-        if (j == 0 && t == 0) a.nsel[h] = n <= k ? n : k;
-        return;
-    }
+    if (topk_takes_all(a, h, n, C, j * TOPK_THREADS + t, TOPK_CLUSTER * TOPK_THREADS)) return;
     if (C <= TOPK_ONE_BLOCK) { // the whole cluster's decision (C is the same in every block)
         extern __shared__ uint32_t keys[];
         if (j == 0) topk_one_block(a, h, C, keys, hist, h2, h3, red);
