@@ -623,7 +623,8 @@ if want tp; then
             # shape and card), which a selection's threshold can turn into another top-k: the
             # greedy paths may part (on two H200s at 16 of 48; on two H100s they did not). Exact
             # here: two GPUs with the one-shot all-reduce against two with NCCL's (a + b either
-            # way); one GPU's selections are compared in the generation below, where no GEMM runs.
+            # way, and the norm's sum of squares in one order: kernels/residual_sumsq.cuh); one
+            # GPU's selections are compared in the generation below, where no GEMM runs.
             PKV_TP_ONESHOT=0 timeout 200 $D/run --synthetic qwen3-0.6b --ids -f /tmp/ids3k.txt -n 48 --temp 0 --ignore-eos --attn $a --gpus 2 > /tmp/syn.$a.nccl 2>/dev/null
             cmp -s /tmp/syn.$a.2 /tmp/syn.$a.nccl && [ -s /tmp/syn.$a.2 ] && echo "ok   qwen3-0.6b shape, 3,000 ids, --attn $a --gpus 2: 48 greedy ids, one-shot all-reduce == NCCL's" ||
                 { echo "FAIL qwen3-0.6b --attn $a --gpus 2 one-shot vs NCCL: $(head -c 200 /tmp/syn.$a.2) vs $(head -c 200 /tmp/syn.$a.nccl)"; status=1; }
@@ -662,7 +663,8 @@ if want tp; then
     for k in 1 2; do $D/run --synthetic qwen3-0.6b --ids -f /tmp/ids3k.txt -n 48 --temp 0.8 --top-p 0.95 --seed 5 --gpus 2 > /tmp/tps.$k 2>/dev/null || echo "FAIL sampled run $k"; done
     cmp -s /tmp/tps.1 /tmp/tps.2 && [ -s /tmp/tps.1 ] && echo "ok   sampled --seed 5 --gpus 2 repeats exactly" || { echo "FAIL sampled --gpus 2 does not repeat"; status=1; }
     # The decode step's sums: the one-shot all-reduce (tp_oneshot.cu, the default with peer access)
-    # against NCCL's (PKV_TP_ONESHOT=0). Both sum two parts, a + b, so the same bits: ids identical.
+    # against NCCL's (PKV_TP_ONESHOT=0). Both sum two parts, a + b, and
+    # the stats in one order (residual_sumsq.cuh), so the same bits: ids identical.
     PKV_TP_ONESHOT=0 timeout 200 $D/run --synthetic qwen3-0.6b --ids -f /tmp/ids3k.txt -n 48 --temp 0 --ignore-eos --attn full --gpus 2 > /tmp/syn.nccl 2>/dev/null
     cmp -s /tmp/syn.full.2 /tmp/syn.nccl && [ -s /tmp/syn.nccl ] && echo "ok   48 greedy ids with the one-shot all-reduce == with NCCL's" ||
         { echo "FAIL one-shot vs NCCL all-reduce: $(head -c 200 /tmp/syn.full.2) vs $(head -c 200 /tmp/syn.nccl)"; status=1; }

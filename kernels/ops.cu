@@ -3,6 +3,7 @@
 #include "cuda_common.h"
 #include "kernels.h"
 #include "pdl.h"
+#include "residual_sumsq.cuh"
 
 // One block per row. Every load a thread needs is issued before any is used (NORM_K values a
 // thread, fully unrolled): a decode step runs this on the critical path, where a loop of
@@ -81,21 +82,25 @@ extern "C" cudaError_t embed_stats(float *x, bf16 *xb, float *sumsq, const bf16 
 
 // After the ranks' all-reduce of the residual (tensor parallel decode): its bf16 copy and its sum of
 // squares, as embed_stats leaves them for the next normed GEMV (one sum).
-__global__ void __launch_bounds__(NORM_THREADS) residual_stats_kernel(const float *x, bf16 *xb, float *sumsq, int dim) {
-    __shared__ float red[32];
+// After NCCL's all-reduce: in the one-shot all-reduce's order (residual_sumsq.cuh), so that the
+// two give the same bits. dim even (model widths are multiples of 64).
+__global__ void __launch_bounds__(SUMSQ_THREADS) residual_stats_kernel(const float *x, bf16 *xb, float *sumsq, int dim) {
+    __shared__ float red[SUMSQ_THREADS / 32];
     pdl_release();
     pdl_wait();
     float ss = 0.0f;
-    for (int i = threadIdx.x; i < dim; i += blockDim.x) {
-        float f = x[i];
-        xb[i] = __float2bfloat16(f), ss += f * f;
+    for (int i = threadIdx.x; i < dim / 2; i += SUMSQ_THREADS) {
+        float2 a = ((const float2 *)x)[i];
+        ((__nv_bfloat162 *)xb)[i] = __floats2bfloat162_rn(a.x, a.y);
+        ss = sumsq_add_pair(ss, a);
     }
-    ss = block_sum(ss, red);
+    ss = sumsq_block(ss, red);
     if (threadIdx.x == 0) *sumsq = ss;
 }
 
 extern "C" cudaError_t residual_stats(const float *x, bf16 *xb, float *sumsq, int dim, cudaStream_t st) {
-    return launch_pdl(residual_stats_kernel, 1, NORM_THREADS, 0, st, x, xb, sumsq, dim);
+    if (dim % 2) return cudaErrorInvalidValue;
+    return launch_pdl(residual_stats_kernel, 1, SUMSQ_THREADS, 0, st, x, xb, sumsq, dim);
 }
 
 extern "C" cudaError_t embed_rows(float *x, const bf16 *E, const int *tokens, int T, int dim, cudaStream_t st) {

@@ -17,8 +17,9 @@
 #include "gpu_state.h"
 #include "kernels.h"
 #include "pdl.h"
+#include "residual_sumsq.cuh"
 
-#define TP_THREADS 512
+#define TP_THREADS SUMSQ_THREADS // the sum of squares in residual_stats' order
 #define TP_LINES (TP_ONESHOT_MAX / 2) // 16-byte lines a slot
 
 __device__ __forceinline__ void st_line(uint4 *p, uint4 v) {
@@ -80,18 +81,12 @@ __global__ void __launch_bounds__(TP_THREADS) tp_oneshot_kernel(float *x, int n,
         ((float2 *)x)[i] = a;
         if (xb) {
             ((__nv_bfloat162 *)xb)[i] = __floats2bfloat162_rn(a.x, a.y);
-            ss += a.x * a.x + a.y * a.y;
+            ss = sumsq_add_pair(ss, a);
         }
     }
     if (xb) {
-        for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-        if ((t & 31) == 0) red[t >> 5] = ss;
-        __syncthreads();
-        if (t == 0) {
-            float s = 0.0f;
-            for (int w = 0; w < TP_THREADS / 32; w++) s += red[w];
-            *sumsq = s;
-        }
+        float s = sumsq_block(ss, red);
+        if (t == 0) *sumsq = s;
     }
     __syncthreads(); // every thread has read the epoch
     if (t == 0) *P.epoch = e;
