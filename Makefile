@@ -123,8 +123,8 @@ $(BUILD)/%.o: %.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -MMD -MP -c -o $@ $<
 
-# The prefill attention's fast path uses wgmma, which only the sm_90a target has.
-$(BUILD)/kernels/flash_prefill.o: kernels/flash_prefill.cu
+# The prefill attention's fast paths use wgmma, which only the sm_90a target has.
+$(BUILD)/kernels/flash_prefill.o $(BUILD)/kernels/flash_prefill_fp8.o: $(BUILD)/kernels/%.o: kernels/%.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -gencode arch=compute_90a,code=sm_90a -MMD -MP -c -o $@ $<
 

@@ -1206,8 +1206,8 @@ static void run_chat(const Model *m, const Tokenizer *tok, const Options *o) {
 // ---- bench, synthetic ----
 
 // The GPU when there is one (or when asked), else the CPU.
-// gpus: --gpus (0 or 1: one GPU).
-static void select_device(Model *m, const char *device, int gpus) {
+// gpus: --gpus (0 or 1: one GPU); prefill_fp8: --prefill-attn fp8, a GPU option.
+static void select_device(Model *m, const char *device, int gpus, int prefill_fp8) {
     const Backend *cuda = backend_cuda_get();
     int want_gpu = device && strcmp(device, "gpu") == 0, want_cpu = device && strcmp(device, "cpu") == 0;
     int have_gpu = cuda && cuda->available();
@@ -1216,6 +1216,9 @@ static void select_device(Model *m, const char *device, int gpus) {
     if (have_gpu && !want_cpu) m->be = cuda;
     if (gpus > 1 && m->be != cuda)
         die("--gpus %d: %s", gpus, want_cpu ? "the CPU path runs on the CPU (drop --device cpu)" : cuda ? "no CUDA device is available" : "this build has no CUDA support");
+    if (prefill_fp8 && m->be != cuda)
+        die("--prefill-attn fp8 runs on the GPU (Hopper's fp8 tensor cores); %s", want_cpu ? "the CPU path attends in fp32 (drop --device cpu)" :
+            cuda ? "no CUDA device is available" : "this build has no CUDA support");
     m->gpus = gpus;
 }
 
@@ -1261,7 +1264,7 @@ static int run_bench(const Options *o) {
     } else if (model_load(&m, o->model_path, err) != 0) {
         die("%s", err);
     }
-    select_device(&m, o->device ? o->device : "gpu", o->gpus);
+    select_device(&m, o->device ? o->device : "gpu", o->gpus, o->attn.prefill_fp8);
     if (!m.be->bench) die("--bench needs the GPU backend");
     int ctxs[32], n = bench_contexts(o->bench_ctx, ctxs);
     int pkv = o->attn_set && o->attn.method == ATTN_PARISKV;
@@ -1271,8 +1274,10 @@ static int run_bench(const Options *o) {
     sampling_defaults(&so, &m.c);
     Sampler smp;
     make_sampler(&smp, &m, NULL, &so);
-    int rc = m.be->bench(&m, ctxs, n, o->bench_steps ? o->bench_steps : 64, o->bench_prefill, m.be->max_chunk, pkv ? &o->attn : NULL, &smp,
-                         o->bench_overlap, o->bench_returns);
+    AttnConfig dense = o->attn; // dense decode; its settings carry --prefill-attn
+    dense.method = ATTN_FULL;
+    int rc = m.be->bench(&m, ctxs, n, o->bench_steps ? o->bench_steps : 64, o->bench_prefill, m.be->max_chunk,
+                         pkv ? &o->attn : o->attn.prefill_fp8 ? &dense : NULL, &smp, o->bench_overlap, o->bench_returns);
     sampler_free(&smp);
     model_free(&m);
     return rc;
@@ -1290,7 +1295,7 @@ static int run_synthetic(Options *o) {
     if (model_synthetic(&m, o->synthetic) != 0) die("unknown --synthetic model '%s' (llama3.1-8b, llama3.1-70b, qwen3-8b, qwen3-0.6b)", o->synthetic);
     synthetic_quant(&m, o->quant);
     if (o->device && strcmp(o->device, "cpu") == 0) die("--synthetic runs on the GPU (its weights are made there)");
-    select_device(&m, "gpu", o->gpus);
+    select_device(&m, "gpu", o->gpus, o->attn.prefill_fp8);
     resolve_attention(o, &m);
     if (o->score_file) run_score(&m, NULL, o);
     else run_generate(&m, NULL, o);
@@ -1337,7 +1342,7 @@ static int run_model_file(Options *o) {
     Model m;
     char err[MODEL_ERR_LEN], tok_err[TOK_ERR_LEN];
     if (model_load(&m, o->model_path, err) != 0) die("%s", err);
-    select_device(&m, o->device, o->gpus);
+    select_device(&m, o->device, o->gpus, o->attn.prefill_fp8);
     resolve_attention(o, &m);
     const FileHeader *h = m.file.header;
     Tokenizer *tok = tokenizer_load(m.file.data + h->tokenizer_offset, h->tokenizer_size, tok_err);

@@ -82,6 +82,8 @@ typedef struct AttnConfig {
     int prefill_len; // positions below it are the prompt (0: every position is a decode step)
     float beta, rho; // ParisKV candidate ratio and tier fraction; 0: the adaptive schedule by zone size
     int store;       // KV_STORE_*: the GPU path's zone in device memory, in the host store, or host when the GPU is short
+    int prefill_fp8; // GPU (sm_90): a prompt's attention in fp8 (--prefill-attn fp8: e4m3 Q, K, V and weights,
+                     // kernels/flash_prefill_fp8.cu); the CPU path refuses it
     int zone_fp8;    // the retrieval zone's K/V kept as fp8 (e4m3, a scale per row: offload/fp8.h) instead of bf16 (GPU)
                      // or fp32 (CPU): rows are quantized as they enter the zone; the index and the attention read
                      // the stored values. The CPU path rewrites those rows of its cache in place (the reference).

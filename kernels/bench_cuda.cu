@@ -276,6 +276,7 @@ extern "C" int gpu_bench(const Model *m, const int *ctx_list, int n_ctx, int ste
         }
         return bench_pariskv(m, ctx_list, n_ctx, steps, chunk, attn, smp, bw, keep, ret);
     }
+    if (real_prefill) printf("prefill attention: %s\n", attn && attn->prefill_fp8 ? "fp8 (e4m3 Q, K, V, --prefill-attn fp8)" : "bf16");
     print_sampling(smp);
     printf("%9s | %10s | %10s | %17s | %8s | %9s | %10s | %11s\n", "context", "greedy ms", "sampled ms", "p10-p90 sampled", "tok/s",
            "floor ms", "TPOT/floor", "prefill s");
@@ -288,7 +289,7 @@ extern "C" int gpu_bench(const Model *m, const int *ctx_list, int n_ctx, int ste
         int N = ctx_list[i];
         int ctx = N + warmup + steps + 1;
         char err[512];
-        void *g = gpu_create(m, ctx, chunk, 0, NULL, err);
+        void *g = gpu_create(m, ctx, chunk, 0, attn, err); // attn: NULL, or full attention with --prefill-attn
         if (!g) {
             printf("%9d | %s\n", N, err);
             rc = 1;

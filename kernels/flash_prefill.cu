@@ -29,21 +29,14 @@
 // Why one file of ~670 lines: the wgmma and mma.sync kernels share the swizzled tile layout, its
 // loaders and the online-softmax epilogue below; apart, the two would drift.
 #include "flash_prefill.h"
+#include "flash_common.cuh"
 #include "variants.h"
 
-#include <cuda.h> // CUtensorMap (the type only: the encoder comes through the runtime's driver entry point)
-#include <cudaTypedefs.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
 
 typedef __nv_bfloat16 bf16;
-
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-#define FP_HAVE_WGMMA 1
-#else
-#define FP_HAVE_WGMMA 0
-#endif
 
 namespace {
 
@@ -56,27 +49,6 @@ constexpr int MMA_THREADS = 256;
 
 template <int HD> constexpr int wg_smem_bytes() { return 1024 + BM * HD * 2 + WG_STAGES * 2 * WG_BN * HD * 2; }
 template <int HD> constexpr int mma_smem_bytes() { return 1024 + BM * HD * 2 + 2 * 2 * MMA_BN * HD * 2; }
-
-__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
-
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void *src) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N> __device__ __forceinline__ void cp_async_wait() {
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
-__device__ __forceinline__ float fast_exp2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
-
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t *>(&v);
-}
 
 // Byte offset of 16-byte chunk c (0 .. HD/8-1) of row r in an R-row swizzled tile.
 template <int R> __device__ __forceinline__ uint32_t swz(int r, int c) {
@@ -114,70 +86,12 @@ __device__ __forceinline__ void load_q(uint32_t sbase, const bf16 *q, int t0, in
     }
 }
 
-// ---- mbarrier (wgmma kernel only) ----
-#if FP_HAVE_WGMMA
-__device__ __forceinline__ void mbar_init(uint64_t *b, int count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(b)), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint64_t *b) {
-    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(smem_u32(b)) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint64_t *b, int parity) {
-    const uint32_t a = smem_u32(b);
-    uint32_t ok;
-    long spins = 0;
-    do {
-        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(ok)
-                     : "r"(a), "r"(parity)
-                     : "memory");
-        if (++spins > (1L << 26)) __trap(); // a deadlock becomes a launch error, not a hang
-    } while (!ok);
-}
-// Arrives on the barrier (counted in its expected count) once all earlier cp.async of this thread land.
-__device__ __forceinline__ void cp_async_arrive(uint64_t *b) {
-    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_u32(b)) : "memory");
-}
-// The producer's arrival, announcing the bytes the tile's bulk copies will complete on the barrier.
-__device__ __forceinline__ void mbar_expect_tx(uint64_t *b, uint32_t bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(b)), "r"(bytes) : "memory");
-}
-// One box of a 3-D tensor map (coordinates innermost first) into shared memory, completing on bar.
-__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap *map, int c0, int c1, int c2, uint64_t *bar) {
-    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
-                 "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(smem_u32(bar))
-                 : "memory");
-}
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-// Named barriers 1 and 2 over both warpgroups (256 threads): one side syncs, the other arrives.
-__device__ __forceinline__ void named_sync(int id) { asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory"); }
-__device__ __forceinline__ void named_arrive(int id) { asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory"); }
-#endif // FP_HAVE_WGMMA
 
 } // namespace
 
 // ================================ wgmma kernel (sm_90a) ================================
 namespace {
 #if FP_HAVE_WGMMA
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N> __device__ __forceinline__ void wgmma_wait() {
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-// Pins accumulator registers after a wgmma wait so that no read of them moves above it.
-template <int N> __device__ __forceinline__ void fence_regs(float (&r)[N]) {
-#pragma unroll
-    for (int i = 0; i < N; i++) asm volatile("" : "+f"(r[i])::"memory");
-}
-// Shared-memory matrix descriptor, 128-byte swizzle. lbo/sbo in bytes.
-// The volatile move keeps the compiler from hoisting every descriptor of the unrolled loops into
-// registers of their own (which spilled): each is rebuilt from one base right before its wgmma.
-__device__ __forceinline__ uint64_t make_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
-    uint64_t d = (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)(lbo >> 4) << 16) | ((uint64_t)(sbo >> 4) << 32) |
-                 (1ull << 62);
-    asm volatile("mov.b64 %0, %0;\n" : "+l"(d));
-    return d;
-}
 // D(64x128, f32) (+)= A(64x16, smem desc, K-major) * B(128x16, smem desc, K-major)^T
 __device__ __forceinline__ void wgmma_ss_n128(float (&d)[64], uint64_t da, uint64_t db, int scale_d) {
     asm volatile(
@@ -660,14 +574,7 @@ int wgmma_usable(cudaStream_t st) {
 // x 64 columns with the 128-byte swizzle; rows past `rows` read as zeros. The encoder comes from the
 // driver through the runtime (no link against libcuda).
 cudaError_t kv_tensor_map(CUtensorMap *map, const bf16 *base, int HD, int rows, int n_kv, int ctx) {
-    // Looked up once (a function-local static: thread-safe, and --gpus N prefills on N threads).
-    static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
-        void *f = NULL;
-        cudaDriverEntryPointQueryResult qr;
-        cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &qr);
-        if (e != cudaSuccess) cudaGetLastError();
-        return e == cudaSuccess && qr == cudaDriverEntryPointSuccess ? (PFN_cuTensorMapEncodeTiled_v12000)f : NULL;
-    }();
+    const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
     if (!encode) return cudaErrorNotSupported;
     const cuuint64_t dims[3] = {(cuuint64_t)HD, (cuuint64_t)rows, (cuuint64_t)n_kv};
     const cuuint64_t strides[2] = {(cuuint64_t)HD * 2, (cuuint64_t)ctx * HD * 2}; // bytes, dims 1 and 2

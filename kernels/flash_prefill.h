@@ -4,6 +4,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
+#include <stddef.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -25,6 +26,18 @@ typedef __nv_bfloat16_raw __nv_bfloat16;
 cudaError_t flash_prefill(__nv_bfloat16 *out, const __nv_bfloat16 *q, const __nv_bfloat16 *k_cache,
                           const __nv_bfloat16 *v_cache, int pos0, int T, int n_heads, int n_kv_heads,
                           int head_dim, int ctx, cudaStream_t stream);
+
+// The same in fp8 (--prefill-attn fp8; flash_prefill_fp8.cu): q and the visible K/V rows rounded to
+// e4m3 (one scale per query row, one per KV head for K and for V), the weights P to e4m3, fp32
+// accumulation. Needs an sm_90 GPU and this build's sm_90a code (flash_prefill_fp8_supported: 1).
+// workspace: flash_prefill_fp8_workspace(T, pos0 + T, ...) bytes of device memory, 256-byte aligned
+// (e4m3 copies of the rows and the chunk's queries, remade each call). cudaErrorNotSupported where
+// the GPU or build has no fp8 path; else as flash_prefill.
+size_t flash_prefill_fp8_workspace(int T, int rows, int n_heads, int n_kv_heads, int head_dim);
+int flash_prefill_fp8_supported(cudaStream_t stream);
+cudaError_t flash_prefill_fp8(__nv_bfloat16 *out, const __nv_bfloat16 *q, const __nv_bfloat16 *k_cache,
+                              const __nv_bfloat16 *v_cache, int pos0, int T, int n_heads, int n_kv_heads,
+                              int head_dim, int ctx, void *workspace, size_t workspace_bytes, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

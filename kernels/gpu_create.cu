@@ -4,6 +4,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 
+#include "flash_prefill.h"
 #include "gpu_state.h"
 #include "kernels.h"
 
@@ -42,7 +43,7 @@ static void gpu_free(GpuState *g) {
     gpu_free_weights(g);
     cudaFree(g->rope_cs);
     cudaFree(g->kcache), cudaFree(g->vcache);
-    cudaFree(g->x), cudaFree(g->xb), cudaFree(g->proj), cudaFree(g->q), cudaFree(g->att), cudaFree(g->hb);
+    cudaFree(g->x), cudaFree(g->xb), cudaFree(g->proj), cudaFree(g->q), cudaFree(g->att), cudaFree(g->hb), cudaFree(g->f8_ws);
     cudaFree(g->logits), cudaFree(g->logits_gather);
     cudaFree(g->partial), cudaFree(g->counters), cudaFree(g->sumsq_a), cudaFree(g->sumsq_b), cudaFree(g->d_tokens), cudaFree(g->d_pos);
     cudaFreeHost(g->h_tokens), cudaFreeHost(g->h_pos), cudaFreeHost(g->h_logits), cudaFreeHost(g->h_step);
@@ -95,6 +96,17 @@ static int check_runnable(const Config *c, int ctx, const AttnConfig *attn, int 
     }
     if (attn && attn->method != ATTN_FULL && attn->method != ATTN_PARISKV) {
         gpu_set_err(err, "--attn %s runs on the CPU only (add --device cpu); the GPU runs full and pariskv", attn_method_name(attn->method));
+        return -1;
+    }
+    if (attn && attn->prefill_fp8 && ((c->head_dim != 64 && c->head_dim != 128) || !flash_prefill_fp8_supported(0))) {
+        int dev = 0, major = 0, minor = 0;
+        cudaGetDevice(&dev), cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+        if (c->head_dim != 64 && c->head_dim != 128)
+            gpu_set_err(err, "--prefill-attn fp8 needs head_dim 64 or 128 (this model: %u); drop it", c->head_dim);
+        else
+            gpu_set_err(err, "--prefill-attn fp8 needs an sm_90 GPU (H100 / H200) and this build's sm_90a code; this GPU is sm_%d%d: drop it",
+                        major, minor);
         return -1;
     }
     *pkv = attn && attn->method == ATTN_PARISKV && ctx >= attn_dense_threshold(attn);
@@ -166,6 +178,7 @@ static int plan_memory(const Model *m, const Config *c, int nranks, int ctx, int
         }
     }
     size_t need_kv = per_pos * (size_t)dcap;
+    if (attn && attn->prefill_fp8) need_a += flash_prefill_fp8_workspace(chunk, dcap, c->n_heads, c->n_kv_heads, c->head_dim);
     size_t need = need_w + need_kv + need_a + need_p + slack;
     if (need > free_b) {
         if (mp->pkv)
@@ -204,6 +217,10 @@ static cudaError_t alloc_activations(GpuState *g, size_t need_kv) {
     ALLOC(g->proj, T * proj * 4);
     ALLOC(g->q, T * q * 2);
     ALLOC(g->att, T * q * 2);
+    if (g->prefill_fp8) {
+        g->f8_ws_bytes = flash_prefill_fp8_workspace((int)T, g->dcap, c->n_heads, c->n_kv_heads, c->head_dim);
+        ALLOC(g->f8_ws, g->f8_ws_bytes);
+    }
     ALLOC(g->hb, T * h * 2);
     ALLOC(g->logits, (size_t)g->logit_rows * c->vocab_size * 4);
     if (g->shard.n > 1 && g->logit_rows > 1) ALLOC(g->logits_gather, (size_t)g->logit_rows * c->vocab_size * 4);
@@ -299,6 +316,7 @@ void *gpu_create_sized(const Model *m, const Shard *sh, int ctx, int chunk, int 
     g->dcap = mp.dcap;
     g->chunk = chunk;
     g->logit_rows = logit_rows;
+    g->prefill_fp8 = attn && attn->prefill_fp8;
     g->weight_bytes = gpu_model_step_bytes(m, s.n);
     if (mp.host && host_store_open(&g->pkv.hs, c->n_layers, c->n_kv_heads, c->head_dim, attn->zone_fp8, ctx - attn->sink, err) != 0) {
         free(g);

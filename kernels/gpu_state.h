@@ -104,6 +104,11 @@ struct GpuState {
     int vocab0, vocab_n; // the LM head's rows here: [vocab0, vocab0 + vocab_n) of the vocabulary
     float *logits_gather; // (logit_rows, vocab) the ranks' logit slices gathered, before their reordering (n > 1, logit_rows > 1)
     int ctx, chunk, logit_rows;
+    // --prefill-attn fp8: flash_prefill_fp8's workspace (e4m3 copies of a layer's visible K/V rows and
+    // of a chunk's queries), made for chunk queries over the device cache, grown for a layered prefill
+    int prefill_fp8;
+    void *f8_ws;
+    size_t f8_ws_bytes;
     cudaStream_t st;
     cublasHandle_t blas;
     // weights
@@ -196,6 +201,9 @@ cudaError_t gpu_logits(GpuState *g, const float *x, int n);
 // causal attention of the T queries at pos .. over positions [0, pos + T) into g->att.
 cudaError_t prefill_qkv_store(GpuState *g, uint32_t l, bf16 *kc, bf16 *vc, const int *d_pos, int T, int ctx);
 cudaError_t prefill_attention(GpuState *g, const bf16 *kc, const bf16 *vc, int pos, int T, int ctx);
+// --prefill-attn fp8: its workspace made large enough for T queries over `rows` rows (the old one
+// freed first); the bytes it needs in *need (for a message).
+cudaError_t prefill_fp8_reserve(GpuState *g, int T, int rows, size_t *need);
 // y (T, d) fp32 (= or +=) x (T, n) bf16 · W^T; W (d, n) bf16.
 cudaError_t gpu_gemm(GpuState *g, float *y, const bf16 *x, const bf16 *W, int T, int n, int d, int accumulate);
 // The same with a layer's matrix that may be quantized (q->dt set): dequantized into g->wdeq first,

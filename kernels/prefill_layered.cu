@@ -50,23 +50,25 @@ cudaError_t gpu_prefill_layered(GpuState *g, const int *tokens, int n, char *err
     // Memory: the residual stream and one layer's K/V beside a device cache cut down to what is
     // left (at least the ring the decode steps need), checked before anything is freed.
     size_t x_bytes = (size_t)n * dim * 4, kv_bytes = (size_t)nkv * n * hd * 2, aux = ((size_t)n + n_chunks) * 4;
-    size_t scratch = x_bytes + 2 * kv_bytes + aux + (8u << 20), slack = 256u << 20, per_pos = gpu_kv_bytes(c, 1);
+    size_t f8 = g->prefill_fp8 ? flash_prefill_fp8_workspace(T0, n, c->n_heads, nkv, hd) : 0; // --prefill-attn fp8's e4m3 copies
+    size_t scratch = x_bytes + 2 * kv_bytes + f8 + aux + (8u << 20), slack = 256u << 20, per_pos = gpu_kv_bytes(c, 1);
     size_t free_b = 0, total_b = 0;
     CU_TRY(cudaStreamSynchronize(st));
     CU_TRY(cudaMemGetInfo(&free_b, &total_b));
-    size_t avail = free_b + per_pos * (size_t)g->dcap; // the device cache is given back first
+    size_t avail = free_b + per_pos * (size_t)g->dcap + g->f8_ws_bytes; // the device cache (and fp8 workspace) given back first
     long fit = avail > scratch + slack ? (long)((avail - scratch - slack) / per_pos) : 0;
     int least = pkv_min_positions(&p->cfg, g->chunk), dcap = fit < g->dcap ? (int)fit : g->dcap;
     if (dcap < least) {
         gpu_set_err(err, "GPU memory: a %d-token prompt is prefilled layer by layer: its residual stream %.2f GiB + one layer's K/V %.2f GiB "
-                    "+ a device cache of %d positions %.2f GiB need %.2f GiB, but %.2f GiB of %.2f GiB is free for them: shorten the prompt or lower --ctx",
-                    n, gib(x_bytes), gib(2 * kv_bytes), least, gib(per_pos * least), gib(scratch + per_pos * least), gib(avail), gib(total_b));
+                    "%s+ a device cache of %d positions %.2f GiB need %.2f GiB, but %.2f GiB of %.2f GiB is free for them: shorten the prompt or lower --ctx",
+                    n, gib(x_bytes), gib(2 * kv_bytes), f8 ? "+ fp8 attention's copies of it " : "", least, gib(per_pos * least),
+                    gib(scratch + per_pos * least), gib(avail), gib(total_b));
         return cudaErrorMemoryAllocation;
     }
     if (host_store_grow(&p->hs, n - S, err) != 0) return cudaErrorMemoryAllocation;
     gpu_drop_graphs(g); // they hold the device cache's address and size
-    cudaFree(g->kcache), cudaFree(g->vcache);
-    g->kcache = g->vcache = NULL;
+    cudaFree(g->kcache), cudaFree(g->vcache), cudaFree(g->f8_ws);
+    g->kcache = g->vcache = NULL, g->f8_ws = NULL, g->f8_ws_bytes = 0;
     g->dcap = dcap;
     size_t half = per_pos * (size_t)dcap / 2;
     float *x = NULL;
@@ -78,6 +80,7 @@ cudaError_t gpu_prefill_layered(GpuState *g, const int *tokens, int n, char *err
     if (e == cudaSuccess) e = cudaMalloc((void **)&x, x_bytes);
     if (e == cudaSuccess) e = cudaMalloc((void **)&ks, kv_bytes);
     if (e == cudaSuccess) e = cudaMalloc((void **)&vs, kv_bytes);
+    if (e == cudaSuccess && f8) e = prefill_fp8_reserve(g, T0, n, NULL);
     if (e == cudaSuccess) e = cudaMalloc((void **)&d_tok, (size_t)n * 4);
     if (e == cudaSuccess) e = cudaMalloc((void **)&d_start, (size_t)n_chunks * 4);
     p->kv.kc = g->kcache, p->kv.vc = g->vcache, p->kv.dcap = dcap;

@@ -2,9 +2,9 @@
 //
 // Build (sm_90a code is needed for the wgmma kernel):
 //   nvcc -gencode arch=compute_90a,code=sm_90a -O3 -std=c++17 -o build/fp/test_flash_prefill
-//        kernels/test_flash_prefill.cu kernels/flash_prefill.cu -lpthread
+//        kernels/test_flash_prefill.cu kernels/flash_prefill.cu kernels/flash_prefill_fp8.cu -lpthread
 // Run:
-//   test_flash_prefill check IMPL    every correctness case (IMPL: wgmma | wgmma1 | wgmma2 | mma | auto)
+//   test_flash_prefill check IMPL    every correctness case (IMPL: wgmma | wgmma1 | wgmma2 | mma | fp8 | auto)
 //   test_flash_prefill small IMPL    the small cases only (for compute-sanitizer)
 //   test_flash_prefill bench IMPL    Qwen3-8B shapes at ctx 131072: chunks of T = 4096 / 8192 at several pos0,
 //                                    then every chunk of a whole 128K prompt, projected over 36 layers
@@ -21,6 +21,17 @@
 // sum of squared weights times 2^-9 max|v|, at most 2^-9 max|v| when one key dominates; so the
 // output is within 2e-3 + 2e-3 (+ fp32 terms) of the double reference: 1e-2 leaves room for
 // 4 sigma over millions of outputs, and a wrong row, key range or mask moves outputs by O(1).
+//
+// IMPL fp8 (flash_prefill_fp8): the reference is computed from the same e4m3 values the kernel sees
+// (q per row, K and V per KV head, scales and rounding reproduced bit for bit here), so what is left
+// is the kernel's rounding of the weights P to e4m3 (3 mantissa bits: at most 2^-4 of a weight,
+// 2^-18 of the row's maximum weight below e4m3's normal range) and of the output to bf16. Bounds,
+// per element e: |out - ref| <= sum_p max((2^-4 + 2^-9) w_p, 2^-18) |v_pe| / l + 2^-8 |ref| + 1e-5 (w: the
+// weights before normalization by l, the row's maximum 1); and over the case, sum (out - ref)^2 <=
+// 3 (sum_e sum_p var_p v_pe^2 / l^2 + (2^-9 ref)^2 / 3), var_p = max(2^-3 w_p, 2^-17)^2 / 12 the
+// variance of a rounding error uniform over the weight's e4m3 spacing (at most 2^-3 w_p). Planted
+// error: the same outputs against a reference without each row's diagonal key must fail the cases
+// whose rows are short enough for that key to matter (the small ones).
 #include "flash_prefill.h"
 #include "variants.h"
 
@@ -47,6 +58,49 @@ typedef __nv_bfloat16 bf16;
     } while (0)
 
 static int g_impl = FLASH_PREFILL_AUTO;
+static bool g_fp8 = false;        // IMPL fp8: flash_prefill_fp8
+static void *g_ws = NULL;         // its workspace
+static size_t g_ws_bytes = 0;
+
+static void ensure_ws(int T, int rows, int H, int KV, int hd) {
+    const size_t need = flash_prefill_fp8_workspace(T, rows, H, KV, hd);
+    if (need <= g_ws_bytes) return;
+    if (g_ws) CK(cudaFree(g_ws));
+    CK(cudaMalloc(&g_ws, need));
+    g_ws_bytes = need;
+}
+
+static cudaError_t attn(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v, int pos0, int T, int H, int KV, int hd, int ctx) {
+    if (!g_fp8) return flash_prefill_impl(g_impl, out, q, k, v, pos0, T, H, KV, hd, ctx, 0);
+    ensure_ws(T, pos0 + T, H, KV, hd);
+    return flash_prefill_fp8(out, q, k, v, pos0, T, H, KV, hd, ctx, g_ws, g_ws_bytes, 0);
+}
+
+// ---- e4m3 on the CPU, as the GPU rounds (nearest, ties to even, saturated to +-448) ----
+static float e4m3_value(int c) { // c: 0 .. 126, the non-negative finite codes
+    const int e = c >> 3, m = c & 7;
+    return e == 0 ? ldexpf((float)m, -9) : ldexpf(1.0f + m / 8.0f, e - 7);
+}
+static float e4m3_round(float x) {
+    const float a = fabsf(x);
+    int lo = 0, hi = 126; // the largest code whose value is <= a
+    if (a >= e4m3_value(126)) return copysignf(e4m3_value(126), x);
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (e4m3_value(mid) <= a) lo = mid;
+        else hi = mid - 1;
+    }
+    const float d0 = a - e4m3_value(lo), d1 = e4m3_value(lo + 1) - a;
+    const int c = d0 < d1 ? lo : d1 < d0 ? lo + 1 : (lo % 2 == 0 ? lo : lo + 1);
+    return copysignf(e4m3_value(c), x);
+}
+// x[0 .. n) (stride st) replaced by its e4m3 value times the scale, as flash_prefill_fp8 sees it.
+static void fp8_dequant(float *x, size_t n, size_t st) {
+    float amax = 0.0f;
+    for (size_t i = 0; i < n; i++) amax = fmaxf(amax, fabsf(x[i * st]));
+    const float inv = amax > 0.0f ? 448.0f / amax : 1.0f, sc = amax > 0.0f ? amax / 448.0f : 1.0f;
+    for (size_t i = 0; i < n; i++) x[i * st] = (float)((double)e4m3_round(x[i * st] * inv) * sc);
+}
 
 __device__ __forceinline__ uint64_t mix64(uint64_t x) {
     x += 0x9e3779b97f4a7c15ull;
@@ -91,6 +145,8 @@ struct RefJob {
     const std::vector<int> *ts;
     double *out; // (ts.size(), H, hd)
     int tid, nthr;
+    double *bmax, *bvar; // fp8 only: the per-element bound and error variance (see the top), or NULL
+    int drop_diag;       // the planted error: each row's own key left out
 };
 
 static void *ref_worker(void *arg) {
@@ -114,16 +170,28 @@ static void *ref_worker(void *arg) {
             s[p] = d * scale;
             m = std::max(m, s[p]);
         }
-        double *o = j->out + (size_t)row * j->hd;
-        for (int e = 0; e < j->hd; e++) o[e] = 0;
+        double *o = j->out + (size_t)row * j->hd, *bm = j->bmax ? j->bmax + (size_t)row * j->hd : NULL,
+               *bv = j->bvar ? j->bvar + (size_t)row * j->hd : NULL;
+        for (int e = 0; e < j->hd; e++) {
+            o[e] = 0;
+            if (bm) bm[e] = 0, bv[e] = 0;
+        }
         double sum = 0;
-        for (int p = 0; p < nk; p++) {
+        for (int p = 0; p < nk - (j->drop_diag ? 1 : 0); p++) {
             const double w = exp(s[p] - m);
             sum += w;
             const float *vr = V + (size_t)p * j->hd;
             for (int e = 0; e < j->hd; e++) o[e] += w * vr[e];
+            if (bm) {
+                // + w / 512: the scores' own error (fp8 products summed by the tensor cores, ex2.approx)
+                const double ab = std::max(w / 16 + w / 512, ldexp(1.0, -18)), sd = std::max(w / 8, ldexp(1.0, -17));
+                for (int e = 0; e < j->hd; e++) bm[e] += ab * fabs(vr[e]), bv[e] += sd * sd / 12 * vr[e] * vr[e];
+            }
         }
-        for (int e = 0; e < j->hd; e++) o[e] /= sum;
+        for (int e = 0; e < j->hd; e++) { // a row whose one key was dropped attends to nothing: 0
+            o[e] = sum > 0 ? o[e] / sum : 0.0;
+            if (bm) bm[e] /= sum, bv[e] /= sum * sum;
+        }
     }
     return NULL;
 }
@@ -137,7 +205,7 @@ struct Case {
 struct CheckResult {
     double max_err, max_ref, rel_l2;
     long nonfinite;
-    bool pass;
+    bool pass, mutant_flagged;
     float ms;
 };
 
@@ -163,7 +231,7 @@ static CheckResult run_case(const Case &c, uint64_t seed) {
     CK(cudaEventCreate(&e0));
     CK(cudaEventCreate(&e1));
     CK(cudaEventRecord(e0));
-    CK(flash_prefill_impl(g_impl, dout, dq, dk, dv, c.pos0, c.T, c.H, c.KV, c.hd, c.ctx, 0));
+    CK(attn(dout, dq, dk, dv, c.pos0, c.T, c.H, c.KV, c.hd, c.ctx));
     CK(cudaEventRecord(e1));
     CK(cudaDeviceSynchronize());
     CheckResult r = {};
@@ -201,15 +269,26 @@ static CheckResult run_case(const Case &c, uint64_t seed) {
             fk[(size_t)h * kv_len * c.hd + i] = bf2f(hk[(size_t)h * c.ctx * c.hd + i]);
             fv[(size_t)h * kv_len * c.hd + i] = bf2f(hv[(size_t)h * c.ctx * c.hd + i]);
         }
-    std::vector<double> ref(ts.size() * c.H * c.hd);
+    if (g_fp8) { // the values the kernel sees: q per (position, head) row, K and V per KV head
+        for (size_t r = 0; r < (size_t)c.T * c.H; r++) fp8_dequant(fq.data() + r * c.hd, c.hd, 1);
+        for (int h = 0; h < c.KV; h++) {
+            fp8_dequant(fk.data() + (size_t)h * kv_len * c.hd, (size_t)kv_len * c.hd, 1);
+            fp8_dequant(fv.data() + (size_t)h * kv_len * c.hd, (size_t)kv_len * c.hd, 1);
+        }
+    }
+    const size_t nout = ts.size() * c.H * c.hd;
+    std::vector<double> ref(nout), mut(g_fp8 ? nout : 0), bmax(g_fp8 ? nout : 0), bvar(g_fp8 ? nout : 0);
     const int nthr = 16;
     RefJob jobs[nthr];
     pthread_t th[nthr];
-    for (int i = 0; i < nthr; i++) {
-        jobs[i] = RefJob{fq.data(), fk.data(), fv.data(), c.hd, c.H, c.KV, kv_len, c.pos0, &ts, ref.data(), i, nthr};
-        pthread_create(&th[i], NULL, ref_worker, &jobs[i]);
+    for (int pass = 0; pass < (g_fp8 ? 2 : 1); pass++) { // fp8: the reference, then the planted error's
+        for (int i = 0; i < nthr; i++) {
+            jobs[i] = RefJob{fq.data(), fk.data(), fv.data(), c.hd, c.H, c.KV, kv_len, c.pos0, &ts, pass ? mut.data() : ref.data(), i, nthr,
+                             g_fp8 && !pass ? bmax.data() : NULL, g_fp8 && !pass ? bvar.data() : NULL, pass};
+            pthread_create(&th[i], NULL, ref_worker, &jobs[i]);
+        }
+        for (int i = 0; i < nthr; i++) pthread_join(th[i], NULL);
     }
-    for (int i = 0; i < nthr; i++) pthread_join(th[i], NULL);
 
     double se = 0, sr = 0;
     for (size_t ti = 0; ti < ts.size(); ti++)
@@ -225,6 +304,24 @@ static CheckResult run_case(const Case &c, uint64_t seed) {
             }
     r.rel_l2 = sqrt(se / sr);
     r.pass = r.nonfinite == 0 && r.max_err <= 1e-2 * r.max_ref && r.rel_l2 <= 1e-2;
+    if (g_fp8) { // the bounds of the top, against the reference and against the planted error's
+        double over = 0, var = 0, se_m = 0, over_m = 0;
+        for (size_t ti = 0; ti < ts.size(); ti++)
+            for (int h = 0; h < c.H; h++)
+                for (int e = 0; e < c.hd; e++) {
+                    const size_t i = (ti * c.H + h) * c.hd + e;
+                    const double ov = bf2f(hout[((size_t)ts[ti] * c.H + h) * c.hd + e]), rv = ref[i];
+                    const double lim = bmax[i] + ldexp(fabs(rv), -8) + 1e-5;
+                    over = std::max(over, fabs(ov - rv) / lim);
+                    over_m = std::max(over_m, fabs(ov - mut[i]) / lim);
+                    var += bvar[i] + ldexp(rv * rv, -18) / 3;
+                    se_m += (ov - mut[i]) * (ov - mut[i]);
+                }
+        r.pass = r.nonfinite == 0 && over <= 1.0 && se <= 3 * var;
+        r.mutant_flagged = !(over_m <= 1.0 && se_m <= 3 * var);
+        printf("  fp8 bounds: max |err| / bound %.3f, sum err^2 / (3 x expected) %.3f; planted error (no diagonal key): %.3f, %.3f -> %s\n",
+               over, se / (3 * var), over_m, se_m / (3 * var), r.mutant_flagged ? "flagged" : "not flagged");
+    }
     printf("%-34s hd %3d H %2d KV %2d T %5d pos0 %6d rows %5zu/%5d  max_err %.3e (ref max %.3f)  rel_l2 %.3e  "
            "nonfinite %ld  %s\n",
            c.name, c.hd, c.H, c.KV, c.T, c.pos0, ts.size(), c.T, r.max_err, r.max_ref, r.rel_l2, r.nonfinite,
@@ -248,15 +345,17 @@ static int check(bool small_only) {
         {"qwen3/llama3 T 1000 pos0 31000", 128, 32, 8, 1000, 31000, 40000, 32},
         {"qwen3 T 8192 pos0 122880 ctx 128K", 128, 32, 8, 8192, 122880, 131072, 16},
     };
-    int n = 0, fails = 0;
+    int n = 0, fails = 0, mutants = 0, flagged = 0;
     for (const Case &c : cases) {
         if (small_only && c.n_t != 0) continue;
         CheckResult r = run_case(c, 1000 + n);
         n++;
         if (!r.pass) fails++;
+        if (g_fp8 && c.n_t == 0) mutants++, flagged += r.mutant_flagged;
     }
     printf("check: %d cases, %d failed\n", n, fails);
-    return fails ? 1 : 0;
+    if (g_fp8) printf("planted error (each row's diagonal key dropped) flagged in %d of %d small cases%s\n", flagged, mutants, flagged == mutants ? "" : ": FAIL");
+    return fails || flagged != mutants ? 1 : 0;
 }
 
 // ---------------- benchmark ----------------
@@ -270,7 +369,7 @@ static float time_call(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v, i
     std::vector<float> ts;
     for (int i = 0; i < reps; i++) {
         CK(cudaEventRecord(e0));
-        CK(flash_prefill_impl(g_impl, out, q, k, v, pos0, T, H, KV, hd, ctx, 0));
+        CK(attn(out, q, k, v, pos0, T, H, KV, hd, ctx));
         CK(cudaEventRecord(e1));
         CK(cudaEventSynchronize(e1));
         float ms;
@@ -340,6 +439,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(impl, "wgmma2")) g_impl = FLASH_PREFILL_WGMMA_M2;
     else if (!strcmp(impl, "wgmma0")) g_impl = FLASH_PREFILL_WGMMA_M0;
     else if (!strcmp(impl, "mma")) g_impl = FLASH_PREFILL_MMA;
+    else if (!strcmp(impl, "fp8")) g_fp8 = true;
     else g_impl = FLASH_PREFILL_AUTO;
     cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
@@ -349,6 +449,6 @@ int main(int argc, char **argv) {
     if (!strcmp(mode, "check")) return check(false);
     if (!strcmp(mode, "small")) return check(true);
     if (!strcmp(mode, "bench")) return bench();
-    fprintf(stderr, "usage: %s check|small|bench wgmma|wgmma0|wgmma1|wgmma2|mma|auto\n", argv[0]);
+    fprintf(stderr, "usage: %s check|small|bench wgmma|wgmma0|wgmma1|wgmma2|mma|fp8|auto\n", argv[0]);
     return 2;
 }

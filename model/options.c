@@ -128,6 +128,8 @@ static const OptSpec OPTIONS[] = {
     {"--device", CHOICE(device, "cpu", "gpu", "auto"), .usage = "--device D", .help = "cpu, gpu or auto (default: the GPU when there is one)"},
     {"--gpus", INT(gpus, 1, 16), .usage = "--gpus N",
      .help = "GPU: split the model over N GPUs of this host (tensor parallel over\nNCCL: each GPU holds its share of the KV heads, FFN and vocabulary,\nand ParisKV's index and host store for its heads; default 1)"},
+    {"--prefill-attn", CHOICE(attn.prefill_fp8, "bf16", "fp8"), VALUES(0, 1), .usage = "--prefill-attn T",
+     .help = "GPU (H100-class, sm_90): a prompt's attention in bf16 (default) or fp8\n(e4m3 Q, K, V with a scale per query row and per KV head, fp32 sums:\n~1.35x the attention's speed on long prompts; what it costs in quality:\nREADME)"},
     {"--threads", INT(threads, 1, POOL_MAX_THREADS), GIVEN(threads_set), .usage = "--threads N",
      .help = "CPU threads (default: the CPUs this process may use, fewer while that\nmeasures faster, e.g. beside another busy process; "
              "OMP_NUM_THREADS\nfixes the count as --threads does)"},

@@ -5,10 +5,10 @@ it), never dropped; a bad id is quoted alone; progress redraws only on a termina
 what it counts; a sampled run without --seed prints its seed, and that seed repeats it; the
 summary line at load; --version; ./export --help on stdout; "1 token"; --threads; --bench
 refuses a method it does not run; --kv-store takes gpu, host or auto; --kv-store-dtype bf16 or fp8
-(fp8 only with a zone, in the host store); and what a new user trips on: '[end of text]' when the
-model ends, a hint to use --chat for a plain prompt to a chat model, --echo, --tokenize --pieces, a
-warning for more threads than CPUs, seeds that differ between runs started together and a chat
-that prints its seed."""
+(fp8 only with a zone, in the host store); --prefill-attn bf16 or fp8 (fp8 refused on the CPU); and
+what a new user trips on: '[end of text]' when the model ends, a hint to use --chat for a plain
+prompt to a chat model, --echo, --tokenize --pieces, a warning for more threads than CPUs, seeds
+that differ between runs started together and a chat that prints its seed."""
 import ast
 import json
 import math
@@ -161,6 +161,10 @@ def main():
             "--kv-store-dtype fp8 keeps the retrieval zone in the host store")
     refused("--kv-store-dtype fp8 with --attn full is refused", run(model, "-p", "Hi", "--kv-store-dtype", "fp8", "--attn", "full"),
             "--kv-store-dtype fp8 applies to a retrieval zone")
+    # --prefill-attn: its values named; fp8 is a GPU option, refused in one line on the CPU path.
+    refused("--prefill-attn fp16 is refused", run(model, "-p", "Hi", "--prefill-attn", "fp16"), "--prefill-attn must be bf16 or fp8, not 'fp16'")
+    refused("--prefill-attn fp8 on the CPU is refused", run(model, "-p", "Hi", "--prefill-attn", "fp8", "--device", "cpu"),
+            "--prefill-attn fp8 runs on the GPU")
     # A long generation prints its TPOT in bins (first, middle, last 1,000 decode steps); a short one does not.
     p = run(model, "--ids", "-p", "1 2 3", "-n", "3100", "--temp", "0", "--ignore-eos", "--ctx", "3200", "--attn", "full")
     rows = [l for l in p.stderr.decode().splitlines() if re.match(r"\| (first|middle|last) \| \d+-\d+ \|", l)]

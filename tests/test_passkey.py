@@ -14,7 +14,8 @@ The key's position is at least 1,000 tokens before the answer, past the window (
 update buffer (512). Under the sanitizers (PKV_SMOL_PROMPTS, make test-asan): one depth of a
 650-token text with the regions shrunk (dense below 300, window and buffer 64).
 `kernels/gpu_checks.sh passkey` runs this file on the GPU (PASSKEY_DEVICE=gpu: full attention and
-ParisKV there; the control, a CPU-only peer, on the CPU). Needs the SmolLM2 GGUF ($SMOLLM2_GGUF,
+ParisKV there; the control, a CPU-only peer, on the CPU), and again with the prompt's attention in
+fp8 (PASSKEY_PREFILL_ATTN=fp8: --prefill-attn fp8 on the GPU runs). Needs the SmolLM2 GGUF ($SMOLLM2_GGUF,
 else build/smollm2/, as `make smollm2` fetches it); missing => FAIL. About a minute on two cores."""
 import os
 import subprocess
@@ -27,6 +28,7 @@ EXPORT, RUN = os.path.join(BIN, "export"), os.path.join(BIN, "run")
 GGUF = os.environ.get("SMOLLM2_GGUF") or os.path.join(ROOT, "build", "smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")
 TEXT = "/usr/share/common-licenses/GPL-3"
 DEVICE = os.environ.get("PASSKEY_DEVICE", "cpu")
+PREFILL = os.environ.get("PASSKEY_PREFILL_ATTN")  # --prefill-attn for the GPU runs (fp8)
 HAYSTACK_CHARS = 11000  # ~2,400 tokens: past ParisKV's 2,000-token dense phase
 CASES = [(0.15, "58291"), (0.55, "73046")]  # (depth in the text, key)
 POLICY_ARGS = []
@@ -62,7 +64,8 @@ def answer_lines(model, ids_path, n_prompt, attn):
     """The per-position lines (pos, next_id, nll, top1) of the answer's tokens."""
     p = subprocess.run([RUN, model, "--score", ids_path, "--ids", "--score-prompt", str(n_prompt), "--attn", attn,
                         "--device", "cpu" if attn == "streaming" else DEVICE,  # the peers run on the CPU alone
-                        *(POLICY_ARGS if attn != "full" else [])], capture_output=True, text=True, timeout=600)
+                        *(POLICY_ARGS if attn != "full" else []),
+                        *(["--prefill-attn", PREFILL] if PREFILL and attn != "streaming" else [])], capture_output=True, text=True, timeout=600)
     if p.returncode != 0:
         return None, p.stderr.strip().splitlines()[-1:] or ["(no message)"]
     rows = []

@@ -1,0 +1,119 @@
+// What the prefill attention kernels share (flash_prefill.cu: bf16; flash_prefill_fp8.cu: e4m3):
+// shared-memory addresses, cp.async, mbarriers, TMA bulk tensor copies, the wgmma fences and
+// shared-memory matrix descriptors. Device helpers only, each file's copy in an anonymous namespace.
+#ifndef FLASH_COMMON_CUH
+#define FLASH_COMMON_CUH
+
+#include <cuda.h> // CUtensorMap (the type only: the encoder comes through the runtime's driver entry point)
+#include <cuda_bf16.h>
+#include <cudaTypedefs.h>
+#include <stdint.h>
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define FP_HAVE_WGMMA 1
+#else
+#define FP_HAVE_WGMMA 0
+#endif
+
+namespace {
+
+__device__ __forceinline__ uint32_t smem_u32(const void *p) { return (uint32_t)__cvta_generic_to_shared(p); }
+
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void *src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ float fast_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+
+// ---- mbarrier (wgmma kernel only) ----
+#if FP_HAVE_WGMMA
+__device__ __forceinline__ void mbar_init(uint64_t *b, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_u32(b)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t *b) {
+    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(smem_u32(b)) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t *b, int parity) {
+    const uint32_t a = smem_u32(b);
+    uint32_t ok;
+    long spins = 0;
+    do {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(ok)
+                     : "r"(a), "r"(parity)
+                     : "memory");
+        if (++spins > (1L << 26)) __trap(); // a deadlock becomes a launch error, not a hang
+    } while (!ok);
+}
+// Arrives on the barrier (counted in its expected count) once all earlier cp.async of this thread land.
+__device__ __forceinline__ void cp_async_arrive(uint64_t *b) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(smem_u32(b)) : "memory");
+}
+// The producer's arrival, announcing the bytes the tile's bulk copies will complete on the barrier.
+__device__ __forceinline__ void mbar_expect_tx(uint64_t *b, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_u32(b)), "r"(bytes) : "memory");
+}
+// One box of a 3-D tensor map (coordinates innermost first) into shared memory, completing on bar.
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap *map, int c0, int c1, int c2, uint64_t *bar) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
+                 "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(smem_u32(bar))
+                 : "memory");
+}
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+// Named barriers 1 and 2 over both warpgroups (256 threads): one side syncs, the other arrives.
+__device__ __forceinline__ void named_sync(int id) { asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory"); }
+__device__ __forceinline__ void named_arrive(int id) { asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory"); }
+#endif // FP_HAVE_WGMMA
+
+#if FP_HAVE_WGMMA
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N> __device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Pins accumulator registers after a wgmma wait so that no read of them moves above it.
+template <int N> __device__ __forceinline__ void fence_regs(float (&r)[N]) {
+#pragma unroll
+    for (int i = 0; i < N; i++) asm volatile("" : "+f"(r[i])::"memory");
+}
+// Shared-memory matrix descriptor. lbo/sbo in bytes.
+// The volatile move keeps the compiler from hoisting every descriptor of the unrolled loops into
+// registers of their own (which spilled): each is rebuilt from one base right before its wgmma.
+// swz: the layout's swizzle, 1 = 128-byte (the default), 2 = 64-byte.
+__device__ __forceinline__ uint64_t make_desc(uint32_t addr, uint32_t lbo, uint32_t sbo, uint64_t swz = 1) {
+    uint64_t d = (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)(lbo >> 4) << 16) | ((uint64_t)(sbo >> 4) << 32) |
+                 (swz << 62);
+    asm volatile("mov.b64 %0, %0;\n" : "+l"(d));
+    return d;
+}
+#endif // FP_HAVE_WGMMA
+
+// The driver's tensor-map encoder, looked up once through the runtime (no link against libcuda;
+// a function-local static: thread-safe, and --gpus N prefills on N threads); NULL without one.
+inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder() {
+    static const PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
+        void *f = NULL;
+        cudaDriverEntryPointQueryResult qr;
+        cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &qr);
+        if (e != cudaSuccess) cudaGetLastError();
+        return e == cudaSuccess && qr == cudaDriverEntryPointSuccess ? (PFN_cuTensorMapEncodeTiled_v12000)f : NULL;
+    }();
+    return encode;
+}
+
+} // namespace
+
+#endif

@@ -1,0 +1,494 @@
+// Causal grouped-query flash attention for prefill in fp8 (--prefill-attn fp8). See flash_prefill.h.
+//
+// The layer's visible K and V rows (0 .. pos0+T-1) and the chunk's queries are rounded to e4m3 before
+// the attention, each with one scale: K and V per KV head (amax / 448 over the visible rows), a query
+// per (position, head) row. The kernel is flash_prefill.cu's wgmma kernel (TMA ring, two warpgroups,
+// S of tile j+1 issued before P V of tile j) with e4m3 operands: m64n128k32 for S = Q K^T and
+// m64nHDk32 for O += P V, fp32 accumulation, the softmax in fp32 as in bf16. Differences:
+//  - fp8 wgmma reads both shared-memory operands K-major only, so V is stored transposed, (n_kv, HD,
+//    keys): each V tile is HD rows of 128 keys.
+//  - P goes to the tensor cores from registers as e4m3 (scaled by 256, so the weights down to 2^-17
+//    of the row's running maximum stay normal numbers; the row sum is scaled alike). The S
+//    accumulator holds keys (2t, 2t+1, 8+2t, 9+2t) of a 16-key group where the A operand wants
+//    (4t .. 4t+3), so the transposed V's keys are stored permuted in each group of 16 to match
+//    (position p holds key 2(p/4) + p%2 + 8((p/2)%2)): no shuffles in the loop.
+//  - The scales: a row's scores are S8 * sq * sk (folded into the softmax's exp2 factor, one per
+//    row), the output is O8 * sv / l.
+// Shared-memory rows are HD bytes: 128-byte swizzle at HD = 128, 64-byte swizzle at HD = 64 (the
+// tensor maps and the descriptors agree); V tiles' rows are 128 keys = 128 bytes.
+// Quantization: two passes over the visible rows before each call (amax per head, then the e4m3
+// copies), ~1% of the attention's time at long context; no state is kept between calls.
+#include "flash_common.cuh"
+#include "flash_prefill.h"
+
+#include <cuda_fp8.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+typedef __nv_bfloat16 bf16;
+
+namespace {
+
+constexpr int F8_BM = 128;      // rows (query, head) per block
+constexpr int F8_BN = 128;      // keys per tile
+constexpr int F8_STAGES = 4;    // K/V ring depth
+constexpr int F8_THREADS = 256; // 2 warpgroups
+constexpr float F8_MAX = 448.0f; // the largest finite e4m3
+
+template <int HD> constexpr int f8_smem_bytes() { return 1024 + F8_BM * HD + F8_STAGES * 2 * F8_BN * HD; }
+template <int HD> __host__ __device__ constexpr uint64_t f8_swizzle() { return HD == 128 ? 1 : 2; } // descriptor's mode: 128-byte, 64-byte
+template <int HD> __host__ __device__ constexpr uint32_t f8_sbo() { return 8 * HD; }                 // bytes between 8-row groups
+
+// Byte offset of 16-byte chunk c of row r in a tile of HD-byte rows (HD = 128: 128-byte swizzle,
+// HD = 64: 64-byte swizzle), as TMA writes it and wgmma reads it.
+template <int HD> __device__ __forceinline__ uint32_t swz8(int r, int c) {
+    if (HD == 128) return (uint32_t)(r * 128 + ((c ^ (r & 7)) << 4));
+    return (uint32_t)(r * 64 + ((c ^ ((r >> 1) & 3)) << 4));
+}
+
+// Four floats to e4m3 (round to nearest even, saturated to +-448), the first in the low byte.
+__device__ __forceinline__ uint32_t pack_e4m3(float a, float b, float c, float d) {
+    const uint32_t lo = __nv_cvt_float2_to_fp8x2(make_float2(a, b), __NV_SATFINITE, __NV_E4M3);
+    const uint32_t hi = __nv_cvt_float2_to_fp8x2(make_float2(c, d), __NV_SATFINITE, __NV_E4M3);
+    return lo | hi << 16;
+}
+
+// The key a position of a 16-key group of the transposed V holds (see the top).
+__host__ __device__ __forceinline__ int v8_key_of(int p) { return 2 * (p >> 2) + (p & 1) + 8 * ((p >> 1) & 1); }
+
+// A scale from an amax: amax / 448, 1 for an all-zero head or row (its codes are all zero then).
+__device__ __forceinline__ float f8_scale(float amax) { return amax > 0.0f ? __fdiv_rn(amax, F8_MAX) : 1.0f; }
+__device__ __forceinline__ float f8_inv(float amax) { return amax > 0.0f ? __fdiv_rn(F8_MAX, amax) : 1.0f; }
+
+// ---- quantization ----
+
+// amax[h] (K) and amax[n_kv + h] (V) over rows 0 .. rows-1 of KV head h (blockIdx.y); amax zeroed before.
+__global__ void f8_amax_kernel(unsigned *amax, const bf16 *kc, const bf16 *vc, int rows, int n_kv, int ctx, int HD) {
+    __shared__ float red[2][32];
+    const int h = blockIdx.y;
+    const size_t n8 = (size_t)rows * HD / 8; // 16-byte pieces of the head's rows
+    const uint4 *k = (const uint4 *)(kc + (size_t)h * ctx * HD), *v = (const uint4 *)(vc + (size_t)h * ctx * HD);
+    float mk = 0.0f, mv = 0.0f;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n8; i += (size_t)gridDim.x * blockDim.x) {
+        uint4 a = k[i], b = v[i];
+        const __nv_bfloat162 *pa = (const __nv_bfloat162 *)&a, *pb = (const __nv_bfloat162 *)&b;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            float2 fa = __bfloat1622float2(pa[j]), fb = __bfloat1622float2(pb[j]);
+            mk = fmaxf(mk, fmaxf(fabsf(fa.x), fabsf(fa.y)));
+            mv = fmaxf(mv, fmaxf(fabsf(fb.x), fabsf(fb.y)));
+        }
+    }
+    for (int o = 16; o > 0; o >>= 1) mk = fmaxf(mk, __shfl_xor_sync(0xffffffffu, mk, o)), mv = fmaxf(mv, __shfl_xor_sync(0xffffffffu, mv, o));
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    if (lane == 0) red[0][warp] = mk, red[1][warp] = mv;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < (int)(blockDim.x >> 5); w++) mk = fmaxf(mk, red[0][w]), mv = fmaxf(mv, red[1][w]);
+        atomicMax(&amax[h], __float_as_uint(mk)); // non-negative floats order as their bits
+        atomicMax(&amax[n_kv + h], __float_as_uint(mv));
+    }
+}
+
+// Block (tile, h): rows [128 tile, 128 tile + 128) of KV head h: K to k8 (n_kv, rowsp, HD) and V
+// transposed to v8t (n_kv, HD, rowsp), keys permuted in groups of 16; rows past `rows` as zeros.
+template <int HD>
+__global__ void __launch_bounds__(256) f8_quant_kv_kernel(uint8_t *k8, uint8_t *v8t, const unsigned *amax, const bf16 *kc, const bf16 *vc,
+                                                          int rows, int rowsp, int n_kv, int ctx) {
+    __shared__ uint8_t vs[F8_BN][HD + 4]; // V's codes, row-major, read back by channel
+    const int h = blockIdx.y, r0 = blockIdx.x * F8_BN, t = threadIdx.x;
+    const float ik = f8_inv(__uint_as_float(amax[h])), iv = f8_inv(__uint_as_float(amax[n_kv + h]));
+    const bf16 *k = kc + (size_t)h * ctx * HD, *v = vc + (size_t)h * ctx * HD;
+    for (int i = t; i < F8_BN * HD / 4; i += 256) { // 4 elements a thread and pass
+        const int r = i / (HD / 4), c = (i % (HD / 4)) * 4, row = r0 + r;
+        float a[4] = {0, 0, 0, 0}, b[4] = {0, 0, 0, 0};
+        if (row < rows) {
+            const __nv_bfloat162 *pk = (const __nv_bfloat162 *)(k + (size_t)row * HD + c), *pv = (const __nv_bfloat162 *)(v + (size_t)row * HD + c);
+            float2 k0 = __bfloat1622float2(pk[0]), k1 = __bfloat1622float2(pk[1]);
+            float2 v0 = __bfloat1622float2(pv[0]), v1 = __bfloat1622float2(pv[1]);
+            a[0] = k0.x, a[1] = k0.y, a[2] = k1.x, a[3] = k1.y, b[0] = v0.x, b[1] = v0.y, b[2] = v1.x, b[3] = v1.y;
+        }
+        *(uint32_t *)(k8 + ((size_t)h * rowsp + row) * HD + c) =
+            pack_e4m3(__fmul_rn(a[0], ik), __fmul_rn(a[1], ik), __fmul_rn(a[2], ik), __fmul_rn(a[3], ik));
+        *(uint32_t *)&vs[r][c] = pack_e4m3(__fmul_rn(b[0], iv), __fmul_rn(b[1], iv), __fmul_rn(b[2], iv), __fmul_rn(b[3], iv));
+    }
+    __syncthreads();
+    for (int i = t; i < HD * (F8_BN / 16); i += 256) { // one 16-key group of one channel a thread and pass
+        const int d = i / (F8_BN / 16), g = (i % (F8_BN / 16)) * 16;
+        uint32_t w[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            w[j] = (uint32_t)vs[g + v8_key_of(4 * j)][d] | (uint32_t)vs[g + v8_key_of(4 * j + 1)][d] << 8 |
+                   (uint32_t)vs[g + v8_key_of(4 * j + 2)][d] << 16 | (uint32_t)vs[g + v8_key_of(4 * j + 3)][d] << 24;
+        *(uint4 *)(v8t + ((size_t)h * HD + d) * rowsp + r0 + g) = make_uint4(w[0], w[1], w[2], w[3]);
+    }
+}
+
+// One warp a (position, head) row of q: its amax, scale to qs, codes to q8 (same layout as q).
+template <int HD>
+__global__ void f8_quant_q_kernel(uint8_t *q8, float *qs, const bf16 *q, int nrows) {
+    const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (row >= nrows) return;
+    constexpr int PER = HD / 32; // 4 or 2 a lane
+    float x[PER], m = 0.0f;
+#pragma unroll
+    for (int j = 0; j < PER; j++) x[j] = __bfloat162float(q[(size_t)row * HD + lane * PER + j]), m = fmaxf(m, fabsf(x[j]));
+    for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    const float inv = f8_inv(m);
+    if (PER == 4)
+        *(uint32_t *)(q8 + (size_t)row * HD + lane * 4) = pack_e4m3(__fmul_rn(x[0], inv), __fmul_rn(x[1], inv), __fmul_rn(x[2], inv), __fmul_rn(x[3], inv));
+    else
+        *(uint16_t *)(q8 + (size_t)row * HD + lane * 2) = (uint16_t)__nv_cvt_float2_to_fp8x2(make_float2(__fmul_rn(x[0], inv), __fmul_rn(x[1 % PER], inv)), __NV_SATFINITE, __NV_E4M3);
+    if (lane == 0) qs[row] = f8_scale(m);
+}
+
+// ---- the attention ----
+#if FP_HAVE_WGMMA
+// D(64x128, f32) (+)= A(64x32 e4m3, smem desc, K-major) * B(128x32 e4m3, smem desc, K-major)^T
+__device__ __forceinline__ void wgmma8_ss_n128(float (&d)[64], uint64_t da, uint64_t db, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(da), "l"(db), "r"(scale_d));
+}
+
+// D(64x128, f32) += A(64x32 e4m3, registers) * B(32x128 e4m3, smem desc, K-major: V transposed)
+__device__ __forceinline__ void wgmma8_rs_n128(float (&d)[64], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint64_t db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(db), "r"(1));
+}
+
+// D(64x64, f32) += A(64x32 e4m3, registers) * B(32x64 e4m3, smem desc, K-major: V transposed)
+__device__ __forceinline__ void wgmma8_rs_n64(float (&d)[32], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint64_t db) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(db), "r"(1));
+}
+
+#endif // FP_HAVE_WGMMA
+
+// Block (q tile, KV head), as flash_prefill.cu's wgmma kernel (MODE 3). q8 / qs: the chunk's codes and
+// row scales; tmk / tmv: k8 (n_kv, rowsp, HD) and v8t (n_kv, HD, rowsp) as tensor maps; amax: the
+// heads' K and V amax.
+template <int HD>
+__global__ void __launch_bounds__(F8_THREADS, 1)
+    f8_wgmma_kernel(bf16 *__restrict__ out, const uint8_t *__restrict__ q8, const float *__restrict__ qs, const unsigned *__restrict__ amax,
+                    int pos0, int T, int n_heads, int n_kv, int G, int nq, int n_qtiles, float sl2,
+                    const __grid_constant__ CUtensorMap tmk, const __grid_constant__ CUtensorMap tmv) {
+#if FP_HAVE_WGMMA
+    constexpr int QB = F8_BM * HD, KB = F8_BN * HD; // bytes: the Q tile, a K (and a V) tile
+    constexpr int NO = HD / 2;                      // O accumulators per thread
+    constexpr uint64_t SW = f8_swizzle<HD>();
+    constexpr uint32_t SBO = f8_sbo<HD>();
+    extern __shared__ uint8_t smem_raw[];
+    __shared__ __align__(8) uint64_t bar_full[F8_STAGES], bar_empty[F8_STAGES], bar_q;
+    const uint32_t sQ = (smem_u32(smem_raw) + 1023u) & ~1023u;
+    const uint32_t sKV = sQ + QB; // stage s: K at sKV + s*2*KB, V^T right after
+
+    const int kvh = blockIdx.x % n_kv;
+    const int qt = n_qtiles - 1 - (int)(blockIdx.x / n_kv); // the longest rows first
+    const int t0 = qt * nq;
+    const int nqh = min(nq, T - t0);
+    const int kv_len = pos0 + t0 + nqh;
+    const int n_tiles = (kv_len + F8_BN - 1) / F8_BN;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+
+    if (tid == 0) {
+#pragma unroll
+        for (int s = 0; s < F8_STAGES; s++) mbar_init(&bar_full[s], 1), mbar_init(&bar_empty[s], F8_THREADS);
+        mbar_init(&bar_q, F8_THREADS);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); // visible to the TMA unit
+    }
+    __syncthreads();
+    auto tma_tile = [&](int jt) { // thread 0
+        const int s = jt % F8_STAGES;
+        const uint32_t kb = sKV + s * 2 * KB;
+        mbar_expect_tx(&bar_full[s], 2 * KB);
+        tma_load_3d(kb, &tmk, 0, jt * F8_BN, kvh, &bar_full[s]);
+        tma_load_3d(kb + KB, &tmv, jt * F8_BN, 0, kvh, &bar_full[s]);
+    };
+    { // the Q tile: row r = (query t0 + min(r / G, nqh - 1), head kvh G + r % G), HD / 16 chunks a row
+        constexpr int CPR = HD / 16;
+#pragma unroll
+        for (int i = 0; i < F8_BM * CPR / F8_THREADS; i++) {
+            const int idx = tid + i * F8_THREADS, r = idx / CPR, c = idx % CPR;
+            const int t = t0 + min(r / G, nqh - 1), h = kvh * G + r % G;
+            cp_async16(sQ + swz8<HD>(r, c), q8 + ((size_t)t * n_heads + h) * HD + c * 16);
+        }
+        cp_async_arrive(&bar_q);
+    }
+    if (tid == 0)
+        for (int jt = 0; jt < F8_STAGES && jt < n_tiles; jt++) tma_tile(jt);
+
+    const int wg = warp >> 2, wl = warp & 3, tq = lane & 3;
+    const int r0 = wg * 64 + wl * 16 + (lane >> 2), r1 = r0 + 8;
+    const int qp0 = pos0 + t0 + min(r0 / G, nqh - 1);
+    const int qp1 = pos0 + t0 + min(r1 / G, nqh - 1);
+    const int wg_qp_min = pos0 + t0 + min((wg * 64) / G, nqh - 1);
+    const uint32_t qbase = sQ + wg * 64 * HD;
+    // Each row's exp2 factor: its query's scale x the head's K scale x log2(e) / sqrt(HD).
+    const float sk = f8_scale(__uint_as_float(amax[kvh])), sv = f8_scale(__uint_as_float(amax[n_kv + kvh]));
+    const float c0 = qs[(size_t)(qp0 - pos0) * n_heads + kvh * G + r0 % G] * sk * sl2;
+    const float c1 = qs[(size_t)(qp1 - pos0) * n_heads + kvh * G + r1 % G] * sk * sl2;
+
+    float o[NO];
+#pragma unroll
+    for (int i = 0; i < NO; i++) o[i] = 0.f;
+    float sacc[64];
+    uint32_t p[16];
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+
+    auto s_gemm = [&](uint32_t kb) {
+#pragma unroll
+        for (int kk = 0; kk < HD / 32; kk++)
+            wgmma8_ss_n128(sacc, make_desc(qbase + kk * 32, 16, SBO, SW), make_desc(kb + kk * 32, 16, SBO, SW), kk > 0);
+    };
+    auto pv_gemm = [&](uint32_t vb) {
+#pragma unroll
+        for (int kk = 0; kk < F8_BN / 32; kk++) {
+            const uint64_t db = make_desc(vb + kk * 32, 16, 1024, 1); // V^T rows: 128 keys, 128-byte swizzle
+            if constexpr (HD == 128) wgmma8_rs_n128(o, p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3], db);
+            else wgmma8_rs_n64(o, p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3], db);
+        }
+    };
+    // Mask, running max (in the row's S8 units), exponentials in place (x 256); the rescale factors.
+    auto softmax = [&](int j, float &a0, float &a1) {
+        if (j * F8_BN + F8_BN - 1 > wg_qp_min) {
+            const int kb = j * F8_BN + 2 * tq;
+#pragma unroll
+            for (int i = 0; i < 16; i++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    const int key = kb + 8 * i + e;
+                    if (key > qp0) sacc[4 * i + e] = -INFINITY;
+                    if (key > qp1) sacc[4 * i + 2 + e] = -INFINITY;
+                }
+        }
+        float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            mx0 = fmaxf(mx0, fmaxf(sacc[4 * i], sacc[4 * i + 1]));
+            mx1 = fmaxf(mx1, fmaxf(sacc[4 * i + 2], sacc[4 * i + 3]));
+        }
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+        mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+        const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1); // finite: key 0 is in every row's first tile
+        a0 = fast_exp2((m0 - mn0) * c0);
+        a1 = fast_exp2((m1 - mn1) * c1);
+        m0 = mn0;
+        m1 = mn1;
+        const float ms0 = mn0 * c0 - 8.0f, ms1 = mn1 * c1 - 8.0f; // weights x 2^8: at most 256 (e4m3 to 448)
+        float rs0 = 0.f, rs1 = 0.f;
+#pragma unroll
+        for (int i = 0; i < 16; i++) {
+            sacc[4 * i] = fast_exp2(fmaf(sacc[4 * i], c0, -ms0));
+            sacc[4 * i + 1] = fast_exp2(fmaf(sacc[4 * i + 1], c0, -ms0));
+            sacc[4 * i + 2] = fast_exp2(fmaf(sacc[4 * i + 2], c1, -ms1));
+            sacc[4 * i + 3] = fast_exp2(fmaf(sacc[4 * i + 3], c1, -ms1));
+            rs0 += sacc[4 * i] + sacc[4 * i + 1];
+            rs1 += sacc[4 * i + 2] + sacc[4 * i + 3];
+        }
+        l0 = l0 * a0 + rs0;
+        l1 = l1 * a1 + rs1;
+    };
+    // P to e4m3 in the A operand's order: register 4kk + i holds keys 32kk + 16(i/2) + v8_key_of(4 tq ..
+    // 4 tq + 3) of row r0 (i even) or r1 (i odd).
+    auto to_p = [&]() {
+#pragma unroll
+        for (int kk = 0; kk < F8_BN / 32; kk++) {
+            const float *s = sacc + 16 * kk;
+            p[4 * kk] = pack_e4m3(s[0], s[1], s[4], s[5]);
+            p[4 * kk + 1] = pack_e4m3(s[2], s[3], s[6], s[7]);
+            p[4 * kk + 2] = pack_e4m3(s[8], s[9], s[12], s[13]);
+            p[4 * kk + 3] = pack_e4m3(s[10], s[11], s[14], s[15]);
+        }
+    };
+
+    mbar_wait(&bar_q, 0);
+    mbar_wait(&bar_full[0], 0);
+    fence_proxy_async(); // cp.async wrote Q through the generic proxy; wgmma reads through the async proxy
+    wgmma_fence();
+    s_gemm(sKV);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs(sacc);
+    {
+        float a0, a1;
+        softmax(0, a0, a1);
+    }
+    to_p();
+
+    for (int j = 1; j < n_tiles; j++) {
+        const int s = j % F8_STAGES, sp = (j - 1) % F8_STAGES;
+        mbar_wait(&bar_full[s], (j / F8_STAGES) & 1);
+        wgmma_fence();
+        s_gemm(sKV + s * 2 * KB);         // S_j = Q K_j^T
+        wgmma_commit();
+        pv_gemm(sKV + sp * 2 * KB + KB);  // O += P_{j-1} V_{j-1}
+        wgmma_commit();
+        wgmma_wait<1>();
+        fence_regs(sacc);
+        float a0, a1;
+        softmax(j, a0, a1); // overlaps the PV GEMM
+        if (!(l0 < 0.f)) wgmma_wait<0>(); // see flash_prefill.cu: keeps the wait below the exponentials
+        fence_regs(o);
+        mbar_arrive(&bar_empty[sp]);
+        if (tid == 0 && j - 1 + F8_STAGES < n_tiles) {
+            mbar_wait(&bar_empty[sp], ((j - 1) / F8_STAGES) & 1);
+            tma_tile(j - 1 + F8_STAGES);
+        }
+#pragma unroll
+        for (int i = 0; i < NO / 4; i++) {
+            o[4 * i] *= a0;
+            o[4 * i + 1] *= a0;
+            o[4 * i + 2] *= a1;
+            o[4 * i + 3] *= a1;
+        }
+        to_p();
+    }
+    wgmma_fence();
+    pv_gemm(sKV + ((n_tiles - 1) % F8_STAGES) * 2 * KB + KB);
+    wgmma_commit();
+    wgmma_wait<0>();
+    fence_regs(o);
+
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    const float inv0 = sv / l0, inv1 = sv / l1;
+    if (r0 < nqh * G) {
+        bf16 *op = out + ((size_t)(t0 + r0 / G) * n_heads + kvh * G + r0 % G) * HD + 2 * tq;
+#pragma unroll
+        for (int i = 0; i < HD / 8; i++)
+            *reinterpret_cast<__nv_bfloat162 *>(op + 8 * i) = __floats2bfloat162_rn(o[4 * i] * inv0, o[4 * i + 1] * inv0);
+    }
+    if (r1 < nqh * G) {
+        bf16 *op = out + ((size_t)(t0 + r1 / G) * n_heads + kvh * G + r1 % G) * HD + 2 * tq;
+#pragma unroll
+        for (int i = 0; i < HD / 8; i++)
+            *reinterpret_cast<__nv_bfloat162 *>(op + 8 * i) = __floats2bfloat162_rn(o[4 * i + 2] * inv1, o[4 * i + 3] * inv1);
+    }
+#endif // FP_HAVE_WGMMA
+}
+
+// ================================ host ================================
+__device__ int f8_wgmma_built = FP_HAVE_WGMMA;
+
+// 1 when this module has the sm_90a kernel, the device is sm_90 and the driver encodes tensor maps;
+// probed once, outside capture (a call under capture before it is refused).
+int f8_usable(cudaStream_t st) {
+    static int state = -1;
+    if (state >= 0) return state;
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(st, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone) {
+        cudaGetLastError();
+        return 0;
+    }
+    int dev = 0, major = 0, minor = 0, built = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) ||
+        cudaMemcpyFromSymbol(&built, f8_wgmma_built, sizeof(int)) != cudaSuccess) {
+        cudaGetLastError();
+        built = 0;
+    }
+    state = (major == 9 && minor == 0 && built && tensor_map_encoder()) ? 1 : 0;
+    return state;
+}
+
+// The workspace's parts for a call of T queries over `rows` visible rows (NULL base: sizes only).
+struct F8Parts {
+    unsigned *amax;
+    uint8_t *k8, *v8t, *q8;
+    float *qs;
+    int rowsp;
+    size_t bytes;
+};
+F8Parts f8_parts(void *ws, int T, int rows, int n_heads, int n_kv, int hd) {
+    F8Parts P;
+    auto up = [](size_t x) { return (x + 255) & ~(size_t)255; };
+    uint8_t *b = (uint8_t *)ws;
+    size_t off = 0;
+    P.rowsp = (rows + F8_BN - 1) / F8_BN * F8_BN;
+    P.amax = (unsigned *)(b + off), off += up((size_t)2 * n_kv * 4);
+    P.k8 = b + off, off += up((size_t)n_kv * P.rowsp * hd);
+    P.v8t = b + off, off += up((size_t)n_kv * hd * P.rowsp);
+    P.q8 = b + off, off += up((size_t)T * n_heads * hd);
+    P.qs = (float *)(b + off), off += up((size_t)T * n_heads * 4);
+    P.bytes = off;
+    return P;
+}
+
+// A 3-D e4m3 (byte) tensor map: dims innermost first, strides of dims 1 and 2 in bytes, boxes of
+// b0 x b1 x 1; elements past the dims read as zeros.
+cudaError_t f8_tensor_map(CUtensorMap *map, const uint8_t *base, const cuuint64_t (&dims)[3], const cuuint64_t (&strides)[2], cuuint32_t b0,
+                          cuuint32_t b1, CUtensorMapSwizzle sw) {
+    const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
+    if (!encode) return cudaErrorNotSupported;
+    const cuuint32_t box[3] = {b0, b1, 1}, estr[3] = {1, 1, 1};
+    CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, 3, (void *)base, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, sw,
+                        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+template <int HD>
+cudaError_t f8_launch(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v, int pos0, int T, int n_heads, int n_kv, int ctx,
+                      const F8Parts &P, cudaStream_t st) {
+    const int rows = pos0 + T, G = n_heads / n_kv, nq = F8_BM / G, n_qtiles = (T + nq - 1) / nq;
+    cudaError_t e = cudaMemsetAsync(P.amax, 0, (size_t)2 * n_kv * 4, st);
+    if (e != cudaSuccess) return e;
+    const int per_head = (int)(((size_t)rows * HD / 8 + 255) / 256);
+    f8_amax_kernel<<<dim3((unsigned)(per_head < 128 ? per_head : 128), (unsigned)n_kv), 256, 0, st>>>(P.amax, k, v, rows, n_kv, ctx, HD);
+    f8_quant_kv_kernel<HD><<<dim3((unsigned)(P.rowsp / F8_BN), (unsigned)n_kv), 256, 0, st>>>(P.k8, P.v8t, P.amax, k, v, rows, P.rowsp, n_kv, ctx);
+    f8_quant_q_kernel<HD><<<(unsigned)(((size_t)T * n_heads + 7) / 8), 256, 0, st>>>(P.q8, P.qs, q, T * n_heads);
+    CUtensorMap tmk, tmv;
+    memset(&tmk, 0, sizeof tmk), memset(&tmv, 0, sizeof tmv);
+    const CUtensorMapSwizzle ksw = HD == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
+    e = f8_tensor_map(&tmk, P.k8, {(cuuint64_t)HD, (cuuint64_t)rows, (cuuint64_t)n_kv}, {(cuuint64_t)HD, (cuuint64_t)P.rowsp * HD}, HD, F8_BN, ksw);
+    if (e == cudaSuccess)
+        e = f8_tensor_map(&tmv, P.v8t, {(cuuint64_t)P.rowsp, (cuuint64_t)HD, (cuuint64_t)n_kv}, {(cuuint64_t)P.rowsp, (cuuint64_t)HD * P.rowsp},
+                          F8_BN, HD, CU_TENSOR_MAP_SWIZZLE_128B);
+    if (e != cudaSuccess) return e;
+    const int smem = f8_smem_bytes<HD>();
+    e = cudaFuncSetAttribute(f8_wgmma_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    if (e != cudaSuccess) return e;
+    const float sl2 = (float)(1.4426950408889634 / sqrt((double)HD));
+    f8_wgmma_kernel<HD><<<(unsigned)(n_qtiles * n_kv), F8_THREADS, smem, st>>>(out, P.q8, P.qs, P.amax, pos0, T, n_heads, n_kv, G, nq,
+                                                                                n_qtiles, sl2, tmk, tmv);
+    return cudaGetLastError();
+}
+} // namespace
+
+extern "C" size_t flash_prefill_fp8_workspace(int T, int rows, int n_heads, int n_kv_heads, int head_dim) {
+    if (T < 0 || rows < 0 || n_heads <= 0 || n_kv_heads <= 0 || head_dim <= 0) return 0;
+    return f8_parts(NULL, T, rows, n_heads, n_kv_heads, head_dim).bytes;
+}
+
+extern "C" int flash_prefill_fp8_supported(cudaStream_t stream) { return f8_usable(stream); }
+
+extern "C" cudaError_t flash_prefill_fp8(bf16 *out, const bf16 *q, const bf16 *k_cache, const bf16 *v_cache, int pos0, int T, int n_heads,
+                                         int n_kv_heads, int head_dim, int ctx, void *workspace, size_t workspace_bytes,
+                                         cudaStream_t stream) {
+    if (T == 0) return cudaSuccess;
+    if (!out || !q || !k_cache || !v_cache || !workspace || T < 0 || pos0 < 0 || n_heads <= 0 || n_kv_heads <= 0 ||
+        n_heads % n_kv_heads || n_heads / n_kv_heads > F8_BM || (head_dim != 64 && head_dim != 128) || (long long)pos0 + T > ctx ||
+        (((uintptr_t)out | (uintptr_t)q | (uintptr_t)k_cache | (uintptr_t)v_cache) & 15) || ((uintptr_t)workspace & 255))
+        return cudaErrorInvalidValue;
+    const F8Parts P = f8_parts(workspace, T, pos0 + T, n_heads, n_kv_heads, head_dim);
+    if (workspace_bytes < P.bytes) return cudaErrorInvalidValue;
+    if (!f8_usable(stream)) return cudaErrorNotSupported;
+    if (head_dim == 128) return f8_launch<128>(out, q, k_cache, v_cache, pos0, T, n_heads, n_kv_heads, ctx, P, stream);
+    return f8_launch<64>(out, q, k_cache, v_cache, pos0, T, n_heads, n_kv_heads, ctx, P, stream);
+}
