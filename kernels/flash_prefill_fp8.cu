@@ -2,7 +2,12 @@
 //
 // The layer's visible K and V rows (0 .. pos0+T-1) and the chunk's queries are rounded to e4m3 before
 // the attention, each with one scale: K and V per KV head (amax / 448 over the visible rows), a query
-// per (position, head) row. The kernel is flash_prefill.cu's wgmma kernel (TMA ring, two warpgroups,
+// per (position, head) row. Queries and keys are rotated first (incoherent processing, as FA3 does):
+// each row times a fixed random sign per channel, then a Walsh-Hadamard transform (HD stages of
+// butterflies, unnormalized), so that (H S q) . (H S k) = HD (q . k) while a few large channels --
+// which would carry most of a dot product and most of its rounding error -- are spread over all
+// HD. e4m3 keeps 3 mantissa bits: without the rotation SmolLM2's scores moved by up to a few tenths
+// of a nat (measured: mean NLL +0.028 over 7,753 positions). The kernel is flash_prefill.cu's wgmma kernel (TMA ring, two warpgroups,
 // S of tile j+1 issued before P V of tile j) with e4m3 operands: m64n128k32 for S = Q K^T and
 // m64nHDk32 for O += P V, fp32 accumulation, the softmax in fp32 as in bf16. Differences:
 //  - fp8 wgmma reads both shared-memory operands K-major only, so V is stored transposed, (n_kv, HD,
@@ -61,38 +66,81 @@ __host__ __device__ __forceinline__ int v8_key_of(int p) { return 2 * (p >> 2) +
 __device__ __forceinline__ float f8_scale(float amax) { return amax > 0.0f ? __fdiv_rn(amax, F8_MAX) : 1.0f; }
 __device__ __forceinline__ float f8_inv(float amax) { return amax > 0.0f ? __fdiv_rn(F8_MAX, amax) : 1.0f; }
 
+// The rotation's sign of channel d (a fixed hash; the test's CPU reference has the same).
+__host__ __device__ __forceinline__ float f8_sign(int d) { return ((uint32_t)(d + 1) * 0x9E3779B1u) >> 31 ? -1.0f : 1.0f; }
+
+// A row of HD values in a warp, lane l holding channels PER l .. PER l + PER - 1 (PER = HD / 32):
+// x <- H (S x), butterflies h = 1, 2, 4, .. in order, (a, b) -> (a + b, a - b) for the pair's low
+// and high channel: in-lane while h < PER, then across lanes. The CPU reference repeats the order.
+template <int PER> __device__ __forceinline__ void f8_rotate(float (&x)[PER], int lane) {
+#pragma unroll
+    for (int j = 0; j < PER; j++) x[j] *= f8_sign(lane * PER + j);
+#pragma unroll
+    for (int h = 1; h < PER; h *= 2)
+#pragma unroll
+        for (int j = 0; j < PER; j++)
+            if (!(j & h)) {
+                const float a = x[j], b = x[j + h];
+                x[j] = __fadd_rn(a, b), x[j + h] = __fsub_rn(a, b);
+            }
+#pragma unroll
+    for (int m = 1; m < 32; m *= 2)
+#pragma unroll
+        for (int j = 0; j < PER; j++) {
+            const float o = __shfl_xor_sync(0xffffffffu, x[j], m);
+            x[j] = lane & m ? __fsub_rn(o, x[j]) : __fadd_rn(x[j], o);
+        }
+}
+
+// Row `row` of a bf16 matrix of HD columns into a warp's registers (PER a lane).
+template <int PER> __device__ __forceinline__ void f8_load_row(float (&x)[PER], const bf16 *r, int lane) {
+    if constexpr (PER == 4) {
+        const uint2 u = *(const uint2 *)(r + lane * 4);
+        const float2 a = __bfloat1622float2(*(const __nv_bfloat162 *)&u.x), b = __bfloat1622float2(*(const __nv_bfloat162 *)&u.y);
+        x[0] = a.x, x[1] = a.y, x[2] = b.x, x[3] = b.y;
+    } else {
+        const float2 a = __bfloat1622float2(*(const __nv_bfloat162 *)(r + lane * 2));
+        x[0] = a.x, x[1] = a.y;
+    }
+}
+
+// PER e4m3 codes of x * inv to p (lane's place).
+template <int PER> __device__ __forceinline__ void f8_store_row(uint8_t *p, const float (&x)[PER], float inv) {
+    if constexpr (PER == 4) *(uint32_t *)p = pack_e4m3(__fmul_rn(x[0], inv), __fmul_rn(x[1], inv), __fmul_rn(x[2], inv), __fmul_rn(x[3], inv));
+    else *(uint16_t *)p = (uint16_t)__nv_cvt_float2_to_fp8x2(make_float2(__fmul_rn(x[0], inv), __fmul_rn(x[1], inv)), __NV_SATFINITE, __NV_E4M3);
+}
+
 // ---- quantization ----
 
-// amax[h] (K) and amax[n_kv + h] (V) over rows 0 .. rows-1 of KV head h (blockIdx.y); amax zeroed before.
-__global__ void f8_amax_kernel(unsigned *amax, const bf16 *kc, const bf16 *vc, int rows, int n_kv, int ctx, int HD) {
-    __shared__ float red[2][32];
-    const int h = blockIdx.y;
-    const size_t n8 = (size_t)rows * HD / 8; // 16-byte pieces of the head's rows
-    const uint4 *k = (const uint4 *)(kc + (size_t)h * ctx * HD), *v = (const uint4 *)(vc + (size_t)h * ctx * HD);
+// amax[h] (K, rotated) and amax[n_kv + h] (V) over rows 0 .. rows-1 of KV head h (blockIdx.y), a warp
+// a row at a time; amax zeroed before.
+template <int HD>
+__global__ void __launch_bounds__(256) f8_amax_kernel(unsigned *amax, const bf16 *kc, const bf16 *vc, int rows, int n_kv, int ctx) {
+    constexpr int PER = HD / 32;
+    __shared__ float red[2][8];
+    const int h = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const bf16 *k = kc + (size_t)h * ctx * HD, *v = vc + (size_t)h * ctx * HD;
     float mk = 0.0f, mv = 0.0f;
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n8; i += (size_t)gridDim.x * blockDim.x) {
-        uint4 a = k[i], b = v[i];
-        const __nv_bfloat162 *pa = (const __nv_bfloat162 *)&a, *pb = (const __nv_bfloat162 *)&b;
+    for (int r = blockIdx.x * 8 + warp; r < rows; r += gridDim.x * 8) {
+        float x[PER], y[PER];
+        f8_load_row<PER>(x, k + (size_t)r * HD, lane);
+        f8_load_row<PER>(y, v + (size_t)r * HD, lane);
+        f8_rotate<PER>(x, lane);
 #pragma unroll
-        for (int j = 0; j < 4; j++) {
-            float2 fa = __bfloat1622float2(pa[j]), fb = __bfloat1622float2(pb[j]);
-            mk = fmaxf(mk, fmaxf(fabsf(fa.x), fabsf(fa.y)));
-            mv = fmaxf(mv, fmaxf(fabsf(fb.x), fabsf(fb.y)));
-        }
+        for (int j = 0; j < PER; j++) mk = fmaxf(mk, fabsf(x[j])), mv = fmaxf(mv, fabsf(y[j]));
     }
     for (int o = 16; o > 0; o >>= 1) mk = fmaxf(mk, __shfl_xor_sync(0xffffffffu, mk, o)), mv = fmaxf(mv, __shfl_xor_sync(0xffffffffu, mv, o));
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     if (lane == 0) red[0][warp] = mk, red[1][warp] = mv;
     __syncthreads();
     if (threadIdx.x == 0) {
-        for (int w = 1; w < (int)(blockDim.x >> 5); w++) mk = fmaxf(mk, red[0][w]), mv = fmaxf(mv, red[1][w]);
+        for (int w = 1; w < 8; w++) mk = fmaxf(mk, red[0][w]), mv = fmaxf(mv, red[1][w]);
         atomicMax(&amax[h], __float_as_uint(mk)); // non-negative floats order as their bits
         atomicMax(&amax[n_kv + h], __float_as_uint(mv));
     }
 }
 
-// Block (tile, h): rows [128 tile, 128 tile + 128) of KV head h: K to k8 (n_kv, rowsp, HD) and V
-// transposed to v8t (n_kv, HD, rowsp), keys permuted in groups of 16; rows past `rows` as zeros.
+// Block (tile, h): rows [128 tile, 128 tile + 128) of KV head h: K rotated to k8 (n_kv, rowsp, HD) and
+// V transposed to v8t (n_kv, HD, rowsp), keys permuted in groups of 16; rows past `rows` as zeros.
 template <int HD>
 __global__ void __launch_bounds__(256) f8_quant_kv_kernel(uint8_t *k8, uint8_t *v8t, const unsigned *amax, const bf16 *kc, const bf16 *vc,
                                                           int rows, int rowsp, int n_kv, int ctx) {
@@ -100,17 +148,25 @@ __global__ void __launch_bounds__(256) f8_quant_kv_kernel(uint8_t *k8, uint8_t *
     const int h = blockIdx.y, r0 = blockIdx.x * F8_BN, t = threadIdx.x;
     const float ik = f8_inv(__uint_as_float(amax[h])), iv = f8_inv(__uint_as_float(amax[n_kv + h]));
     const bf16 *k = kc + (size_t)h * ctx * HD, *v = vc + (size_t)h * ctx * HD;
-    for (int i = t; i < F8_BN * HD / 4; i += 256) { // 4 elements a thread and pass
+    constexpr int PER = HD / 32;
+    const int lane = t & 31, warp = t >> 5;
+    for (int r = warp; r < F8_BN; r += 8) { // K: a warp a row, rotated
+        const int row = r0 + r;
+        float x[PER];
+        if (row < rows) f8_load_row<PER>(x, k + (size_t)row * HD, lane), f8_rotate<PER>(x, lane);
+        else
+#pragma unroll
+            for (int j = 0; j < PER; j++) x[j] = 0.0f;
+        f8_store_row<PER>(k8 + ((size_t)h * rowsp + row) * HD + lane * PER, x, ik);
+    }
+    for (int i = t; i < F8_BN * HD / 4; i += 256) { // V: 4 elements a thread and pass
         const int r = i / (HD / 4), c = (i % (HD / 4)) * 4, row = r0 + r;
-        float a[4] = {0, 0, 0, 0}, b[4] = {0, 0, 0, 0};
+        float b[4] = {0, 0, 0, 0};
         if (row < rows) {
-            const __nv_bfloat162 *pk = (const __nv_bfloat162 *)(k + (size_t)row * HD + c), *pv = (const __nv_bfloat162 *)(v + (size_t)row * HD + c);
-            float2 k0 = __bfloat1622float2(pk[0]), k1 = __bfloat1622float2(pk[1]);
+            const __nv_bfloat162 *pv = (const __nv_bfloat162 *)(v + (size_t)row * HD + c);
             float2 v0 = __bfloat1622float2(pv[0]), v1 = __bfloat1622float2(pv[1]);
-            a[0] = k0.x, a[1] = k0.y, a[2] = k1.x, a[3] = k1.y, b[0] = v0.x, b[1] = v0.y, b[2] = v1.x, b[3] = v1.y;
+            b[0] = v0.x, b[1] = v0.y, b[2] = v1.x, b[3] = v1.y;
         }
-        *(uint32_t *)(k8 + ((size_t)h * rowsp + row) * HD + c) =
-            pack_e4m3(__fmul_rn(a[0], ik), __fmul_rn(a[1], ik), __fmul_rn(a[2], ik), __fmul_rn(a[3], ik));
         *(uint32_t *)&vs[r][c] = pack_e4m3(__fmul_rn(b[0], iv), __fmul_rn(b[1], iv), __fmul_rn(b[2], iv), __fmul_rn(b[3], iv));
     }
     __syncthreads();
@@ -125,21 +181,19 @@ __global__ void __launch_bounds__(256) f8_quant_kv_kernel(uint8_t *k8, uint8_t *
     }
 }
 
-// One warp a (position, head) row of q: its amax, scale to qs, codes to q8 (same layout as q).
+// One warp a (position, head) row of q: rotated, its amax, scale to qs, codes to q8 (q's layout).
 template <int HD>
 __global__ void f8_quant_q_kernel(uint8_t *q8, float *qs, const bf16 *q, int nrows) {
+    constexpr int PER = HD / 32;
     const int row = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (row >= nrows) return;
-    constexpr int PER = HD / 32; // 4 or 2 a lane
     float x[PER], m = 0.0f;
+    f8_load_row<PER>(x, q + (size_t)row * HD, lane);
+    f8_rotate<PER>(x, lane);
 #pragma unroll
-    for (int j = 0; j < PER; j++) x[j] = __bfloat162float(q[(size_t)row * HD + lane * PER + j]), m = fmaxf(m, fabsf(x[j]));
+    for (int j = 0; j < PER; j++) m = fmaxf(m, fabsf(x[j]));
     for (int o = 16; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-    const float inv = f8_inv(m);
-    if (PER == 4)
-        *(uint32_t *)(q8 + (size_t)row * HD + lane * 4) = pack_e4m3(__fmul_rn(x[0], inv), __fmul_rn(x[1], inv), __fmul_rn(x[2], inv), __fmul_rn(x[3], inv));
-    else
-        *(uint16_t *)(q8 + (size_t)row * HD + lane * 2) = (uint16_t)__nv_cvt_float2_to_fp8x2(make_float2(__fmul_rn(x[0], inv), __fmul_rn(x[1 % PER], inv)), __NV_SATFINITE, __NV_E4M3);
+    f8_store_row<PER>(q8 + (size_t)row * HD + lane * PER, x, f8_inv(m));
     if (lane == 0) qs[row] = f8_scale(m);
 }
 
@@ -236,7 +290,8 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
     const int qp1 = pos0 + t0 + min(r1 / G, nqh - 1);
     const int wg_qp_min = pos0 + t0 + min((wg * 64) / G, nqh - 1);
     const uint32_t qbase = sQ + wg * 64 * HD;
-    // Each row's exp2 factor: its query's scale x the head's K scale x log2(e) / sqrt(HD).
+    // Each row's exp2 factor: its query's scale x the head's K scale x log2(e) / sqrt(HD) / HD (the
+    // rotation's H is unnormalized: the rotated dot products are HD times the scores).
     const float sk = f8_scale(__uint_as_float(amax[kvh])), sv = f8_scale(__uint_as_float(amax[n_kv + kvh]));
     const float c0 = qs[(size_t)(qp0 - pos0) * n_heads + kvh * G + r0 % G] * sk * sl2;
     const float c1 = qs[(size_t)(qp1 - pos0) * n_heads + kvh * G + r1 % G] * sk * sl2;
@@ -449,8 +504,8 @@ cudaError_t f8_launch(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v, in
     const int rows = pos0 + T, G = n_heads / n_kv, nq = F8_BM / G, n_qtiles = (T + nq - 1) / nq;
     cudaError_t e = cudaMemsetAsync(P.amax, 0, (size_t)2 * n_kv * 4, st);
     if (e != cudaSuccess) return e;
-    const int per_head = (int)(((size_t)rows * HD / 8 + 255) / 256);
-    f8_amax_kernel<<<dim3((unsigned)(per_head < 128 ? per_head : 128), (unsigned)n_kv), 256, 0, st>>>(P.amax, k, v, rows, n_kv, ctx, HD);
+    const int per_head = (rows + 7) / 8; // blocks of 8 rows (a warp a row)
+    f8_amax_kernel<HD><<<dim3((unsigned)(per_head < 128 ? per_head : 128), (unsigned)n_kv), 256, 0, st>>>(P.amax, k, v, rows, n_kv, ctx);
     f8_quant_kv_kernel<HD><<<dim3((unsigned)(P.rowsp / F8_BN), (unsigned)n_kv), 256, 0, st>>>(P.k8, P.v8t, P.amax, k, v, rows, P.rowsp, n_kv, ctx);
     f8_quant_q_kernel<HD><<<(unsigned)(((size_t)T * n_heads + 7) / 8), 256, 0, st>>>(P.q8, P.qs, q, T * n_heads);
     CUtensorMap tmk, tmv;
@@ -464,7 +519,7 @@ cudaError_t f8_launch(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v, in
     const int smem = f8_smem_bytes<HD>();
     e = cudaFuncSetAttribute(f8_wgmma_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (e != cudaSuccess) return e;
-    const float sl2 = (float)(1.4426950408889634 / sqrt((double)HD));
+    const float sl2 = (float)(1.4426950408889634 / sqrt((double)HD) / HD);
     f8_wgmma_kernel<HD><<<(unsigned)(n_qtiles * n_kv), F8_THREADS, smem, st>>>(out, P.q8, P.qs, P.amax, pos0, T, n_heads, n_kv, G, nq,
                                                                                 n_qtiles, sl2, tmk, tmv);
     return cudaGetLastError();

@@ -23,7 +23,8 @@
 // 4 sigma over millions of outputs, and a wrong row, key range or mask moves outputs by O(1).
 //
 // IMPL fp8 (flash_prefill_fp8): the reference is computed from the same e4m3 values the kernel sees
-// (q per row, K and V per KV head, scales and rounding reproduced bit for bit here), so what is left
+// (q and K rotated, q per row, K and V per KV head: rotation, scales and rounding reproduced bit for
+// bit here), so what is left
 // is the kernel's rounding of the weights P to e4m3 (3 mantissa bits: at most 2^-4 of a weight,
 // 2^-18 of the row's maximum weight below e4m3's normal range) and of the output to bf16. Bounds,
 // per element e: |out - ref| <= sum_p max((2^-4 + 2^-9) w_p, 2^-18) |v_pe| / l + 2^-8 |ref| + 1e-5 (w: the
@@ -93,6 +94,17 @@ static float e4m3_round(float x) {
     const float d0 = a - e4m3_value(lo), d1 = e4m3_value(lo + 1) - a;
     const int c = d0 < d1 ? lo : d1 < d0 ? lo + 1 : (lo % 2 == 0 ? lo : lo + 1);
     return copysignf(e4m3_value(c), x);
+}
+// flash_prefill_fp8's rotation of a query or key row: signs, then the butterflies in its order
+// (fp32 adds and subtractions: the same bits as the GPU's).
+static void fp8_rotate(float *x, int D) {
+    for (int d = 0; d < D; d++) x[d] *= ((uint32_t)(d + 1) * 0x9E3779B1u) >> 31 ? -1.0f : 1.0f;
+    for (int h = 1; h < D; h *= 2)
+        for (int i = 0; i < D; i++)
+            if (!(i & h)) {
+                const float a = x[i], b = x[i + h];
+                x[i] = a + b, x[i + h] = a - b;
+            }
 }
 // x[0 .. n) (stride st) replaced by its e4m3 value times the scale, as flash_prefill_fp8 sees it.
 static void fp8_dequant(float *x, size_t n, size_t st) {
@@ -269,12 +281,15 @@ static CheckResult run_case(const Case &c, uint64_t seed) {
             fk[(size_t)h * kv_len * c.hd + i] = bf2f(hk[(size_t)h * c.ctx * c.hd + i]);
             fv[(size_t)h * kv_len * c.hd + i] = bf2f(hv[(size_t)h * c.ctx * c.hd + i]);
         }
-    if (g_fp8) { // the values the kernel sees: q per (position, head) row, K and V per KV head
-        for (size_t r = 0; r < (size_t)c.T * c.H; r++) fp8_dequant(fq.data() + r * c.hd, c.hd, 1);
+    if (g_fp8) { // the values the kernel sees: q per (position, head) row, K and V per KV head; q
+        // and K rotated (K then divided by hd, the rotation's gain, so that the scores are q . k)
+        for (size_t r = 0; r < (size_t)c.T * c.H; r++) fp8_rotate(fq.data() + r * c.hd, c.hd), fp8_dequant(fq.data() + r * c.hd, c.hd, 1);
+        for (size_t r = 0; r < (size_t)c.KV * kv_len; r++) fp8_rotate(fk.data() + r * c.hd, c.hd);
         for (int h = 0; h < c.KV; h++) {
             fp8_dequant(fk.data() + (size_t)h * kv_len * c.hd, (size_t)kv_len * c.hd, 1);
             fp8_dequant(fv.data() + (size_t)h * kv_len * c.hd, (size_t)kv_len * c.hd, 1);
         }
+        for (float &x : fk) x /= (float)c.hd;
     }
     const size_t nout = ts.size() * c.H * c.hd;
     std::vector<double> ref(nout), mut(g_fp8 ? nout : 0), bmax(g_fp8 ? nout : 0), bvar(g_fp8 ? nout : 0);
