@@ -33,6 +33,7 @@
 // variance of a rounding error uniform over the weight's e4m3 spacing (at most 2^-3 w_p). Planted
 // error: the same outputs against a reference without each row's diagonal key must fail the cases
 // whose rows are short enough for that key to matter (the small ones).
+#include "../offload/fp8.h"
 #include "flash_prefill.h"
 #include "variants.h"
 
@@ -77,24 +78,7 @@ static cudaError_t attn(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v, 
     return flash_prefill_fp8(out, q, k, v, pos0, T, H, KV, hd, ctx, g_ws, g_ws_bytes, 0);
 }
 
-// ---- e4m3 on the CPU, as the GPU rounds (nearest, ties to even, saturated to +-448) ----
-static float e4m3_value(int c) { // c: 0 .. 126, the non-negative finite codes
-    const int e = c >> 3, m = c & 7;
-    return e == 0 ? ldexpf((float)m, -9) : ldexpf(1.0f + m / 8.0f, e - 7);
-}
-static float e4m3_round(float x) {
-    const float a = fabsf(x);
-    int lo = 0, hi = 126; // the largest code whose value is <= a
-    if (a >= e4m3_value(126)) return copysignf(e4m3_value(126), x);
-    while (lo < hi) {
-        const int mid = (lo + hi + 1) / 2;
-        if (e4m3_value(mid) <= a) lo = mid;
-        else hi = mid - 1;
-    }
-    const float d0 = a - e4m3_value(lo), d1 = e4m3_value(lo + 1) - a;
-    const int c = d0 < d1 ? lo : d1 < d0 ? lo + 1 : (lo % 2 == 0 ? lo : lo + 1);
-    return copysignf(e4m3_value(c), x);
-}
+// ---- e4m3 on the CPU: the host store's encoder (offload/fp8.h), which rounds as the GPU does ----
 // flash_prefill_fp8's rotation of a query or key row: signs, then the butterflies in its order
 // (fp32 adds and subtractions: the same bits as the GPU's).
 static void fp8_rotate(float *x, int D) {
@@ -111,7 +95,7 @@ static void fp8_dequant(float *x, size_t n, size_t st) {
     float amax = 0.0f;
     for (size_t i = 0; i < n; i++) amax = fmaxf(amax, fabsf(x[i * st]));
     const float inv = amax > 0.0f ? 448.0f / amax : 1.0f, sc = amax > 0.0f ? amax / 448.0f : 1.0f;
-    for (size_t i = 0; i < n; i++) x[i * st] = (float)((double)e4m3_round(x[i * st] * inv) * sc);
+    for (size_t i = 0; i < n; i++) x[i * st] = (float)((double)fp8_e4m3_decode(fp8_e4m3_encode(x[i * st] * inv)) * sc);
 }
 
 __device__ __forceinline__ uint64_t mix64(uint64_t x) {
