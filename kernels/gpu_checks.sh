@@ -34,7 +34,8 @@ ids_agree() {
 STEPS=("${@:-all}")
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 if want kernels; then
-    for t in $D/test_kernels $D/test_pkv_attend $D/test_row_cache $D/test_pariskv_gpu $D/test_sample; do echo "=== $t"; $t 2>&1 | tee "$OUT/$(basename $t).log" || status=1; done
+    for t in $D/test_kernels $D/test_pkv_attend $D/test_row_cache $D/test_pariskv_gpu $D/test_sample $D/test_flash_prefill; do echo "=== $t"; $t 2>&1 | tee "$OUT/$(basename $t).log" || status=1; done
+    echo "=== $D/test_flash_prefill check fp8"; $D/test_flash_prefill check fp8 2>&1 | tee "$OUT/test_flash_prefill-fp8.log" || status=1
 fi
 if want mutants; then
     # The kernel tests' bounds can fail: planted mutants that they must flag. test_pkv_attend
