@@ -6,10 +6,11 @@
 // each row times a fixed random sign per channel, then a Walsh-Hadamard transform (HD stages of
 // butterflies, unnormalized), so that (H S q) . (H S k) = HD (q . k) while a few large channels --
 // which would carry most of a dot product and most of its rounding error -- are spread over all
-// HD. e4m3 keeps 3 mantissa bits: without the rotation SmolLM2's scores moved by up to a few tenths
-// of a nat (measured: mean NLL +0.028 over 7,753 positions). The kernel is flash_prefill.cu's wgmma kernel (TMA ring, two warpgroups,
-// S of tile j+1 issued before P V of tile j) with e4m3 operands: m64n128k32 for S = Q K^T and
-// m64nHDk32 for O += P V, fp32 accumulation, the softmax in fp32 as in bf16. Differences:
+// HD. e4m3 keeps 3 mantissa bits: without the rotation SmolLM2's scores cost +0.028 nats of mean
+// NLL over 7,753 positions, with it +0.0096 (tests/bench/GPU.md).
+// The kernel is flash_prefill.cu's wgmma kernel (TMA ring, two warpgroups, S of tile j+1 issued
+// before P V of tile j) with e4m3 operands: m64n128k32 for S = Q K^T and m64nHDk32 for O += P V,
+// fp32 accumulation, the softmax in fp32 as in bf16. Differences:
 //  - fp8 wgmma reads both shared-memory operands K-major only, so V is stored transposed, (n_kv, HD,
 //    keys): each V tile is HD rows of 128 keys.
 //  - P goes to the tensor cores from registers as e4m3 (scaled by 256, so the weights down to 2^-17
@@ -17,12 +18,13 @@
 //    accumulator holds keys (2t, 2t+1, 8+2t, 9+2t) of a 16-key group where the A operand wants
 //    (4t .. 4t+3), so the transposed V's keys are stored permuted in each group of 16 to match
 //    (position p holds key 2(p/4) + p%2 + 8((p/2)%2)): no shuffles in the loop.
-//  - The scales: a row's scores are S8 * sq * sk (folded into the softmax's exp2 factor, one per
-//    row), the output is O8 * sv / l.
+//  - The scales: a row's scores are S8 * sq * sk / HD (folded into the softmax's exp2 factor, one
+//    per row), the output is O8 * sv / l.
 // Shared-memory rows are HD bytes: 128-byte swizzle at HD = 128, 64-byte swizzle at HD = 64 (the
 // tensor maps and the descriptors agree); V tiles' rows are 128 keys = 128 bytes.
 // Quantization: two passes over the visible rows before each call (amax per head, then the e4m3
-// copies), ~1% of the attention's time at long context; no state is kept between calls.
+// copies), ~3% of the attention's time at long context (each chunk re-makes every row's copy); no
+// state is kept between calls.
 #include "flash_common.cuh"
 #include "flash_prefill.h"
 
