@@ -1,6 +1,7 @@
 // What the prefill attention kernels share (flash_prefill.cu: bf16; flash_prefill_fp8.cu: e4m3):
 // shared-memory addresses, cp.async, mbarriers, TMA bulk tensor copies, the wgmma fences and
-// shared-memory matrix descriptors. Device helpers only, each file's copy in an anonymous namespace.
+// shared-memory matrix descriptors, and (host) the driver's tensor-map encoder. Each file gets its
+// own copy, in an anonymous namespace.
 #ifndef FLASH_COMMON_CUH
 #define FLASH_COMMON_CUH
 
