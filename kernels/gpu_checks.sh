@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the repo root, with binaries from kernels/prepare_device.sh in .dev/:
 # kernel tests against the CPU reference, whole-model GPU vs CPU, and the decode benchmark.
-# Usage: kernels/gpu_checks.sh [kernels|mutants|models|smollm2|passkey|fp8|prefill1m|sampling|quant|quantbench|pkvrand|pkvchat|pkvsmol|pkvfp8|pkvcache|pkvtable|pkvlayer|pkvchunk|pkvdrift|session|sessbench|pkvsan|pkvlong|pkvbench|bench|prefill|peer|hfcheck|tp|tpbench|all]...
-# tp, tpbench need two GPUs (--gpus 2) and are left out of `all`, as is prefill1m (a whole call).
+# Usage: kernels/gpu_checks.sh [kernels|mutants|models|smollm2|passkey|fp8|prefill1m|pkvprof|sampling|quant|quantbench|pkvrand|pkvchat|pkvsmol|pkvfp8|pkvcache|pkvtable|pkvlayer|pkvchunk|pkvdrift|session|sessbench|pkvsan|pkvlong|pkvbench|bench|prefill|peer|hfcheck|tp|tpbench|all]...
+# tp, tpbench need two GPUs (--gpus 2) and are left out of `all`, as are prefill1m (a whole call)
+# and pkvprof (Nsight Compute).
 # Exits non-zero when any check fails: every command's status counts (pipefail: a `cmd | tee`
 # fails when cmd does), and a GPU/CPU mismatch is a failure, not a note.
 set -uo pipefail
@@ -16,7 +17,7 @@ unpack_dev || exit 1   # the carried build, afresh when .dev holds another; says
 OUT=${OUT:-/tmp/gpu-out}
 mkdir -p "$OUT"
 status=0
-want() { for a in "${STEPS[@]}"; do [ "$a" = "$1" ] || { [ "$a" = all ] && [ "${1#tp}" = "$1" ] && [ "$1" != prefill1m ]; } && return 0; done; return 1; }
+want() { for a in "${STEPS[@]}"; do [ "$a" = "$1" ] || { [ "$a" = all ] && [ "${1#tp}" = "$1" ] && [ "$1" != prefill1m ] && [ "$1" != pkvprof ]; } && return 0; done; return 1; }
 # nll_close LABEL A B: the mean NLLs of two `./run --score` outputs within 0.02 of each other.
 nll_close() {
     python3 - "$@" <<'PY'
@@ -552,6 +553,16 @@ if want prefill1m; then
     timeout 590 env PKV_PREFILL_LAYERED=1 $D/run --synthetic llama3.1-8b --gpus ${PREFILL_GPUS:-1} --attn pariskv --kv-store host --kv-store-dtype fp8 \
         --prefill-attn ${PREFILL_ATTN:-fp8} --ids -f /tmp/ids$N.txt --ctx $((N + 256)) -n 64 --temp 0 --ignore-eos 2>&1 >/dev/null |
         grep -v "^warning" | tee "$OUT/prefill1m-${PREFILL_GPUS:-1}.txt" || status=1
+fi
+if want pkvprof; then
+    # Nsight Compute on the ParisKV step's QKV + write-through and attention kernels inside the decode
+    # graph (issue 24: the attention stage, ~43 us a layer at 128K on the random stream, as much as
+    # the selection): 8 launches of each after the warm-up, the sections that say where they wait.
+    NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+    timeout 500 $NCU --graph-profiling node -k regex:'pkv_attend_kernel|pkv_qkv_kernel' --launch-skip 400 --launch-count 16 \
+        --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section LaunchStats --section Occupancy \
+        $D/run --bench --synthetic qwen3-8b --attn pariskv --kv-store host --topk 100 --bench-ctx 131072 --bench-steps 64 > "$OUT/pkvprof.txt" 2>&1 || status=1
+    grep -E 'pkv_(attend|qkv)_kernel|Duration|DRAM Throughput|L2 Cache Throughput|Achieved Occupancy|Warp Cycles Per Issued|Stall|One or More' "$OUT/pkvprof.txt" | head -120
 fi
 if want pkvlong; then
     # -n 38000 after a 128K-token prompt on Llama-3.1-8B's shape under ParisKV, zone in the host
