@@ -1,7 +1,7 @@
 // What the prefill attention kernels share (flash_prefill.cu: bf16; flash_prefill_fp8.cu: e4m3):
 // shared-memory addresses, cp.async, mbarriers, TMA bulk tensor copies, the wgmma fences and
-// shared-memory matrix descriptors, and (host) the driver's tensor-map encoder. Each file gets its
-// own copy, in an anonymous namespace.
+// shared-memory matrix descriptors; and, on the host, the probe of whether a file's sm_90a kernels
+// can run and the driver's tensor-map encoder. Each file gets its own copy, in an anonymous namespace.
 #ifndef FLASH_COMMON_CUH
 #define FLASH_COMMON_CUH
 
@@ -101,6 +101,27 @@ __device__ __forceinline__ uint64_t make_desc(uint32_t addr, uint32_t lbo, uint3
     return d;
 }
 #endif // FP_HAVE_WGMMA
+
+// Whether a file's sm_90a kernels can run here: its module was built with them (built: the file's
+// own __device__ flag, set to FP_HAVE_WGMMA) and the device is sm_90. Probed once into *state (the
+// caller's static, -1 before), outside stream capture: a call under capture gets 0 unprobed.
+inline int sm90a_usable(cudaStream_t st, const int &built_flag, int *state) {
+    if (*state >= 0) return *state;
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(st, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone) {
+        cudaGetLastError();
+        return 0;
+    }
+    int dev = 0, major = 0, minor = 0, built = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) ||
+        cudaMemcpyFromSymbol(&built, built_flag, sizeof(int)) != cudaSuccess) {
+        cudaGetLastError();
+        built = 0;
+    }
+    *state = (major == 9 && minor == 0 && built) ? 1 : 0;
+    return *state;
+}
 
 // The driver's tensor-map encoder, looked up once through the runtime (no link against libcuda;
 // a function-local static: thread-safe, and --gpus N prefills on N threads); NULL without one.

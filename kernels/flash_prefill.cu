@@ -550,24 +550,11 @@ __global__ void __launch_bounds__(MMA_THREADS, 1)
 __device__ int fp_wgmma_built = FP_HAVE_WGMMA;
 
 namespace {
-// 1 when the loaded module has the sm_90a kernel and the device is sm_90; probed once, outside capture.
+// 1 when the loaded module has the sm_90a kernel and the device is sm_90 (under capture before the
+// probe: 0, the portable kernel this time).
 int wgmma_usable(cudaStream_t st) {
     static int state = -1;
-    if (state >= 0) return state;
-    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-    if (cudaStreamIsCapturing(st, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone) {
-        cudaGetLastError();
-        return 0; // cannot probe now; take the portable kernel this time
-    }
-    int dev = 0, major = 0, minor = 0, built = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) ||
-        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) ||
-        cudaMemcpyFromSymbol(&built, fp_wgmma_built, sizeof(int)) != cudaSuccess) {
-        cudaGetLastError();
-        built = 0;
-    }
-    state = (major == 9 && minor == 0 && built) ? 1 : 0;
-    return state;
+    return sm90a_usable(st, fp_wgmma_built, &state);
 }
 
 // The layer's K or V cache (n_kv, ctx, HD) as a 3-D tensor map of rows 0 .. rows-1: boxes of WG_BN rows

@@ -448,21 +448,7 @@ __device__ int f8_wgmma_built = FP_HAVE_WGMMA;
 // probed once, outside capture (a call under capture before it is refused).
 int f8_usable(cudaStream_t st) {
     static int state = -1;
-    if (state >= 0) return state;
-    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-    if (cudaStreamIsCapturing(st, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone) {
-        cudaGetLastError();
-        return 0;
-    }
-    int dev = 0, major = 0, minor = 0, built = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) ||
-        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) ||
-        cudaMemcpyFromSymbol(&built, f8_wgmma_built, sizeof(int)) != cudaSuccess) {
-        cudaGetLastError();
-        built = 0;
-    }
-    state = (major == 9 && minor == 0 && built && tensor_map_encoder()) ? 1 : 0;
-    return state;
+    return sm90a_usable(st, f8_wgmma_built, &state) && tensor_map_encoder();
 }
 
 // The workspace's parts for a call of T queries over `rows` visible rows (NULL base: sizes only).
