@@ -78,7 +78,7 @@ static cudaError_t attn(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v, 
     return flash_prefill_fp8(out, q, k, v, pos0, T, H, KV, hd, ctx, g_ws, g_ws_bytes, 0);
 }
 
-// ---- e4m3 on the CPU: the host store's encoder (offload/fp8.h), which rounds as the GPU does ----
+// ---- e4m3 on the CPU: the host store's row quantization (offload/fp8.h), which rounds as the GPU does ----
 // flash_prefill_fp8's rotation of a query or key row: signs, then the butterflies in its order
 // (fp32 adds and subtractions: the same bits as the GPU's).
 static void fp8_rotate(float *x, int D) {
@@ -90,12 +90,12 @@ static void fp8_rotate(float *x, int D) {
                 x[i] = a + b, x[i + h] = a - b;
             }
 }
-// x[0 .. n) (stride st) replaced by its e4m3 value times the scale, as flash_prefill_fp8 sees it.
-static void fp8_dequant(float *x, size_t n, size_t st) {
-    float amax = 0.0f;
-    for (size_t i = 0; i < n; i++) amax = fmaxf(amax, fabsf(x[i * st]));
-    const float inv = amax > 0.0f ? 448.0f / amax : 1.0f, sc = amax > 0.0f ? amax / 448.0f : 1.0f;
-    for (size_t i = 0; i < n; i++) x[i * st] = (float)((double)fp8_e4m3_decode(fp8_e4m3_encode(x[i * st] * inv)) * sc);
+// x[0 .. n) replaced by its e4m3 values times the scale (one scale for all n), as flash_prefill_fp8
+// sees them: the host store's row quantization (offload/fp8.h), the same amax, scale and codes.
+static void fp8_dequant(float *x, size_t n) {
+    std::vector<uint8_t> c(n);
+    const float sc = fp8_quantize_row(x, (int)n, c.data());
+    fp8_dequantize_row(c.data(), sc, (int)n, x);
 }
 
 __device__ __forceinline__ uint64_t mix64(uint64_t x) {
@@ -267,11 +267,11 @@ static CheckResult run_case(const Case &c, uint64_t seed) {
         }
     if (g_fp8) { // the values the kernel sees: q per (position, head) row, K and V per KV head; q
         // and K rotated (K then divided by hd, the rotation's gain, so that the scores are q . k)
-        for (size_t r = 0; r < (size_t)c.T * c.H; r++) fp8_rotate(fq.data() + r * c.hd, c.hd), fp8_dequant(fq.data() + r * c.hd, c.hd, 1);
+        for (size_t r = 0; r < (size_t)c.T * c.H; r++) fp8_rotate(fq.data() + r * c.hd, c.hd), fp8_dequant(fq.data() + r * c.hd, c.hd);
         for (size_t r = 0; r < (size_t)c.KV * kv_len; r++) fp8_rotate(fk.data() + r * c.hd, c.hd);
         for (int h = 0; h < c.KV; h++) {
-            fp8_dequant(fk.data() + (size_t)h * kv_len * c.hd, (size_t)kv_len * c.hd, 1);
-            fp8_dequant(fv.data() + (size_t)h * kv_len * c.hd, (size_t)kv_len * c.hd, 1);
+            fp8_dequant(fk.data() + (size_t)h * kv_len * c.hd, (size_t)kv_len * c.hd);
+            fp8_dequant(fv.data() + (size_t)h * kv_len * c.hd, (size_t)kv_len * c.hd);
         }
         for (float &x : fk) x /= (float)c.hd;
     }
