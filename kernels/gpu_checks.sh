@@ -28,6 +28,13 @@ print(f"{'ok  ' if ok else 'FAIL'} {sys.argv[1]}: mean NLL {m[0] if m else '?'} 
 sys.exit(0 if ok else 1)
 PY
 }
+# smol_gguf: G = the SmolLM2 GGUF, assembled in /root/smol from the parts carried in .smol*/ (the
+# carry limit splits it; a warm machine keeps the parts of earlier calls).
+smol_gguf() {
+    G=/root/smol/model.gguf
+    mkdir -p /root/smol; for d in .smol .smol0 .smol1 .smol2; do [ -d $d ] && { cp $d/part0* /root/smol/ || status=1; }; done
+    [ -f $G ] || cat /root/smol/part0* > $G
+}
 # ids_agree A B: how many leading ids two generations' outputs share (where their paths part).
 ids_agree() {
     python3 -c "import sys; a, b = open(sys.argv[1]).read().split(), open(sys.argv[2]).read().split(); print(next((i for i in range(min(len(a), len(b))) if a[i] != b[i]), min(len(a), len(b))))" "$1" "$2"
@@ -107,9 +114,7 @@ if want smollm2; then
     # The real model (assembled from parts carried by earlier calls: the GGUF is larger than one
     # call may carry). GPU greedy against transformers' own greedy (tests/data/smollm2_ref.json)
     # and against the CPU path, 64 steps.
-    G=/root/smol/model.gguf
-    mkdir -p /root/smol; for d in .smol .smol0 .smol1 .smol2; do [ -d $d ] && { cp $d/part0* /root/smol/ || status=1; }; done
-    [ -f $G ] || cat /root/smol/part0* > $G
+    smol_gguf
     md5sum $G
     timeout 120 $D/export $G /tmp/smol.bin > /dev/null 2>&1 || { echo "FAIL export SmolLM2"; status=1; }
     python3 - <<'PY' || status=1
@@ -148,9 +153,7 @@ if want quant; then
     # Llama-3.1-8B's shape in bf16, Q8_0 and Q4_K with each one's bandwidth floor.
     echo "=== $D/test_gemv_quant"
     $D/test_gemv_quant 2>&1 | tee "$OUT/test_gemv_quant.log" || status=1
-    G=/root/smol/model.gguf
-    mkdir -p /root/smol; for d in .smol .smol0 .smol1 .smol2; do [ -d $d ] && { cp $d/part0* /root/smol/ || status=1; }; done
-    [ -f $G ] || cat /root/smol/part0* > $G
+    smol_gguf
     if [ -s $G ]; then
         head -c 12000 README.md > /tmp/qtext.txt # text that is always there
         IDS=$(python3 -c "import json; print(' '.join(map(str, json.load(open('tests/data/smollm2_ref.json'))['prompts'][0]['prompt_ids'])))")
@@ -236,9 +239,7 @@ if want pkvsmol; then
     # The real SmolLM2 (assembled as for smollm2 below) over the 8K-token text whose CPU scores
     # came with the call (.pkvcpu/: cpu_full.score, cpu_pkv.score, text8k.txt, made on the CPU machine).
     echo "=== pariskv GPU vs CPU, SmolLM2, 8K tokens"
-    G=/root/smol/model.gguf
-    mkdir -p /root/smol; for d in .smol .smol0 .smol1 .smol2; do [ -d $d ] && { cp $d/part0* /root/smol/ || status=1; }; done
-    [ -f $G ] || cat /root/smol/part0* > $G
+    smol_gguf
     timeout 120 $D/export $G /tmp/smol.bin > /dev/null 2>&1 || { echo "FAIL export SmolLM2"; status=1; }
     timeout 400 python3 tests/bench/pkv_gpu_vs_cpu.py $D/run /tmp/smol.bin .pkvcpu/text8k.txt --cpu-dir .pkvcpu 2>&1 | tee "$OUT/pkvsmol.txt" || status=1
     # A long prompt and a generation on the GPU under ParisKV, the zone in the host store.
@@ -369,10 +370,8 @@ if want pkvdrift; then
     # greedy tokens, teacher-forced under full and ParisKV on both paths; per quarter, the GPU's
     # top-1 agreement and Recall@k within 1 point of the CPU's. SmolLM2 assembled as for pkvsmol.
     echo "=== pariskv drift, SmolLM2"
-    G=/root/smol/model.gguf T=.pkvcpu/text8k.txt
+    smol_gguf; T=.pkvcpu/text8k.txt
     [ -f $T ] || T=/root/pkvcpu/text8k.txt
-    mkdir -p /root/smol; for d in .smol .smol0 .smol1 .smol2; do [ -d $d ] && { cp $d/part0* /root/smol/ || status=1; }; done
-    [ -f $G ] || cat /root/smol/part0* > $G
     [ -f /tmp/smol.bin ] || timeout 120 $D/export $G /tmp/smol.bin > /dev/null 2>&1 || { echo "FAIL export SmolLM2"; status=1; }
     for temp in ${PKV_DRIFT_TEMPS:-0 0.8}; do # the ParisKV scores run one position at a time (Recall@k): ~4-5 minutes each
         OMP_NUM_THREADS=16 timeout ${PKV_DRIFT_TIMEOUT:-560} python3 tests/bench/pkv_drift.py $D/run /tmp/smol.bin $T --temp $temp 2>&1 | tee -a "$OUT/pkvdrift.txt" || status=1
@@ -478,9 +477,7 @@ if want passkey; then
     # two depths; the key's digits must be the top-1 predictions under full attention and ParisKV,
     # and StreamingLLM (the control, blind to the zone) must miss them (tests/test_passkey.py, the
     # same file the CPU suite runs). The GGUF assembled from carried parts, as in smollm2.
-    G=/root/smol/model.gguf
-    mkdir -p /root/smol; for d in .smol .smol0 .smol1 .smol2; do [ -d $d ] && { cp $d/part0* /root/smol/ || status=1; }; done
-    [ -f $G ] || cat /root/smol/part0* > $G
+    smol_gguf
     PASSKEY_DEVICE=gpu PKV_BIN=$PWD/$D SMOLLM2_GGUF=$G timeout 300 python3 tests/test_passkey.py 2>&1 | tee "$OUT/passkey.txt" || status=1
     echo "=== passkey, the prompt's attention in fp8 (--prefill-attn fp8)"
     PASSKEY_PREFILL_ATTN=fp8 PASSKEY_DEVICE=gpu PKV_BIN=$PWD/$D SMOLLM2_GGUF=$G timeout 300 python3 tests/test_passkey.py 2>&1 | tee "$OUT/passkey-fp8.txt" || status=1
@@ -498,9 +495,7 @@ if want fp8; then
         timeout 280 $CS --tool $tool --error-exitcode 9 $D/test_flash_prefill small fp8 > "$OUT/fp8-san-$tool.log" 2>&1 || { echo "FAIL $tool fp8"; tail -n 5 "$OUT/fp8-san-$tool.log"; status=1; }
         echo "$tool fp8 small: $(grep -h 'ERROR SUMMARY\|RACECHECK SUMMARY\|^check:' "$OUT/fp8-san-$tool.log" | tr '\n' ' ')"
     done
-    G=/root/smol/model.gguf
-    mkdir -p /root/smol; for d in .smol .smol0 .smol1 .smol2; do [ -d $d ] && { cp $d/part0* /root/smol/ || status=1; }; done
-    [ -f $G ] || cat /root/smol/part0* > $G
+    smol_gguf
     if [ -s $G ] && timeout 120 $D/export $G /tmp/smol.bin > /dev/null 2>&1; then
         cat README.md tests/bench/GPU.md | head -c 24000 > /tmp/fp8text.txt # ~7,800 tokens (SmolLM2: 8,192)
         for a in bf16 fp8; do
