@@ -28,16 +28,19 @@ cudaError_t flash_prefill(__nv_bfloat16 *out, const __nv_bfloat16 *q, const __nv
                           int head_dim, int ctx, cudaStream_t stream);
 
 // The same in fp8 (--prefill-attn fp8; flash_prefill_fp8.cu): q and the visible K/V rows rounded to
-// e4m3 (one scale per query row, one per KV head for K and for V), the weights P to e4m3, fp32
-// accumulation. Needs an sm_90 GPU and this build's sm_90a code (flash_prefill_fp8_supported: 1).
-// workspace: flash_prefill_fp8_workspace(T, pos0 + T, ...) bytes of device memory, 256-byte aligned
-// (e4m3 copies of the rows and the chunk's queries, remade each call). cudaErrorNotSupported where
-// the GPU or build has no fp8 path; else as flash_prefill.
-size_t flash_prefill_fp8_workspace(int T, int rows, int n_heads, int n_kv_heads, int head_dim);
+// e4m3 (one scale per query row, one per KV head and 128-row tile for K and for V), the weights P to
+// e4m3, fp32 accumulation. Needs an sm_90 GPU and this build's sm_90a code
+// (flash_prefill_fp8_supported: 1). workspace: at least flash_prefill_fp8_workspace(T, ctx, ...)
+// bytes of device memory, 256-byte aligned (e4m3 copies of the rows, laid out by ctx, and of the
+// chunk's queries). copies_from (<= pos0): rows [0, copies_from) are unchanged since an earlier call
+// with this workspace, ctx and caches, whose copies of them are reused (0: every row copied).
+// cudaErrorNotSupported where the GPU or build has no fp8 path; else as flash_prefill.
+size_t flash_prefill_fp8_workspace(int T, int ctx, int n_heads, int n_kv_heads, int head_dim);
 int flash_prefill_fp8_supported(cudaStream_t stream);
 cudaError_t flash_prefill_fp8(__nv_bfloat16 *out, const __nv_bfloat16 *q, const __nv_bfloat16 *k_cache,
                               const __nv_bfloat16 *v_cache, int pos0, int T, int n_heads, int n_kv_heads,
-                              int head_dim, int ctx, void *workspace, size_t workspace_bytes, cudaStream_t stream);
+                              int head_dim, int ctx, int copies_from, void *workspace, size_t workspace_bytes,
+                              cudaStream_t stream);
 
 #ifdef __cplusplus
 }

@@ -1,8 +1,8 @@
 // Causal grouped-query flash attention for prefill in fp8 (--prefill-attn fp8). See flash_prefill.h.
 //
 // The layer's visible K and V rows (0 .. pos0+T-1) and the chunk's queries are rounded to e4m3 before
-// the attention, each with one scale: K and V per KV head (amax / 448 over the visible rows), a query
-// per (position, head) row. Queries and keys are rotated first (incoherent processing, as FA3 does):
+// the attention, each with one scale: K and V per KV head and 128-row tile (amax / 448 over the
+// tile's rows), a query per (position, head) row. Queries and keys are rotated first (incoherent processing, as FA3 does):
 // each row times a fixed random sign per channel, then a Walsh-Hadamard transform (HD stages of
 // butterflies, unnormalized), so that (H S q) . (H S k) = HD (q . k) while a few large channels --
 // which would carry most of a dot product and most of its rounding error -- are spread over all
@@ -18,19 +18,20 @@
 //    accumulator holds keys (2t, 2t+1, 8+2t, 9+2t) of a 16-key group where the A operand wants
 //    (4t .. 4t+3), so the transposed V's keys are stored permuted in each group of 16 to match
 //    (position p holds key 2(p/4) + p%2 + 8((p/2)%2)): no shuffles in the loop.
-//  - The scales: a row's scores are S8 * sq * sk / HD (folded into the softmax's exp2 factor, one
-//    per row), the output is O8 * sv / l.
+//  - The scales: a row's scores in tile j are S8 * sq * sk(j) / HD (its exp2 factor), and O is kept
+//    in units of the current tile's V scale (the rescale between tiles carries sv(j-1) / sv(j)).
 // Shared-memory rows are HD bytes: 128-byte swizzle at HD = 128, 64-byte swizzle at HD = 64 (the
 // tensor maps and the descriptors agree); V tiles' rows are 128 keys = 128 bytes.
-// Quantization: two passes over the visible rows before each call (amax per head, then the e4m3
-// copies), ~3% of the attention's time at long context (each chunk re-makes every row's copy); no
-// state is kept between calls.
+// Quantization: one pass over the tiles a call's rows touch (a tile's copy depends on its rows
+// alone): a caller that prefills a layer chunk after chunk (the layered prefill) passes copies_from
+// and the rows before it are not copied again; otherwise every visible row is, each call.
 #include "flash_common.cuh"
 #include "flash_prefill.h"
 
 #include <cuda_fp8.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 typedef __nv_bfloat16 bf16;
@@ -114,19 +115,24 @@ template <int PER> __device__ __forceinline__ void f8_store_row(uint8_t *p, cons
 
 // ---- quantization ----
 
-// amax[h] (K, rotated) and amax[n_kv + h] (V) over rows 0 .. rows-1 of KV head h (blockIdx.y), a warp
-// a row at a time; amax zeroed before.
+// Block (tile, h): rows [128 tile, 128 tile + 128) of KV head h, tile = first + blockIdx.x: their
+// scales (K rotated, and V: amax / 448 over the tile's rows below `rows`) to sk, sv (n_kv, tiles of
+// the capacity); K rotated to k8 (n_kv, capp, HD); V transposed to v8t (n_kv, HD, capp), keys
+// permuted in groups of 16; rows past `rows` as zeros. Each tile's copy depends on its rows alone,
+// so a later call re-makes only the tiles its new rows touch.
 template <int HD>
-__global__ void __launch_bounds__(256) f8_amax_kernel(unsigned *amax, const bf16 *kc, const bf16 *vc, int rows, int n_kv, int ctx) {
-    constexpr int PER = HD / 32;
+__global__ void __launch_bounds__(256) f8_quant_kv_kernel(uint8_t *k8, uint8_t *v8t, float *sk, float *sv, const bf16 *kc, const bf16 *vc,
+                                                          int first, int rows, int capp, int ctx) {
+    __shared__ uint8_t vs[F8_BN][HD + 4]; // V's codes, row-major, read back by channel
     __shared__ float red[2][8];
-    const int h = blockIdx.y, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    constexpr int PER = HD / 32;
+    const int h = blockIdx.y, tile = first + blockIdx.x, r0 = tile * F8_BN, t = threadIdx.x, lane = t & 31, warp = t >> 5;
     const bf16 *k = kc + (size_t)h * ctx * HD, *v = vc + (size_t)h * ctx * HD;
-    float mk = 0.0f, mv = 0.0f;
-    for (int r = blockIdx.x * 8 + warp; r < rows; r += gridDim.x * 8) {
+    float mk = 0.0f, mv = 0.0f; // the tile's amax: a warp a row
+    for (int r = warp; r < F8_BN && r0 + r < rows; r += 8) {
         float x[PER], y[PER];
-        f8_load_row<PER>(x, k + (size_t)r * HD, lane);
-        f8_load_row<PER>(y, v + (size_t)r * HD, lane);
+        f8_load_row<PER>(x, k + (size_t)(r0 + r) * HD, lane);
+        f8_load_row<PER>(y, v + (size_t)(r0 + r) * HD, lane);
         f8_rotate<PER>(x, lane);
 #pragma unroll
         for (int j = 0; j < PER; j++) mk = fmaxf(mk, fabsf(x[j])), mv = fmaxf(mv, fabsf(y[j]));
@@ -134,32 +140,18 @@ __global__ void __launch_bounds__(256) f8_amax_kernel(unsigned *amax, const bf16
     for (int o = 16; o > 0; o >>= 1) mk = fmaxf(mk, __shfl_xor_sync(0xffffffffu, mk, o)), mv = fmaxf(mv, __shfl_xor_sync(0xffffffffu, mv, o));
     if (lane == 0) red[0][warp] = mk, red[1][warp] = mv;
     __syncthreads();
-    if (threadIdx.x == 0) {
-        for (int w = 1; w < 8; w++) mk = fmaxf(mk, red[0][w]), mv = fmaxf(mv, red[1][w]);
-        atomicMax(&amax[h], __float_as_uint(mk)); // non-negative floats order as their bits
-        atomicMax(&amax[n_kv + h], __float_as_uint(mv));
-    }
-}
-
-// Block (tile, h): rows [128 tile, 128 tile + 128) of KV head h: K rotated to k8 (n_kv, rowsp, HD) and
-// V transposed to v8t (n_kv, HD, rowsp), keys permuted in groups of 16; rows past `rows` as zeros.
-template <int HD>
-__global__ void __launch_bounds__(256) f8_quant_kv_kernel(uint8_t *k8, uint8_t *v8t, const unsigned *amax, const bf16 *kc, const bf16 *vc,
-                                                          int rows, int rowsp, int n_kv, int ctx) {
-    __shared__ uint8_t vs[F8_BN][HD + 4]; // V's codes, row-major, read back by channel
-    const int h = blockIdx.y, r0 = blockIdx.x * F8_BN, t = threadIdx.x;
-    const float ik = f8_inv(__uint_as_float(amax[h])), iv = f8_inv(__uint_as_float(amax[n_kv + h]));
-    const bf16 *k = kc + (size_t)h * ctx * HD, *v = vc + (size_t)h * ctx * HD;
-    constexpr int PER = HD / 32;
-    const int lane = t & 31, warp = t >> 5;
-    for (int r = warp; r < F8_BN; r += 8) { // K: a warp a row, rotated
+    mk = red[0][0], mv = red[1][0];
+    for (int w = 1; w < 8; w++) mk = fmaxf(mk, red[0][w]), mv = fmaxf(mv, red[1][w]);
+    const float ik = f8_inv(mk), iv = f8_inv(mv);
+    if (t == 0) sk[(size_t)h * (capp / F8_BN) + tile] = f8_scale(mk), sv[(size_t)h * (capp / F8_BN) + tile] = f8_scale(mv);
+    for (int r = warp; r < F8_BN; r += 8) { // K: a warp a row, rotated again (the rows are in L2)
         const int row = r0 + r;
         float x[PER];
         if (row < rows) f8_load_row<PER>(x, k + (size_t)row * HD, lane), f8_rotate<PER>(x, lane);
         else
 #pragma unroll
             for (int j = 0; j < PER; j++) x[j] = 0.0f;
-        f8_store_row<PER>(k8 + ((size_t)h * rowsp + row) * HD + lane * PER, x, ik);
+        f8_store_row<PER>(k8 + ((size_t)h * capp + row) * HD + lane * PER, x, ik);
     }
     for (int i = t; i < F8_BN * HD / 4; i += 256) { // V: 4 elements a thread and pass
         const int r = i / (HD / 4), c = (i % (HD / 4)) * 4, row = r0 + r;
@@ -179,7 +171,7 @@ __global__ void __launch_bounds__(256) f8_quant_kv_kernel(uint8_t *k8, uint8_t *
         for (int j = 0; j < 4; j++)
             w[j] = (uint32_t)vs[g + v8_key_of(4 * j)][d] | (uint32_t)vs[g + v8_key_of(4 * j + 1)][d] << 8 |
                    (uint32_t)vs[g + v8_key_of(4 * j + 2)][d] << 16 | (uint32_t)vs[g + v8_key_of(4 * j + 3)][d] << 24;
-        *(uint4 *)(v8t + ((size_t)h * HD + d) * rowsp + r0 + g) = make_uint4(w[0], w[1], w[2], w[3]);
+        *(uint4 *)(v8t + ((size_t)h * HD + d) * capp + r0 + g) = make_uint4(w[0], w[1], w[2], w[3]);
     }
 }
 
@@ -234,12 +226,17 @@ __device__ __forceinline__ void wgmma8_rs_n64(float (&d)[32], uint32_t a0, uint3
 #endif // FP_HAVE_WGMMA
 
 // Block (q tile, KV head), as flash_prefill.cu's wgmma kernel (MODE 3). q8 / qs: the chunk's codes and
-// row scales; tmk / tmv: k8 (n_kv, rowsp, HD) and v8t (n_kv, HD, rowsp) as tensor maps; amax: the
-// heads' K and V amax.
-template <int HD>
+// row scales; tmk / tmv: k8 (n_kv, capp, HD) and v8t (n_kv, HD, capp) as tensor maps; sk, sv: the K
+// and V scales of each 128-row tile (n_kv, capp / 128). A tile's K scale is part of its exp2 factor
+// (the running max is kept in exp2 units); O is kept in units of the current tile's V scale: each
+// rescale multiplies it by alpha x sv(j-1) / sv(j), and the output by the last tile's sv.
+// PP (to measure; PKV_FP8_PINGPONG=1): flash_prefill.cu's MODE 2 turns -- named barriers make the
+// two warpgroups take turns issuing their GEMMs, so that one's softmax runs beside the other's
+// GEMMs (no gain in bf16; fp8's GEMMs are half as long beside the same softmax).
+template <int HD, bool PP>
 __global__ void __launch_bounds__(F8_THREADS, 1)
-    f8_wgmma_kernel(bf16 *__restrict__ out, const uint8_t *__restrict__ q8, const float *__restrict__ qs, const unsigned *__restrict__ amax,
-                    int pos0, int T, int n_heads, int n_kv, int G, int nq, int n_qtiles, float sl2,
+    f8_wgmma_kernel(bf16 *__restrict__ out, const uint8_t *__restrict__ q8, const float *__restrict__ qs, const float *__restrict__ sk,
+                    const float *__restrict__ sv, int pos0, int T, int n_heads, int n_kv, int capp, int G, int nq, int n_qtiles, float sl2,
                     const __grid_constant__ CUtensorMap tmk, const __grid_constant__ CUtensorMap tmv) {
 #if FP_HAVE_WGMMA
     constexpr int QB = F8_BM * HD, KB = F8_BN * HD; // bytes: the Q tile, a K (and a V) tile
@@ -292,11 +289,11 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
     const int qp1 = pos0 + t0 + min(r1 / G, nqh - 1);
     const int wg_qp_min = pos0 + t0 + min((wg * 64) / G, nqh - 1);
     const uint32_t qbase = sQ + wg * 64 * HD;
-    // Each row's exp2 factor: its query's scale x the head's K scale x log2(e) / sqrt(HD) / HD (the
-    // rotation's H is unnormalized: the rotated dot products are HD times the scores).
-    const float sk = f8_scale(__uint_as_float(amax[kvh])), sv = f8_scale(__uint_as_float(amax[n_kv + kvh]));
-    const float c0 = qs[(size_t)(qp0 - pos0) * n_heads + kvh * G + r0 % G] * sk * sl2;
-    const float c1 = qs[(size_t)(qp1 - pos0) * n_heads + kvh * G + r1 % G] * sk * sl2;
+    // Each row's exp2 factor: its query's scale x log2(e) / sqrt(HD) / HD (the rotation's H is
+    // unnormalized: the rotated dot products are HD times the scores), times each tile's K scale.
+    const float cq0 = qs[(size_t)(qp0 - pos0) * n_heads + kvh * G + r0 % G] * sl2;
+    const float cq1 = qs[(size_t)(qp1 - pos0) * n_heads + kvh * G + r1 % G] * sl2;
+    const float *skh = sk + (size_t)kvh * (capp / F8_BN), *svh = sv + (size_t)kvh * (capp / F8_BN);
 
     float o[NO];
 #pragma unroll
@@ -318,8 +315,9 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
             else wgmma8_rs_n64(o, p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3], db);
         }
     };
-    // Mask, running max (in the row's S8 units), exponentials in place (x 256); the rescale factors.
+    // Mask, running max (exp2 units), exponentials in place (x 256); the rescale factors.
     auto softmax = [&](int j, float &a0, float &a1) {
+        const float fk = __ldg(skh + j), c0 = cq0 * fk, c1 = cq1 * fk;
         if (j * F8_BN + F8_BN - 1 > wg_qp_min) {
             const int kb = j * F8_BN + 2 * tq;
 #pragma unroll
@@ -341,12 +339,13 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
         mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
         mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
         mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-        const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1); // finite: key 0 is in every row's first tile
-        a0 = fast_exp2((m0 - mn0) * c0);
-        a1 = fast_exp2((m1 - mn1) * c1);
+        // finite: key 0 is in every row's first tile (a masked -inf times c stays -inf)
+        const float mn0 = fmaxf(m0, mx0 * c0), mn1 = fmaxf(m1, mx1 * c1);
+        a0 = fast_exp2(m0 - mn0);
+        a1 = fast_exp2(m1 - mn1);
         m0 = mn0;
         m1 = mn1;
-        const float ms0 = mn0 * c0 - 8.0f, ms1 = mn1 * c1 - 8.0f; // weights x 2^8: at most 256 (e4m3 to 448)
+        const float ms0 = mn0 - 8.0f, ms1 = mn1 - 8.0f; // weights x 2^8: at most 256 (e4m3 to 448)
         float rs0 = 0.f, rs1 = 0.f;
 #pragma unroll
         for (int i = 0; i < 16; i++) {
@@ -373,12 +372,25 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
         }
     };
 
+    // GEMM issue turns (PP): point k of warpgroup w waits for the other's point k-1 (or the start).
+    if (PP && tid >= 128) named_arrive(1); // warpgroup 0 issues first
+    auto turn_begin = [&]() {
+        if constexpr (PP) named_sync(1 + (warp >> 2));
+    };
+    auto turn_end = [&](bool last) {
+        if constexpr (PP) {
+            if (!(last && warp >= 4)) named_arrive(2 - (warp >> 2));
+        }
+    };
+
     mbar_wait(&bar_q, 0);
     mbar_wait(&bar_full[0], 0);
     fence_proxy_async(); // cp.async wrote Q through the generic proxy; wgmma reads through the async proxy
+    turn_begin();
     wgmma_fence();
     s_gemm(sKV);
     wgmma_commit();
+    turn_end(false);
     wgmma_wait<0>();
     fence_regs(sacc);
     {
@@ -390,11 +402,13 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
     for (int j = 1; j < n_tiles; j++) {
         const int s = j % F8_STAGES, sp = (j - 1) % F8_STAGES;
         mbar_wait(&bar_full[s], (j / F8_STAGES) & 1);
+        turn_begin();
         wgmma_fence();
         s_gemm(sKV + s * 2 * KB);         // S_j = Q K_j^T
         wgmma_commit();
         pv_gemm(sKV + sp * 2 * KB + KB);  // O += P_{j-1} V_{j-1}
         wgmma_commit();
+        turn_end(false);
         wgmma_wait<1>();
         fence_regs(sacc);
         float a0, a1;
@@ -406,6 +420,8 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
             mbar_wait(&bar_empty[sp], ((j - 1) / F8_STAGES) & 1);
             tma_tile(j - 1 + F8_STAGES);
         }
+        const float vr = __fdiv_rn(__ldg(svh + j - 1), __ldg(svh + j)); // O from tile j-1's V units to tile j's
+        a0 *= vr, a1 *= vr;
 #pragma unroll
         for (int i = 0; i < NO / 4; i++) {
             o[4 * i] *= a0;
@@ -415,9 +431,11 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
         }
         to_p();
     }
+    turn_begin();
     wgmma_fence();
     pv_gemm(sKV + ((n_tiles - 1) % F8_STAGES) * 2 * KB + KB);
     wgmma_commit();
+    turn_end(true);
     wgmma_wait<0>();
     fence_regs(o);
 
@@ -425,7 +443,7 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
     l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
     l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
     l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-    const float inv0 = sv / l0, inv1 = sv / l1;
+    const float sv_last = __ldg(svh + n_tiles - 1), inv0 = sv_last / l0, inv1 = sv_last / l1;
     if (r0 < nqh * G) {
         bf16 *op = out + ((size_t)(t0 + r0 / G) * n_heads + kvh * G + r0 % G) * HD + 2 * tq;
 #pragma unroll
@@ -451,23 +469,26 @@ int f8_usable(cudaStream_t st) {
     return sm90a_usable(st, f8_wgmma_built, &state) && tensor_map_encoder();
 }
 
-// The workspace's parts for a call of T queries over `rows` visible rows (NULL base: sizes only).
+// The workspace's parts for T queries over a capacity of cap rows (NULL base: sizes only). The K/V
+// copies' layout depends on cap alone, so that a later call with the same cap finds the earlier
+// calls' tiles where they were made.
 struct F8Parts {
-    unsigned *amax;
+    float *sk, *sv;
     uint8_t *k8, *v8t, *q8;
     float *qs;
-    int rowsp;
+    int capp;
     size_t bytes;
 };
-F8Parts f8_parts(void *ws, int T, int rows, int n_heads, int n_kv, int hd) {
+F8Parts f8_parts(void *ws, int T, int cap, int n_heads, int n_kv, int hd) {
     F8Parts P;
     auto up = [](size_t x) { return (x + 255) & ~(size_t)255; };
     uint8_t *b = (uint8_t *)ws;
     size_t off = 0;
-    P.rowsp = (rows + F8_BN - 1) / F8_BN * F8_BN;
-    P.amax = (unsigned *)(b + off), off += up((size_t)2 * n_kv * 4);
-    P.k8 = b + off, off += up((size_t)n_kv * P.rowsp * hd);
-    P.v8t = b + off, off += up((size_t)n_kv * hd * P.rowsp);
+    P.capp = (cap + F8_BN - 1) / F8_BN * F8_BN;
+    P.sk = (float *)(b + off), off += up((size_t)n_kv * (P.capp / F8_BN) * 4);
+    P.sv = (float *)(b + off), off += up((size_t)n_kv * (P.capp / F8_BN) * 4);
+    P.k8 = b + off, off += up((size_t)n_kv * P.capp * hd);
+    P.v8t = b + off, off += up((size_t)n_kv * hd * P.capp);
     P.q8 = b + off, off += up((size_t)T * n_heads * hd);
     P.qs = (float *)(b + off), off += up((size_t)T * n_heads * 4);
     P.bytes = off;
@@ -487,51 +508,52 @@ cudaError_t f8_tensor_map(CUtensorMap *map, const uint8_t *base, const cuuint64_
 }
 
 template <int HD>
-cudaError_t f8_launch(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v, int pos0, int T, int n_heads, int n_kv, int ctx,
+cudaError_t f8_launch(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v, int pos0, int T, int n_heads, int n_kv, int ctx, int copies_from,
                       const F8Parts &P, cudaStream_t st) {
     const int rows = pos0 + T, G = n_heads / n_kv, nq = F8_BM / G, n_qtiles = (T + nq - 1) / nq;
-    cudaError_t e = cudaMemsetAsync(P.amax, 0, (size_t)2 * n_kv * 4, st);
-    if (e != cudaSuccess) return e;
-    const int per_head = (rows + 7) / 8; // blocks of 8 rows (a warp a row)
-    f8_amax_kernel<HD><<<dim3((unsigned)(per_head < 128 ? per_head : 128), (unsigned)n_kv), 256, 0, st>>>(P.amax, k, v, rows, n_kv, ctx);
-    f8_quant_kv_kernel<HD><<<dim3((unsigned)(P.rowsp / F8_BN), (unsigned)n_kv), 256, 0, st>>>(P.k8, P.v8t, P.amax, k, v, rows, P.rowsp, n_kv, ctx);
+    const int first = copies_from / F8_BN, tiles = (rows + F8_BN - 1) / F8_BN; // the tiles this call's rows touch
+    f8_quant_kv_kernel<HD><<<dim3((unsigned)(tiles - first), (unsigned)n_kv), 256, 0, st>>>(P.k8, P.v8t, P.sk, P.sv, k, v, first, rows, P.capp, ctx);
+    cudaError_t e;
     f8_quant_q_kernel<HD><<<(unsigned)(((size_t)T * n_heads + 7) / 8), 256, 0, st>>>(P.q8, P.qs, q, T * n_heads);
     CUtensorMap tmk, tmv;
     memset(&tmk, 0, sizeof tmk), memset(&tmv, 0, sizeof tmv);
     const CUtensorMapSwizzle ksw = HD == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B;
-    e = f8_tensor_map(&tmk, P.k8, {(cuuint64_t)HD, (cuuint64_t)rows, (cuuint64_t)n_kv}, {(cuuint64_t)HD, (cuuint64_t)P.rowsp * HD}, HD, F8_BN, ksw);
+    e = f8_tensor_map(&tmk, P.k8, {(cuuint64_t)HD, (cuuint64_t)rows, (cuuint64_t)n_kv}, {(cuuint64_t)HD, (cuuint64_t)P.capp * HD}, HD, F8_BN, ksw);
     if (e == cudaSuccess)
-        e = f8_tensor_map(&tmv, P.v8t, {(cuuint64_t)P.rowsp, (cuuint64_t)HD, (cuuint64_t)n_kv}, {(cuuint64_t)P.rowsp, (cuuint64_t)HD * P.rowsp},
+        e = f8_tensor_map(&tmv, P.v8t, {(cuuint64_t)P.capp, (cuuint64_t)HD, (cuuint64_t)n_kv}, {(cuuint64_t)P.capp, (cuuint64_t)HD * P.capp},
                           F8_BN, HD, CU_TENSOR_MAP_SWIZZLE_128B);
     if (e != cudaSuccess) return e;
     const int smem = f8_smem_bytes<HD>();
-    e = cudaFuncSetAttribute(f8_wgmma_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    static const bool pp = getenv("PKV_FP8_PINGPONG") && atoi(getenv("PKV_FP8_PINGPONG")) == 1; // a variant to measure (WIP)
+    auto kern = pp ? f8_wgmma_kernel<HD, true> : f8_wgmma_kernel<HD, false>;
+    e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (e != cudaSuccess) return e;
     const float sl2 = (float)(1.4426950408889634 / sqrt((double)HD) / HD);
-    f8_wgmma_kernel<HD><<<(unsigned)(n_qtiles * n_kv), F8_THREADS, smem, st>>>(out, P.q8, P.qs, P.amax, pos0, T, n_heads, n_kv, G, nq,
-                                                                                n_qtiles, sl2, tmk, tmv);
+    kern<<<(unsigned)(n_qtiles * n_kv), F8_THREADS, smem, st>>>(out, P.q8, P.qs, P.sk, P.sv, pos0, T, n_heads, n_kv, P.capp, G, nq, n_qtiles, sl2,
+                                                               tmk, tmv);
     return cudaGetLastError();
 }
 } // namespace
 
-extern "C" size_t flash_prefill_fp8_workspace(int T, int rows, int n_heads, int n_kv_heads, int head_dim) {
-    if (T < 0 || rows < 0 || n_heads <= 0 || n_kv_heads <= 0 || head_dim <= 0) return 0;
-    return f8_parts(NULL, T, rows, n_heads, n_kv_heads, head_dim).bytes;
+extern "C" size_t flash_prefill_fp8_workspace(int T, int ctx, int n_heads, int n_kv_heads, int head_dim) {
+    if (T < 0 || ctx < 0 || n_heads <= 0 || n_kv_heads <= 0 || head_dim <= 0) return 0;
+    return f8_parts(NULL, T, ctx, n_heads, n_kv_heads, head_dim).bytes;
 }
 
 extern "C" int flash_prefill_fp8_supported(cudaStream_t stream) { return f8_usable(stream); }
 
 extern "C" cudaError_t flash_prefill_fp8(bf16 *out, const bf16 *q, const bf16 *k_cache, const bf16 *v_cache, int pos0, int T, int n_heads,
-                                         int n_kv_heads, int head_dim, int ctx, void *workspace, size_t workspace_bytes,
-                                         cudaStream_t stream) {
+                                         int n_kv_heads, int head_dim, int ctx, int copies_from, void *workspace,
+                                         size_t workspace_bytes, cudaStream_t stream) {
     if (T == 0) return cudaSuccess;
     if (!out || !q || !k_cache || !v_cache || !workspace || T < 0 || pos0 < 0 || n_heads <= 0 || n_kv_heads <= 0 ||
         n_heads % n_kv_heads || n_heads / n_kv_heads > F8_BM || (head_dim != 64 && head_dim != 128) || (long long)pos0 + T > ctx ||
-        (((uintptr_t)out | (uintptr_t)q | (uintptr_t)k_cache | (uintptr_t)v_cache) & 15) || ((uintptr_t)workspace & 255))
+        (((uintptr_t)out | (uintptr_t)q | (uintptr_t)k_cache | (uintptr_t)v_cache) & 15) || ((uintptr_t)workspace & 255) ||
+        copies_from < 0 || copies_from > pos0)
         return cudaErrorInvalidValue;
-    const F8Parts P = f8_parts(workspace, T, pos0 + T, n_heads, n_kv_heads, head_dim);
+    const F8Parts P = f8_parts(workspace, T, ctx, n_heads, n_kv_heads, head_dim);
     if (workspace_bytes < P.bytes) return cudaErrorInvalidValue;
     if (!f8_usable(stream)) return cudaErrorNotSupported;
-    if (head_dim == 128) return f8_launch<128>(out, q, k_cache, v_cache, pos0, T, n_heads, n_kv_heads, ctx, P, stream);
-    return f8_launch<64>(out, q, k_cache, v_cache, pos0, T, n_heads, n_kv_heads, ctx, P, stream);
+    if (head_dim == 128) return f8_launch<128>(out, q, k_cache, v_cache, pos0, T, n_heads, n_kv_heads, ctx, copies_from, P, stream);
+    return f8_launch<64>(out, q, k_cache, v_cache, pos0, T, n_heads, n_kv_heads, ctx, copies_from, P, stream);
 }

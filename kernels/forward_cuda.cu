@@ -71,7 +71,7 @@ static cudaError_t attn_chunk(GpuState *g, uint32_t l, void *arg) {
     bf16 *kc = g->kcache + l * layer_kv, *vc = g->vcache + l * layer_kv;
     CU_TRY(prefill_qkv_store(g, l, kc, vc, g->d_pos, a->T, g->dcap));
     if (g->attn_ev) CU_TRY(cudaEventRecord(g->attn_ev[2 * l], g->st));
-    CU_TRY(prefill_attention(g, kc, vc, a->pos, a->T, g->dcap));
+    CU_TRY(prefill_attention(g, kc, vc, a->pos, a->T, g->dcap, 0)); // fp8: the workspace serves every layer, copies made afresh
     if (g->attn_ev) CU_TRY(cudaEventRecord(g->attn_ev[2 * l + 1], g->st));
     return cudaSuccess;
 }

@@ -200,10 +200,13 @@ cudaError_t gpu_logits(GpuState *g, const float *x, int n);
 // into g->q and layer l's K/V rows into kc / vc (n_kv, ctx, hd) at positions *d_pos ..; then
 // causal attention of the T queries at pos .. over positions [0, pos + T) into g->att.
 cudaError_t prefill_qkv_store(GpuState *g, uint32_t l, bf16 *kc, bf16 *vc, const int *d_pos, int T, int ctx);
-cudaError_t prefill_attention(GpuState *g, const bf16 *kc, const bf16 *vc, int pos, int T, int ctx);
-// --prefill-attn fp8: its workspace made large enough for T queries over `rows` rows (the old one
-// freed first); the bytes it needs in *need (for a message).
-cudaError_t prefill_fp8_reserve(GpuState *g, int T, int rows, size_t *need);
+// copies_from (--prefill-attn fp8): rows [0, copies_from) of kc / vc are unchanged since the last
+// call, which had the same ctx (flash_prefill_fp8 reuses their e4m3 copies); 0 when unsure.
+cudaError_t prefill_attention(GpuState *g, const bf16 *kc, const bf16 *vc, int pos, int T, int ctx, int copies_from);
+// --prefill-attn fp8: its workspace made large enough for T queries over a cache of ctx rows (the
+// old one freed first; its copies are then lost); the bytes it needs in *need (for a message).
+// *remade: whether it was.
+cudaError_t prefill_fp8_reserve(GpuState *g, int T, int ctx, size_t *need, int *remade);
 // y (T, d) fp32 (= or +=) x (T, n) bf16 · W^T; W (d, n) bf16.
 cudaError_t gpu_gemm(GpuState *g, float *y, const bf16 *x, const bf16 *W, int T, int n, int d, int accumulate);
 // The same with a layer's matrix that may be quantized (q->dt set): dequantized into g->wdeq first,

@@ -129,10 +129,11 @@ cudaError_t prefill_qkv_store(GpuState *g, uint32_t l, bf16 *kc, bf16 *vc, const
                           c->norm_eps, g->st);
 }
 
-cudaError_t prefill_fp8_reserve(GpuState *g, int T, int rows, size_t *need) {
+cudaError_t prefill_fp8_reserve(GpuState *g, int T, int ctx, size_t *need, int *remade) {
     const Config *c = &g->c;
-    size_t n = flash_prefill_fp8_workspace(T, rows, c->n_heads, c->n_kv_heads, c->head_dim);
+    size_t n = flash_prefill_fp8_workspace(T, ctx, c->n_heads, c->n_kv_heads, c->head_dim);
     if (need) *need = n;
+    if (remade) *remade = n > g->f8_ws_bytes;
     if (n <= g->f8_ws_bytes) return cudaSuccess;
     cudaFree(g->f8_ws); // waits for the kernels that read it
     g->f8_ws = NULL, g->f8_ws_bytes = 0;
@@ -141,12 +142,14 @@ cudaError_t prefill_fp8_reserve(GpuState *g, int T, int rows, size_t *need) {
     return cudaSuccess;
 }
 
-cudaError_t prefill_attention(GpuState *g, const bf16 *kc, const bf16 *vc, int pos, int T, int ctx) {
+cudaError_t prefill_attention(GpuState *g, const bf16 *kc, const bf16 *vc, int pos, int T, int ctx, int copies_from) {
     const Config *c = &g->c;
     int hd = c->head_dim;
     if (g->prefill_fp8) { // check_runnable made sure of head_dim 64 or 128 and an sm_90 GPU
-        CU_TRY(prefill_fp8_reserve(g, T, pos + T, NULL));
-        return flash_prefill_fp8(g->att, g->q, kc, vc, pos, T, c->n_heads, c->n_kv_heads, hd, ctx, g->f8_ws, g->f8_ws_bytes, g->st);
+        int remade = 0;
+        CU_TRY(prefill_fp8_reserve(g, T, ctx, NULL, &remade));
+        return flash_prefill_fp8(g->att, g->q, kc, vc, pos, T, c->n_heads, c->n_kv_heads, hd, ctx, remade ? 0 : copies_from, g->f8_ws,
+                                 g->f8_ws_bytes, g->st);
     }
     if (hd == 64 || hd == 128) return flash_prefill(g->att, g->q, kc, vc, pos, T, c->n_heads, c->n_kv_heads, hd, ctx, g->st);
     return attn_prefill_simple(g->att, g->q, kc, vc, pos, T, c->n_heads, c->n_kv_heads, hd, ctx, g->st); // other head sizes

@@ -92,6 +92,8 @@ struct PkvEncArgs {
     size_t ls, hs, ss; // strides of the key source, elements (bytes for fp8)
     const uint8_t *base8; // fp8 keys instead (PkvKeySource.fp8)
     size_t soff;          // the scale's byte offset from a row's first code
+    int round8;           // bf16 keys rounded as the fp8 store rounds them (PkvKeySource.round_fp8)
+    int l0;               // the first layer encoded (blockIdx.y / n_kv counts from it)
     uint8_t *ids, *cw;
     int32_t *count;
     const float *signs;
@@ -116,7 +118,7 @@ template <int D> static __global__ void __launch_bounds__(256) pkv_encode_kernel
     constexpr int LPK = D / 8, B = D / 8, KPW = 32 / LPK, KPB = (256 / 32) * KPW;
     __shared__ int cnt[B * 256];
     __shared__ float cen[8];
-    int lh = blockIdx.y, l = lh / a.n_kv, h = lh % a.n_kv;
+    int l = a.l0 + (int)blockIdx.y / a.n_kv, h = (int)blockIdx.y % a.n_kv, lh = l * a.n_kv + h;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane / LPK, p = lane % LPK;
     for (int i = threadIdx.x; i < B * 256; i += 256) cnt[i] = 0;
     if (threadIdx.x < 8) cen[threadIdx.x] = c_centers[threadIdx.x]; // shared: read at divergent indices
@@ -156,6 +158,15 @@ template <int D> static __global__ void __launch_bounds__(256) pkv_encode_kernel
             for (int j = 0; j < 4; j++) {
                 float2 f = __bfloat1622float2(c2[j]);
                 x[2 * j] = f.x, x[2 * j + 1] = f.y;
+            }
+            if (a.round8) { // rows_to_host_fp8's codes and scale, then fp8_dequantize_row's values
+                float amax = 0.0f;
+#pragma unroll
+                for (int j = 0; j < 8; j++) amax = fmaxf(amax, fabsf(x[j]));
+                for (int m = 1; m < LPK; m *= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
+                const float inv = amax > 0.0f ? FP8_E4M3_MAX / amax : 0.0f, sc = fp8_row_scale(amax);
+#pragma unroll
+                for (int j = 0; j < 8; j++) x[j] = __fmul_rn(fp8_e4m3_decode(fp8_e4m3_encode(x[j] * inv)), sc);
             }
         }
         // r^2 summed over the D elements in order: a chain through the key's lanes.
@@ -221,18 +232,18 @@ template <int D> static __global__ void __launch_bounds__(256) pkv_encode_kernel
         if (cnt[e]) atomicAdd(&gc[e], cnt[e]);
 }
 
-extern "C" cudaError_t pkv_gpu_encode(const PkvGpuIndex *ix, PkvKeySource src, int from, int to, cudaStream_t st) {
-    if (from < 0 || to > ix->cap || from > to || (!src.base && !src.fp8)) return cudaErrorInvalidValue;
+static cudaError_t encode(const PkvGpuIndex *ix, PkvKeySource src, int l0, int nl, int from, int to, cudaStream_t st) {
+    if (from < 0 || to > ix->cap || from > to || (!src.base && !src.fp8) || (src.round_fp8 && !src.base)) return cudaErrorInvalidValue;
     // fp8 rows: 8-byte code loads and a 4-byte scale
     if (src.fp8 && ((uintptr_t)src.fp8 % 8 || src.layer_stride % 8 || src.head_stride % 8 || src.slot_stride % 8 || src.scale_offset % 4))
         return cudaErrorInvalidValue;
     if (from == to) return cudaSuccess;
-    PkvEncArgs a = {src.base, src.layer_stride, src.head_stride, src.slot_stride, src.fp8, src.scale_offset, ix->ids, ix->cw,
+    PkvEncArgs a = {src.base, src.layer_stride, src.head_stride, src.slot_stride, src.fp8, src.scale_offset, src.round_fp8, l0, ix->ids, ix->cw,
                  ix->count, ix->signs, ix->n_kv, ix->cap, from, to, 0, 0};
     a.vec = (uintptr_t)src.base % 16 == 0 && src.layer_stride % 8 == 0 && src.head_stride % 8 == 0 && src.slot_stride % 8 == 0;
     // Chunks of up to 2048 slots per block, smaller while that leaves the GPU short of blocks
     // (an update of 512 slots).
-    int range = to - from, lh = ix->n_layers * ix->n_kv, want = 8 * sm_count();
+    int range = to - from, lh = nl * ix->n_kv, want = 8 * sm_count();
     int chunk = 2048;
     while (chunk > 128 && (long long)((range + chunk - 1) / chunk) * lh < want) chunk /= 2;
     a.chunk = chunk;
@@ -244,6 +255,15 @@ extern "C" cudaError_t pkv_gpu_encode(const PkvGpuIndex *ix, PkvKeySource src, i
     default: return cudaErrorInvalidValue;
     }
     return cudaGetLastError();
+}
+
+extern "C" cudaError_t pkv_gpu_encode(const PkvGpuIndex *ix, PkvKeySource src, int from, int to, cudaStream_t st) {
+    return encode(ix, src, 0, ix->n_layers, from, to, st);
+}
+
+extern "C" cudaError_t pkv_gpu_encode_layer(const PkvGpuIndex *ix, PkvKeySource src, int layer, int from, int to, cudaStream_t st) {
+    if (layer < 0 || layer >= ix->n_layers) return cudaErrorInvalidValue;
+    return encode(ix, src, layer, 1, from, to, st);
 }
 
 

@@ -48,16 +48,21 @@ cudaError_t pkv_gpu_index_reset(PkvGpuIndex *ix, int layer, cudaStream_t st);
 // at byte fp8 + l * layer_stride + h * head_stride + i * slot_stride (strides in bytes), their
 // scale the float scale_offset bytes after the row's first code; encoded from the values
 // decode(code) * scale, as fp8_dequantize_row gives them.
+// round_fp8 (with base): each bf16 key first rounded as the fp8 host store rounds it (one scale a
+// row, rows_to_host_fp8), so that keys still in GPU memory encode as their stored copies would.
 typedef struct {
     const bf16 *base;
     size_t layer_stride, head_stride, slot_stride;
     const uint8_t *fp8;
     size_t scale_offset;
+    int round_fp8;
 } PkvKeySource;
 
 // Encodes slots [from, to) of every layer and KV head (keys from src) into ix and adds them to
 // the id counts. from/to are host values: this runs at index updates, outside the decode graph.
 cudaError_t pkv_gpu_encode(const PkvGpuIndex *ix, PkvKeySource src, int from, int to, cudaStream_t st);
+// The same for one layer (src's keys are that layer's: its layer_stride unused).
+cudaError_t pkv_gpu_encode_layer(const PkvGpuIndex *ix, PkvKeySource src, int layer, int from, int to, cudaStream_t st);
 
 // Scratch of one layer's selection, device memory, reused by every layer.
 typedef struct {

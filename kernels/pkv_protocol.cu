@@ -47,12 +47,12 @@ cudaError_t pkv_index_to(GpuState *g, int zone_end, int pos, char *err) {
         size_t row = p->hs.row_bytes;
         if (p->kv.host && p->kv.fp8) // strides in bytes
             src = (PkvKeySource){NULL, (size_t)p->kv.n_kv * row, row, (size_t)p->kv.n_layers * p->kv.n_kv * row, (const uint8_t *)p->kv.host,
-                                 2 * hd};
+                                 2 * hd, 0};
         else if (p->kv.host)
             src = (PkvKeySource){(const bf16 *)p->kv.host, (size_t)p->kv.n_kv * 2 * hd, 2 * hd, (size_t)p->kv.n_layers * p->kv.n_kv * 2 * hd,
-                                 NULL, 0};
+                                 NULL, 0, 0};
         else
-            src = (PkvKeySource){p->kv.kc + (size_t)S * hd, (size_t)p->kv.n_kv * g->dcap * hd, (size_t)g->dcap * hd, hd, NULL, 0};
+            src = (PkvKeySource){p->kv.kc + (size_t)S * hd, (size_t)p->kv.n_kv * g->dcap * hd, (size_t)g->dcap * hd, hd, NULL, 0, 0};
         // A folded (aliased) store: encode piece by piece, each read from the folded rows.
         long A = p->kv.host && p->kv.alias_slots ? p->kv.alias_slots : 0;
         for (int from = p->indexed; from < n;) {

@@ -211,7 +211,7 @@ static void test_encode(int D, int n_layers, int n_kv, int cap, int n1, int n, u
     srht_signs(SRHT_SEED, D, s.data());
     std::vector<float> gs = from_dev(ix.signs, D);
     check(!memcmp(gs.data(), s.data(), D * sizeof(float)), "index D=%d: signs are srht_signs(SRHT_SEED)", D);
-    PkvKeySource src = {dk, (size_t)n_kv * cap * D, (size_t)cap * D, (size_t)D, NULL, 0};
+    PkvKeySource src = {dk, (size_t)n_kv * cap * D, (size_t)cap * D, (size_t)D, NULL, 0, 0};
     CU_CHECK(pkv_gpu_encode(&ix, src, 0, n1, 0));
     CU_CHECK(pkv_gpu_encode(&ix, src, n1, n, 0));
     CU_CHECK(pkv_gpu_encode(&ix, src, n, n, 0)); // empty: nothing
@@ -231,7 +231,7 @@ static void test_encode(int D, int n_layers, int n_kv, int cap, int n1, int n, u
     CU_CHECK(cudaHostGetDevicePointer((void **)&hs_dev, hs, 0));
     PkvGpuIndex ix2;
     CU_CHECK(pkv_gpu_index_alloc(&ix2, n_layers, n_kv, D, cap, 0));
-    PkvKeySource hsrc = {hs_dev, (size_t)n_kv * row, row, (size_t)n_layers * n_kv * row, NULL, 0};
+    PkvKeySource hsrc = {hs_dev, (size_t)n_kv * row, row, (size_t)n_layers * n_kv * row, NULL, 0, 0};
     CU_CHECK(pkv_gpu_encode(&ix2, hsrc, 0, 7, 0));
     CU_CHECK(pkv_gpu_encode(&ix2, hsrc, 7, n, 0));
     CU_CHECK(cudaDeviceSynchronize());
@@ -242,7 +242,7 @@ static void test_encode(int D, int n_layers, int n_kv, int cap, int n1, int n, u
     CU_CHECK(cudaMalloc(&dk1, keys.size() * 2 + 16));
     CU_CHECK(cudaMemcpy(dk1 + 1, keys.data(), keys.size() * 2, cudaMemcpyHostToDevice));
     CU_CHECK(pkv_gpu_index_reset(&ix2, -1, 0));
-    PkvKeySource usrc = {dk1 + 1, src.layer_stride, src.head_stride, src.slot_stride, NULL, 0};
+    PkvKeySource usrc = {dk1 + 1, src.layer_stride, src.head_stride, src.slot_stride, NULL, 0, 0};
     CU_CHECK(pkv_gpu_encode(&ix2, usrc, 0, n, 0));
     CU_CHECK(cudaDeviceSynchronize());
     compare_encoding(ix2, n, key_vals, "unaligned view");
@@ -266,7 +266,7 @@ static void test_encode(int D, int n_layers, int n_kv, int cap, int n1, int n, u
     uint8_t *hs8_dev;
     CU_CHECK(cudaHostGetDevicePointer((void **)&hs8_dev, hs8, 0));
     CU_CHECK(pkv_gpu_index_reset(&ix2, -1, 0));
-    PkvKeySource fsrc = {NULL, (size_t)n_kv * row8, row8, (size_t)n_layers * n_kv * row8, hs8_dev, 2 * (size_t)D};
+    PkvKeySource fsrc = {NULL, (size_t)n_kv * row8, row8, (size_t)n_layers * n_kv * row8, hs8_dev, 2 * (size_t)D, 0};
     CU_CHECK(pkv_gpu_encode(&ix2, fsrc, 0, n1, 0));
     CU_CHECK(pkv_gpu_encode(&ix2, fsrc, n1, n, 0));
     CU_CHECK(cudaDeviceSynchronize());
@@ -275,6 +275,21 @@ static void test_encode(int D, int n_layers, int n_kv, int cap, int n1, int n, u
         return std::vector<float>(d, d + D);
     }, "fp8 host store (UVA)");
     cudaFreeHost(hs8);
+
+    // The same keys from the device layout, each rounded on the GPU as the fp8 store rounds it
+    // (round_fp8), one layer at a time (pkv_gpu_encode_layer: the layered prefill's way): the
+    // store's index, bit for bit.
+    CU_CHECK(pkv_gpu_index_reset(&ix2, -1, 0));
+    for (int l = 0; l < n_layers; l++) {
+        PkvKeySource lsrc = {dk + (size_t)l * n_kv * cap * D, 0, (size_t)cap * D, (size_t)D, NULL, 0, 1};
+        CU_CHECK(pkv_gpu_encode_layer(&ix2, lsrc, l, 0, n1, 0));
+        CU_CHECK(pkv_gpu_encode_layer(&ix2, lsrc, l, n1, n, 0));
+    }
+    CU_CHECK(cudaDeviceSynchronize());
+    compare_encoding(ix2, n, [&](int l, int h, int i) {
+        const float *d = &deq[(((size_t)l * n_kv + h) * cap + i) * D];
+        return std::vector<float>(d, d + D);
+    }, "device keys rounded as the fp8 store, layer by layer");
 
     // Reset of one layer zeroes its counts only.
     CU_CHECK(pkv_gpu_index_reset(&ix, n_layers - 1, 0));
@@ -380,7 +395,7 @@ static void run_select_cfg(const SelCfg &cfg, unsigned long long seed) {
     bf16 *dk;
     CU_CHECK(cudaMalloc(&dk, keys.size() * 2));
     CU_CHECK(cudaMemcpy(dk, keys.data(), keys.size() * 2, cudaMemcpyHostToDevice));
-    PkvKeySource src = {dk, (size_t)D, (size_t)(cap + 1) * D, (size_t)D, NULL, 0};
+    PkvKeySource src = {dk, (size_t)D, (size_t)(cap + 1) * D, (size_t)D, NULL, 0, 0};
     const int layer = 1;
     PkvGpuIndex ix;
     CU_CHECK(pkv_gpu_index_alloc(&ix, 2, n_kv, D, cap, 0));
@@ -849,14 +864,14 @@ static void bench(int n) {
         for (size_t e = 0; e < elems; e++) hs[e] = f32_to_bf16(0.3f + r.uni());
         bf16 *hd;
         CU_CHECK(cudaHostGetDevicePointer((void **)&hd, hs, 0));
-        bn.src = {hd, (size_t)n_kv * row, row, (size_t)n_kv * row, NULL, 0}, bn.from = 0, bn.to = hn;
+        bn.src = {hd, (size_t)n_kv * row, row, (size_t)n_kv * row, NULL, 0, 0}, bn.from = 0, bn.to = hn;
         float t = time_ms(bn.st, 1, 5, run_encode, &bn);
         double keys = (double)hn * n_kv;
         printf("encode from the host store (UVA): %d slots x %d heads in %.2f ms: %.1f M keys/s, %.1f GB/s of keys\n", hn, n_kv, t,
                keys / (t * 1e-3) / 1e6, keys * D * 2 / (t * 1e-3) / 1e9);
         cudaFreeHost(hs);
     }
-    bn.src = {dk, 0, (size_t)n * D, (size_t)D, NULL, 0};
+    bn.src = {dk, 0, (size_t)n * D, (size_t)D, NULL, 0, 0};
     bn.from = n - 512, bn.to = n;
     float tu = time_ms(bn.st, 2, 10, run_encode, &bn);
     printf("encode an update of 512 slots x %d heads (device keys): %.1f us\n", n_kv, tu * 1e3);
