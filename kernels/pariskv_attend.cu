@@ -261,11 +261,16 @@ __global__ void __launch_bounds__(PA_THREADS) pkv_attend_kernel(bf16 *out, const
     auto attend_rows = [&](int m, bool f8, auto key) {
         int cnt = split < m ? (m - split + n_splits - 1) / n_splits : 0;
         for (int b0 = 0; b0 < cnt; b0 += NS * PA_U) { // the same trip count for every lane
+            // Only the batch's first nu row sets hold rows (a split has ~6 zone rows at k = 100
+            // for 8 streams): the rest are skipped, not computed as empty -- the kernel is
+            // bound by its warps' instruction latency, not by bytes. nu is the same for the block.
+            const int nu = min(PA_U, (cnt - b0 + NS - 1) / NS);
             uint4 kr[PA_U], vr[PA_U];
             bool ok[PA_U];
             int fill[PA_U];
 #pragma unroll
             for (int u = 0; u < PA_U; u++) { // all loads first: they are in flight together
+                if (u >= nu) break;
                 int jj = b0 + u * NS + stream;
                 ok[u] = jj < cnt;
                 fill[u] = -1;
@@ -282,6 +287,7 @@ __global__ void __launch_bounds__(PA_THREADS) pkv_attend_kernel(bf16 *out, const
             }
 #pragma unroll
             for (int u = 0; u < PA_U; u++) {
+                if (u >= nu) break;
                 float kf[8], vf[8];
                 if (fill[u] >= 0) rc_fill<HD>(kv, rc, layer, h, fill[u], part, f8, kr[u], vr[u]);
                 if (f8) fp8x8(kr[u], kf), fp8x8(vr[u], vf);
