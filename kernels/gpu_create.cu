@@ -162,8 +162,18 @@ static int plan_memory(const Model *m, const Config *c, int nranks, int ctx, int
             need_c = mp->lines ? pkv_row_cache_bytes(c->n_layers, c->n_kv_heads, c->head_dim, attn->zone_fp8, mp->lines) : 0;
             need_p += need_c; // counted with ParisKV's device memory, and named apart in the messages
             int least = pkv_min_positions(attn, chunk);
-            size_t rest = free_b > need_w + need_a + need_p + slack + (1u << 30) ? free_b - need_w - need_a - need_p - slack - (1u << 30) : 0;
-            long fit = (long)(rest / per_pos);
+            // --prefill-attn fp8 keeps e4m3 copies of the device cache's rows (~1/64 of a
+            // position's bytes on an 8B model: 1.6 GiB at 771K positions on an H200, more than
+            // the margin): counted per position here, so the cache it sizes fits beside them.
+            size_t ws0 = 0, ws_pp = 0;
+            if (attn->prefill_fp8) {
+                const int M = 1 << 20;
+                ws0 = flash_prefill_fp8_workspace(chunk, 0, c->n_heads, c->n_kv_heads, c->head_dim);
+                ws_pp = (flash_prefill_fp8_workspace(chunk, M, c->n_heads, c->n_kv_heads, c->head_dim) - ws0 + M - 1) / M;
+            }
+            size_t used = need_w + need_a + need_p + slack + ws0 + (1u << 30);
+            size_t rest = free_b > used ? free_b - used : 0;
+            long fit = (long)(rest / (per_pos + ws_pp));
             const char *env = getenv("PKV_DEVICE_POSITIONS"); // tests: a small device cache, so the ring wraps
             long want = dcap_want > 0 ? dcap_want : env ? atol(env) : fit;
             if (want < least) want = least;
