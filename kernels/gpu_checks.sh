@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the repo root, with binaries from kernels/prepare_device.sh in .dev/:
 # kernel tests against the CPU reference, whole-model GPU vs CPU, and the decode benchmark.
-# Usage: kernels/gpu_checks.sh [kernels|mutants|models|smollm2|passkey|fp8|prefill1m|pkvprof|sampling|quant|quantbench|pkvrand|pkvchat|pkvsmol|pkvfp8|pkvcache|pkvtable|pkvlayer|pkvchunk|pkvdrift|session|sessbench|pkvsan|pkvlong|pkvbench|bench|prefill|peer|hfcheck|tp|tpbench|all]...
+# Usage: kernels/gpu_checks.sh [kernels|mutants|models|smollm2|passkey|fp8|prefill1m|pkvprof|fp8prof|sampling|quant|quantbench|pkvrand|pkvchat|pkvsmol|pkvfp8|pkvcache|pkvtable|pkvlayer|pkvchunk|pkvdrift|session|sessbench|pkvsan|pkvlong|pkvbench|bench|prefill|peer|hfcheck|tp|tpbench|all]...
 # tp, tpbench need two GPUs (--gpus 2) and are left out of `all`, as are prefill1m (a whole call)
-# and pkvprof (Nsight Compute).
+# and pkvprof, fp8prof (Nsight Compute).
 # Exits non-zero when any check fails: every command's status counts (pipefail: a `cmd | tee`
 # fails when cmd does), and a GPU/CPU mismatch is a failure, not a note.
 set -uo pipefail
@@ -17,7 +17,7 @@ unpack_dev || exit 1   # the carried build, afresh when .dev holds another; says
 OUT=${OUT:-/tmp/gpu-out}
 mkdir -p "$OUT"
 status=0
-want() { for a in "${STEPS[@]}"; do [ "$a" = "$1" ] || { [ "$a" = all ] && [ "${1#tp}" = "$1" ] && [ "$1" != prefill1m ] && [ "$1" != pkvprof ]; } && return 0; done; return 1; }
+want() { for a in "${STEPS[@]}"; do [ "$a" = "$1" ] || { [ "$a" = all ] && [ "${1#tp}" = "$1" ] && [ "$1" != prefill1m ] && [ "${1%prof}" = "$1" ]; } && return 0; done; return 1; }
 # nll_close LABEL A B: the mean NLLs of two `./run --score` outputs within 0.02 of each other.
 nll_close() {
     python3 - "$@" <<'PY'
@@ -558,6 +558,28 @@ if want pkvprof; then
         --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section LaunchStats --section Occupancy \
         $D/run --bench --synthetic qwen3-8b --attn pariskv --kv-store host --topk 100 --bench-ctx 131072 --bench-steps 64 > "$OUT/pkvprof.txt" 2>&1 || status=1
     grep -E 'pkv_(attend|qkv)_kernel|Duration|DRAM Throughput|L2 Cache Throughput|Achieved Occupancy|Warp Cycles Per Issued|Stall|One or More' "$OUT/pkvprof.txt" | head -120
+fi
+if want fp8prof; then
+    # Nsight Compute on the fp8 prefill attention kernel (issue 25: ~625 TFLOP/s against FA3's ~1.2
+    # PFLOP/s): its first launch, the bench's warm-up chunk (Qwen3-8B, T 8192 at pos0 65,536). Per
+    # 128 x 128 tile a block's GEMMs and its 16,384 exp2s (the MUFU's 16 a clock) take ~1,024 clocks
+    # each: the pipes' utilization and the stall reasons say which one, or neither, holds it.
+    # Every metric collected goes to fp8prof-raw.csv (--page raw) for reading off the machine.
+    NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+    timeout 300 $NCU -k regex:f8_wgmma_kernel --launch-count 1 --set full -f -o /tmp/fp8prof $D/test_flash_prefill bench fp8 > "$OUT/fp8prof.log" 2>&1 || status=1
+    $NCU --import /tmp/fp8prof.ncu-rep --page raw --csv > "$OUT/fp8prof-raw.csv" 2>&1 || status=1
+    $NCU --import /tmp/fp8prof.ncu-rep > "$OUT/fp8prof.txt" 2>&1 || status=1
+    grep -E 'Duration|Compute \(SM\) Throughput|Issue Slots Busy|Executed Ipc|Warp Cycles Per Issued|Registers Per|Achieved Occupancy' "$OUT/fp8prof.txt" | head -20
+    python3 - "$OUT/fp8prof-raw.csv" <<'PY'
+import csv, sys
+rows = list(csv.reader(open(sys.argv[1])))
+i = next((k for k, r in enumerate(rows) if 'Kernel Name' in r), None)
+if i is None: sys.exit("fp8prof: no metrics in the report")
+names, vals = rows[i], rows[i + 2]
+for n, v in zip(names, vals):
+    if any(t in n for t in ('pipe_', 'warp_issue_stalled', 'inst_executed_pipe')) and ('pct' in n or 'ratio' in n):
+        print(f"{n:90s} {v}")
+PY
 fi
 if want pkvlong; then
     # -n 38000 after a 128K-token prompt on Llama-3.1-8B's shape under ParisKV, zone in the host
