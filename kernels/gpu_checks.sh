@@ -550,14 +550,17 @@ if want prefill1m; then
         grep -v "^warning" | tee "$OUT/prefill1m-${PREFILL_GPUS:-1}.txt" || status=1
 fi
 if want pkvprof; then
-    # Nsight Compute on the ParisKV step's QKV + write-through and attention kernels inside the decode
-    # graph (issue 24: the attention stage, ~43 us a layer at 128K on the random stream, as much as
-    # the selection): 8 launches of each after the warm-up, the sections that say where they wait.
+    # Nsight Compute on the ParisKV step's kernels inside the decode graph (issue 24), by default the
+    # attention (session 17: 40 us a layer at 128K, bound by its warps' instruction latency, before
+    # a83b993) and the four selection kernels (~43 us a layer together): PKVPROF_COUNT launches of
+    # PKVPROF_KERNELS after the warm-up, the sections that say where they wait (~18 s a launch).
     NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
-    timeout 500 $NCU --graph-profiling node -k regex:'pkv_attend_kernel|pkv_qkv_kernel' --launch-skip 400 --launch-count 16 \
+    timeout 500 $NCU --graph-profiling node -k regex:"${PKVPROF_KERNELS:-pkv_attend_kernel|pkv_bonus_kernel|pkv_vote_kernel|pkv_cand_rerank_kernel|pkv_topk1_kernel}" \
+        --launch-skip 400 --launch-count ${PKVPROF_COUNT:-15} \
         --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section LaunchStats --section Occupancy \
         $D/run --bench --synthetic qwen3-8b --attn pariskv --kv-store host --topk 100 --bench-ctx 131072 --bench-steps 64 > "$OUT/pkvprof.txt" 2>&1 || status=1
-    grep -E 'pkv_(attend|qkv)_kernel|Duration|DRAM Throughput|L2 Cache Throughput|Achieved Occupancy|Warp Cycles Per Issued|Stall|One or More' "$OUT/pkvprof.txt" | head -120
+    grep -E '^  [a-z_ ]*pkv_[a-z0-9_]*kernel|Duration|DRAM Throughput|L2 Cache Throughput|Achieved Occupancy|Warp Cycles Per Issued|Registers Per' "$OUT/pkvprof.txt" |
+        sed 's/(__nv_bfloat16.*)\|(PkvSelArgs)//' | head -120
 fi
 if want fp8prof; then
     # Nsight Compute on the fp8 prefill attention kernel (issue 25: ~625 TFLOP/s against FA3's ~1.2
