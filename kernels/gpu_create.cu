@@ -5,6 +5,7 @@
 #include <stdlib.h>
 
 #include "flash_prefill.h"
+#include "gpu_plan.h"
 #include "gpu_state.h"
 #include "kernels.h"
 
@@ -18,6 +19,8 @@ void gpu_set_err(char *err, const char *fmt, ...) {
     vsnprintf(err, ERR_LEN, fmt, ap);
     va_end(ap);
 }
+
+#define PLAN_SLACK ((size_t)256 << 20) // cuBLAS workspace and slack
 
 static size_t align256(size_t x) { return (x + 255) & ~(size_t)255; }
 
@@ -142,14 +145,10 @@ static int row_cache_lines(const Config *c, const AttnConfig *a, size_t free_b) 
 // The pre-flight check: weights, activations, ParisKV's index and the device cache against the
 // GPU's free memory; under ParisKV where the zone goes, and how many positions the device cache
 // holds (dcap_want > 0: the caller's choice). 0, or -1 with the numbers in err.
-static int plan_memory(const Model *m, const Config *c, int nranks, int ctx, int chunk, int logit_rows, const AttnConfig *attn, int dcap_want,
-                       MemPlan *mp, char *err) {
-    size_t free_b = 0, total_b = 0;
-    if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
-        gpu_set_err(err, "cannot query GPU memory");
-        return -1;
-    }
-    size_t slack = 256u << 20; // cuBLAS workspace and slack
+// plan_memory_in: against free_b of total_b bytes (gpu_plan_memory tests it without a GPU).
+static int plan_memory_in(const Model *m, const Config *c, int nranks, int ctx, int chunk, int logit_rows, const AttnConfig *attn, int dcap_want,
+                          size_t free_b, size_t total_b, MemPlan *mp, char *err) {
+    size_t slack = PLAN_SLACK;
     size_t need_w = gpu_model_weight_bytes(m, nranks), need_a = gpu_activation_bytes(c, ctx, chunk, logit_rows);
     if (nranks > 1 && logit_rows > 1) need_a += (size_t)logit_rows * c->vocab_size * 4; // the logits' gather buffer
     size_t need_p = mp->pkv ? pkv_device_bytes(c, attn, ctx) : 0, per_pos = gpu_kv_bytes(c, 1), need_c = 0;
@@ -205,6 +204,29 @@ static int plan_memory(const Model *m, const Config *c, int nranks, int ctx, int
     }
     mp->host = host, mp->dcap = dcap;
     mp->need_w = need_w, mp->need_a = need_a, mp->need_p = need_p, mp->need_kv = need_kv, mp->need_c = need_c;
+    return 0;
+}
+
+static int plan_memory(const Model *m, const Config *c, int nranks, int ctx, int chunk, int logit_rows, const AttnConfig *attn, int dcap_want,
+                       MemPlan *mp, char *err) {
+    size_t free_b = 0, total_b = 0;
+    if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
+        gpu_set_err(err, "cannot query GPU memory");
+        return -1;
+    }
+    return plan_memory_in(m, c, nranks, ctx, chunk, logit_rows, attn, dcap_want, free_b, total_b, mp, err);
+}
+
+// gpu_plan.h: the plan one GPU of nranks would make with free_b of total_b bytes free, for a
+// generation (one row of logits) with the GPU path's prefill chunk.
+extern "C" int gpu_plan_memory(const Model *m, int nranks, int ctx, const AttnConfig *attn, size_t free_b, size_t total_b, GpuMemPlan *out,
+                               char *err) {
+    Config local = shard_config(&m->c, nranks);
+    MemPlan mp = {0, 0, 0, 0, 0, 0, 0, 0, 0};
+    mp.pkv = attn && attn->method == ATTN_PARISKV && ctx >= attn_dense_threshold(attn); // check_runnable's rule
+    if (plan_memory_in(m, &local, nranks, ctx, GPU_PREFILL_CHUNK, 1, attn, 0, free_b, total_b, &mp, err) != 0) return -1;
+    *out = (GpuMemPlan){mp.pkv, mp.host, mp.dcap, mp.lines, mp.need_w, mp.need_kv, mp.need_a, mp.need_p, mp.need_c,
+                        mp.need_w + mp.need_kv + mp.need_a + mp.need_p + PLAN_SLACK, pkv_min_positions(attn, GPU_PREFILL_CHUNK)};
     return 0;
 }
 

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "forward_cuda.h"
+#include "gpu_plan.h"
 #include "gpu_state.h"
 #include "kernels.h"
 
@@ -588,7 +589,7 @@ static int gpu_available(void) {
 }
 
 static const Backend backend_cuda = {
-    "cuda", NULL, NULL, NULL, NULL, NULL, NULL, gpu_available, gpu_create, gpu_set_prefill_len, gpu_forward, gpu_destroy, gpu_bench, 4096,
+    "cuda", NULL, NULL, NULL, NULL, NULL, NULL, gpu_available, gpu_create, gpu_set_prefill_len, gpu_forward, gpu_destroy, gpu_bench, GPU_PREFILL_CHUNK,
     gpus_prompt_whole, gpus_session_save, gpus_session_load, gpus_reset, gpu_sample_config, gpu_decode_sample, gpus_profile,
 };
 
