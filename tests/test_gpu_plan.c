@@ -66,6 +66,14 @@ int main(void) {
     check(r == 0, "  planned: session 16's run%s%s", r ? ": " : "", r ? err : "");
     r = plan("1M prompt, fp8 attention + fp8 store, two H200s (a GPU's share)", &llama, 2, ctx1m, &fp8, 139.28, 139.80, &p, err, 0);
     check(r == 0 && p.dcap == ctx1m, "  planned, the whole context in each GPU's cache (the run: 1048832 positions)%s%s", r ? ": " : "", r ? err : "");
+    Model l70;
+    if (model_synthetic(&l70, "llama3.1-70b") == 0) { // issue 26's 70B at 1M: bf16 weights need two H200s
+        r = plan("Llama-3.1-70B 1M, fp8 store, two H200s (a GPU's share)", &l70, 2, ctx1m, &fp8, 139.28, 139.80, &p, err, 0);
+        check(r == 0 && p.host, "  planned, the zone in the host store%s%s", r ? ": " : "", r ? err : "");
+        r = plan("Llama-3.1-70B 1M, one H200", &l70, 1, ctx1m, &fp8, 139.28, 139.80, &p, err, 1);
+        check(r != 0 && strstr(err, "GPU memory:"), "70B at 1M on one H200 refused: %s", r ? err : "(planned)");
+        model_free(&l70);
+    } else check(0, "the synthetic llama3.1-70b shape");
     AttnConfig auto128 = attn_of(ATTN_PARISKV, KV_STORE_AUTO, 0, 0);
     r = plan("Qwen3-8B 128K, ParisKV, store auto, one H100", &qwen, 1, 131072, &auto128, 79.10, 79.65, &p, err, 0);
     check(r == 0 && !p.host && p.dcap == 131072, "  the zone stays in GPU memory where it fits%s%s", r ? ": " : "", r ? err : "");
