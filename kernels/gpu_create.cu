@@ -180,8 +180,9 @@ static int plan_memory_in(const Model *m, const Config *c, int nranks, int ctx, 
             if (dcap > fit && dcap_want <= 0 && !env) dcap = (int)fit; // never above what fits
             if (dcap < least && dcap < ctx) {
                 gpu_set_err(err, "GPU memory: weights %.2f GiB + ParisKV index %.2f GiB (row cache %.2f GiB of it) + activations %.2f GiB "
-                        "leave room for %ld cached positions, but the host-store mode needs at least %d: lower --ctx%s",
-                        gib(need_w), gib(need_p), gib(need_c), gib(need_a), fit, least, need_c ? " or --pkv-cache-rows" : "");
+                        "leave room for %ld cached positions, but the host-store mode needs at least %d: lower --ctx%s%s",
+                        gib(need_w), gib(need_p), gib(need_c), gib(need_a), fit, least, need_c ? " or --pkv-cache-rows" : "",
+                        nranks == 1 ? ", or split the weights and the index over GPUs (--gpus N)" : "");
                 return -1;
             }
         }

@@ -71,7 +71,7 @@ int main(void) {
         r = plan("Llama-3.1-70B 1M, fp8 store, two H200s (a GPU's share)", &l70, 2, ctx1m, &fp8, 139.28, 139.80, &p, err, 0);
         check(r == 0 && p.host, "  planned, the zone in the host store%s%s", r ? ": " : "", r ? err : "");
         r = plan("Llama-3.1-70B 1M, one H200", &l70, 1, ctx1m, &fp8, 139.28, 139.80, &p, err, 1);
-        check(r != 0 && strstr(err, "GPU memory:"), "70B at 1M on one H200 refused: %s", r ? err : "(planned)");
+        check(r != 0 && strstr(err, "GPU memory:") && strstr(err, "--gpus N"), "70B at 1M on one H200 refused, --gpus named: %s", r ? err : "(planned)");
         model_free(&l70);
     } else check(0, "the synthetic llama3.1-70b shape");
     AttnConfig auto128 = attn_of(ATTN_PARISKV, KV_STORE_AUTO, 0, 0);
