@@ -20,8 +20,6 @@ void gpu_set_err(char *err, const char *fmt, ...) {
     va_end(ap);
 }
 
-#define PLAN_SLACK ((size_t)256 << 20) // cuBLAS workspace and slack
-
 static size_t align256(size_t x) { return (x + 255) & ~(size_t)255; }
 
 static void pkv_free(Pkv *p) {
@@ -83,6 +81,9 @@ int pkv_min_positions(const AttnConfig *a, int chunk) {
     return (t > ring ? t : ring) + chunk;
 }
 
+// Whether ParisKV's selection runs for a state of ctx positions (a context past the dense threshold).
+static int pkv_runs(const AttnConfig *attn, int ctx) { return attn && attn->method == ATTN_PARISKV && ctx >= attn_dense_threshold(attn); }
+
 // Whether this model and attention can run here; sets *pkv when ParisKV's selection will run
 // (a context past the dense threshold). 0, or -1 with err filled.
 static int check_runnable(const Config *c, int ctx, const AttnConfig *attn, int *pkv, char *err) {
@@ -112,7 +113,7 @@ static int check_runnable(const Config *c, int ctx, const AttnConfig *attn, int 
                         major, minor);
         return -1;
     }
-    *pkv = attn && attn->method == ATTN_PARISKV && ctx >= attn_dense_threshold(attn);
+    *pkv = pkv_runs(attn, ctx);
     if (*pkv && attn->topk > 4096) {
         gpu_set_err(err, "--attn pariskv on the GPU takes --topk up to 4096, not %d", attn->topk);
         return -1;
@@ -123,15 +124,6 @@ static int check_runnable(const Config *c, int ctx, const AttnConfig *attn, int 
     }
     return 0;
 }
-
-// What a state takes of GPU memory, decided before anything is allocated.
-typedef struct {
-    int pkv;      // ParisKV's selection runs
-    int host;     // its zone in the pinned host store
-    int dcap;     // positions of the device cache
-    int lines;    // the zone row cache's lines per layer and KV head (0: none)
-    size_t need_w, need_a, need_p, need_kv, need_c;
-} MemPlan;
 
 // The row cache's lines (host store only): --pkv-cache-rows, or attn_cache_rows_default halved
 // while it would take more than 1/16 of the free memory.
@@ -147,8 +139,8 @@ static int row_cache_lines(const Config *c, const AttnConfig *a, size_t free_b) 
 // holds (dcap_want > 0: the caller's choice). 0, or -1 with the numbers in err.
 // plan_memory_in: against free_b of total_b bytes (gpu_plan_memory tests it without a GPU).
 static int plan_memory_in(const Model *m, const Config *c, int nranks, int ctx, int chunk, int logit_rows, const AttnConfig *attn, int dcap_want,
-                          size_t free_b, size_t total_b, MemPlan *mp, char *err) {
-    size_t slack = PLAN_SLACK;
+                          size_t free_b, size_t total_b, GpuMemPlan *mp, char *err) {
+    size_t slack = 256u << 20; // cuBLAS workspace and slack
     size_t need_w = gpu_model_weight_bytes(m, nranks), need_a = gpu_activation_bytes(c, ctx, chunk, logit_rows);
     if (nranks > 1 && logit_rows > 1) need_a += (size_t)logit_rows * c->vocab_size * 4; // the logits' gather buffer
     size_t need_p = mp->pkv ? pkv_device_bytes(c, attn, ctx) : 0, per_pos = gpu_kv_bytes(c, 1), need_c = 0;
@@ -203,13 +195,13 @@ static int plan_memory_in(const Model *m, const Config *c, int nranks, int ctx, 
                     attn && attn->method == ATTN_FULL ? "" : " (--attn pariskv keeps the long context in host memory)");
         return -1;
     }
-    mp->host = host, mp->dcap = dcap;
-    mp->need_w = need_w, mp->need_a = need_a, mp->need_p = need_p, mp->need_kv = need_kv, mp->need_c = need_c;
+    mp->host = host, mp->dcap = dcap, mp->least = mp->pkv ? pkv_min_positions(attn, chunk) : 0;
+    mp->need_w = need_w, mp->need_a = need_a, mp->need_p = need_p, mp->need_kv = need_kv, mp->need_c = need_c, mp->need = need;
     return 0;
 }
 
 static int plan_memory(const Model *m, const Config *c, int nranks, int ctx, int chunk, int logit_rows, const AttnConfig *attn, int dcap_want,
-                       MemPlan *mp, char *err) {
+                       GpuMemPlan *mp, char *err) {
     size_t free_b = 0, total_b = 0;
     if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
         gpu_set_err(err, "cannot query GPU memory");
@@ -223,12 +215,9 @@ static int plan_memory(const Model *m, const Config *c, int nranks, int ctx, int
 extern "C" int gpu_plan_memory(const Model *m, int nranks, int ctx, const AttnConfig *attn, size_t free_b, size_t total_b, GpuMemPlan *out,
                                char *err) {
     Config local = shard_config(&m->c, nranks);
-    MemPlan mp = {0, 0, 0, 0, 0, 0, 0, 0, 0};
-    mp.pkv = attn && attn->method == ATTN_PARISKV && ctx >= attn_dense_threshold(attn); // check_runnable's rule
-    if (plan_memory_in(m, &local, nranks, ctx, GPU_PREFILL_CHUNK, 1, attn, 0, free_b, total_b, &mp, err) != 0) return -1;
-    *out = (GpuMemPlan){mp.pkv, mp.host, mp.dcap, mp.lines, mp.need_w, mp.need_kv, mp.need_a, mp.need_p, mp.need_c,
-                        mp.need_w + mp.need_kv + mp.need_a + mp.need_p + PLAN_SLACK, pkv_min_positions(attn, GPU_PREFILL_CHUNK)};
-    return 0;
+    *out = GpuMemPlan(); // zeros
+    out->pkv = pkv_runs(attn, ctx);
+    return plan_memory_in(m, &local, nranks, ctx, GPU_PREFILL_CHUNK, 1, attn, 0, free_b, total_b, out, err);
 }
 
 #define ALLOC(p, bytes) \
@@ -333,7 +322,7 @@ void *gpu_create_sized(const Model *m, const Shard *sh, int ctx, int chunk, int 
     Shard one = {0, 1, NULL}, s = sh ? *sh : one;
     Config local = shard_config(&m->c, s.n);
     const Config *c = &local;
-    MemPlan mp = {0, 0, 0, 0, 0, 0, 0, 0, 0};
+    GpuMemPlan mp = {};
     if (check_runnable(c, ctx, attn, &mp.pkv, err) != 0) return NULL;
     int logit_rows = all_logits ? chunk : 1;
     if (plan_memory(m, c, s.n, ctx, chunk, logit_rows, attn, dcap_want, &mp, err) != 0) return NULL;

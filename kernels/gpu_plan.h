@@ -1,6 +1,6 @@
-// What one GPU's state would take of its memory, planned without touching the GPU: the same
-// plan gpu_create makes after asking the device for its free bytes (kernels/gpu_create.cu), for
-// the tests to check on any machine that the plan fits what it was given.
+// What one GPU's state would take of its memory: the plan gpu_create makes after asking the
+// device for its free bytes (kernels/gpu_create.cu, whose plan this struct is), made here from
+// given free bytes, for the tests to check on any machine that it fits what it was given.
 #ifndef GPU_PLAN_H
 #define GPU_PLAN_H
 
@@ -25,7 +25,7 @@ typedef struct {
     size_t need_w, need_kv, need_a, need_p, need_c; // weights, device cache, activations (fp8 prefill
                                                     // workspace included), ParisKV (row cache included), row cache
     size_t need;    // all of it with the slack: at most the free bytes given
-    int least;      // the device cache's least positions in the host-store mode
+    int least;      // the device cache's least positions in the host-store mode (0 without ParisKV)
 } GpuMemPlan;
 
 #ifdef __cplusplus
