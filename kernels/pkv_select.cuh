@@ -43,13 +43,22 @@ static inline int sm_count(void) {
 // The query transform of KV head h into x (D floats of shared memory, every thread of the block
 // calls it; threads j < D work): the group mean (heads in order, then / G), its norm (one
 // thread, the D squares in order), normalize, signs, butterflies, 1 / sqrt(D). Returns the
-// norm to every thread. As pkv_prepare_query on the group mean.
-static __device__ float query_transform(float *x, const float *q, const float *signs, int G, int D, int h) {
+// norm to every thread. As pkv_prepare_query on the group mean. sign: thread j's SRHT sign
+// (the caller reads it early: it is constant). The G heads' values are read 8 at a time, all
+// in flight, then added in order (one L2 round trip for G <= 8, not G).
+static __device__ float query_transform(float *x, const float *q, float sign, int G, int D, int h) {
     __shared__ float s_inv, s_norm;
     int j = threadIdx.x;
     if (j < D) {
         float s = 0.0f;
-        for (int g = 0; g < G; g++) s = __fadd_rn(s, q[((size_t)h * G + g) * D + j]);
+        for (int g0 = 0; g0 < G; g0 += 8) {
+            float v[8];
+#pragma unroll
+            for (int u = 0; u < 8; u++) v[u] = g0 + u < G ? q[((size_t)h * G + g0 + u) * D + j] : 0.0f;
+#pragma unroll
+            for (int u = 0; u < 8; u++)
+                if (g0 + u < G) s = __fadd_rn(s, v[u]);
+        }
         x[j] = __fdiv_rn(s, (float)G);
     }
     __syncthreads();
@@ -62,7 +71,7 @@ static __device__ float query_transform(float *x, const float *q, const float *s
         s_norm = nn;
     }
     __syncthreads();
-    if (j < D) x[j] = __fmul_rn(__fmul_rn(x[j], s_inv), signs[j]);
+    if (j < D) x[j] = __fmul_rn(__fmul_rn(x[j], s_inv), sign);
     for (int hh = 1; hh < D; hh *= 2) {
         __syncthreads();
         if (j < D / 2) {

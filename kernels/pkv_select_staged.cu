@@ -55,21 +55,24 @@ static __global__ void __launch_bounds__(SEL_THREADS) pkv_bonus_kernel(PkvSelArg
     __shared__ int cnt[256];
     __shared__ long long red[32];
     __shared__ float x[PKV_GPU_MAX_D];
-    pdl_wait();
     int b = blockIdx.x, h = blockIdx.y, c = threadIdx.x, B = a.B;
+    size_t tb = ((size_t)h * B + b) * 256;
+    // Final before the step's graph began (the index and its counts, the zone size, the SRHT
+    // signs): read before the wait, their latency under the kernel before.
+    int my = a.count[tb + c];
+    float sign = c < a.D ? a.signs[c] : 0.0f;
+    int n, C, T[6];
+    sel_setup(a, &n, &C, T);
+    pdl_wait();
     int32_t *hh = a.hist + (size_t)h * a.hist_stride;
     for (int i = b * SEL_THREADS + c; i < HIST_BLK0; i += B * SEL_THREADS) hh[i] = 0; // the vote's and rerank's sums
-    size_t tb = ((size_t)h * B + b) * 256;
-    int my = a.count[tb + c]; // issued first: the query transform and the ranking hide its latency
     // Every block of the head transforms its query (a launch less than a kernel of its own);
     // block 0 stores it for the rerank.
-    float qn = query_transform(x, a.q, a.signs, a.G, a.D, h);
+    float qn = query_transform(x, a.q, sign, a.G, a.D, h);
     if (b == 0) {
         if (c < a.D) a.qt[(size_t)h * a.D + c] = x[c];
         if (c == 0) a.qn[h] = qn;
     }
-    int n, C, T[6];
-    sel_setup(a, &n, &C, T);
     if (n <= a.k) return;
     const float *q = x + b * 8;
     float s = 0.0f;
@@ -318,20 +321,37 @@ static __device__ void rerank_finish(int32_t *hh, const int *h1) {
 
 // ---- the top-k ----
 
-// The bin d of hist (nb bins, nb a multiple of the block size) holding the r-th largest item
+// The bin d of hist (nb bins, nb = per x the block size) holding the r-th largest item
 // (r >= 1): the items of the bins above d number *above < r <= *above + hist[d] = *above + *in.
-static __device__ void find_digit(const int *hist, int nb, int r, int *red, int *d, int *above, int *in) {
-    int per = nb / blockDim.x, b0 = threadIdx.x * per, v = 0;
-    for (int i = 0; i < per; i++) v += hist[b0 + i];
+// Thread t takes bins [t per, (t+1) per), read at once as 16-byte words (hist 16-byte aligned):
+// one word a bin, at stride per, made an 8-way bank conflict of each read at per = 8.
+template <int PER> static __device__ void find_digit(const int *hist, int r, int *red, int *d, int *above, int *in) {
+    static_assert(PER % 4 == 0 || PER == 2, "16- or 8-byte words");
+    const int b0 = threadIdx.x * PER;
+    int c[PER], v = 0;
+    if constexpr (PER == 2) {
+        int2 w = *(const int2 *)(hist + b0);
+        c[0] = w.x, c[1] = w.y;
+    } else {
+#pragma unroll
+        for (int q = 0; q < PER / 4; q++) {
+            int4 w = *(const int4 *)(hist + b0 + 4 * q);
+            c[4 * q] = w.x, c[4 * q + 1] = w.y, c[4 * q + 2] = w.z, c[4 * q + 3] = w.w;
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < PER; i++) v += c[i];
     int tot, ex = block_scan(v, red, &tot);
     int ab = tot - ex - v; // in the bins of the threads after this one
-    for (int i = per - 1; i >= 0; i--) {
-        int c = hist[b0 + i];
-        if (ab < r && ab + c >= r) *d = b0 + i, *above = ab, *in = c;
-        ab += c;
+#pragma unroll
+    for (int i = PER - 1; i >= 0; i--) {
+        if (ab < r && ab + c[i] >= r) *d = b0 + i, *above = ab, *in = c[i];
+        ab += c[i];
     }
     __syncthreads();
 }
+#define EST_PER (EST_BINS / TOPK_THREADS) // the first digit's bins a thread
+#define DIG_PER (1024 / TOPK_THREADS)     // the second's and third's
 
 // Block (r, h): the candidates of vote blocks [j0 = r P / R, j1 = (r+1) P / R) of head h written
 // to cand in slot order at their offset, then reranked by the same block (it reads back what it
@@ -439,16 +459,42 @@ static __device__ void write_ordered(const float *est, const int *cand, int *out
     }
 }
 
+// f(i, key) for the keys [0, C) in shared memory (16-byte aligned), 4 a 16-byte read: thread t
+// reads words 4 (v TOPK_THREADS + t), conflict-free. Any order: for histograms.
+template <typename F> static __device__ __forceinline__ void keys_pass(const uint32_t *keys, int C, F f) {
+#pragma unroll 4
+    for (int i = 4 * threadIdx.x; i < C; i += 4 * TOPK_THREADS) {
+        uint4 w = *(const uint4 *)(keys + i);
+        f(i, w.x);
+        if (i + 1 < C) f(i + 1, w.y);
+        if (i + 2 < C) f(i + 2, w.z);
+        if (i + 3 < C) f(i + 3, w.w);
+    }
+}
+// f(i, key) for the keys [lo, hi) in order (lo a multiple of 4), 4 a 16-byte read.
+template <typename F> static __device__ __forceinline__ void range_pass(const uint32_t *keys, int lo, int hi, F f) {
+#pragma unroll 4
+    for (int i = lo; i < hi; i += 4) {
+        uint4 w = *(const uint4 *)(keys + i);
+        f(i, w.x);
+        if (i + 1 < hi) f(i + 1, w.y);
+        if (i + 2 < hi) f(i + 2, w.z);
+        if (i + 3 < hi) f(i + 3, w.w);
+    }
+}
+
 // The top-k of a head's C <= TOPK_ONE_BLOCK estimates by one block (the cluster's first): the
 // same radix as the cluster's, the keys read once into shared memory (keys: the kernel's dynamic
 // shared memory, TOPK_ONE_BLOCK words), block barriers instead of cluster barriers. Session 13's
 // version read the estimates from L2 in each of its passes (seven dependent L2 round trips);
 // keeping them in registers instead unrolled every pass 64 times, and the instruction cache
-// missed (tests/bench/GPU.md, session 15).
+// missed (tests/bench/GPU.md, session 15). The keys and the bins are read as 16-byte words
+// (a word at a time made 8-way bank conflicts), and the ordered write gives each thread a
+// contiguous range (a warp's ballot loop over its slice was 26 dependent rounds at 128K).
 #define TOPK_LOADS (TOPK_ONE_BLOCK / (4 * TOPK_THREADS)) // 16-byte loads a thread, all in flight
 static __device__ void topk_one_block(const PkvSelArgs &a, int h, int C, uint32_t *keys, int *hist, int *h2, int *h3, int *red) {
-    __shared__ int s_d, s_above, s_in, w_g[TOPK_THREADS / 32], w_e[TOPK_THREADS / 32];
-    const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
+    __shared__ int s_d, s_above, s_in;
+    const int t = threadIdx.x;
     const float *est = a.est + (size_t)h * a.capp;
     const int *cand = a.cand + (size_t)h * a.capp;
     const int32_t *hh = a.hist + (size_t)h * a.hist_stride;
@@ -470,44 +516,40 @@ static __device__ void topk_one_block(const PkvSelArgs &a, int h, int C, uint32_
     __syncthreads();
     pdl_release();
     int r = a.k;
-    find_digit(hist, EST_BINS, r, red, &s_d, &s_above, &s_in);
+    find_digit<EST_PER>(hist, r, red, &s_d, &s_above, &s_in);
     const uint32_t d1 = s_d;
     r -= s_above;
-    for (int i = t; i < C; i += TOPK_THREADS)
-        if (keys[i] >> 20 == d1) atomicAdd(&h2[(keys[i] >> 10) & 1023], 1);
+    keys_pass(keys, C, [&](int, uint32_t key) {
+        if (key >> 20 == d1) atomicAdd(&h2[(key >> 10) & 1023], 1);
+    });
     __syncthreads();
-    find_digit(h2, 1024, r, red, &s_d, &s_above, &s_in);
+    find_digit<DIG_PER>(h2, r, red, &s_d, &s_above, &s_in);
     const uint32_t p22 = d1 << 10 | (uint32_t)s_d;
     r -= s_above;
-    for (int i = t; i < C; i += TOPK_THREADS)
-        if (keys[i] >> 10 == p22) atomicAdd(&h3[keys[i] & 1023], 1);
+    keys_pass(keys, C, [&](int, uint32_t key) {
+        if (key >> 10 == p22) atomicAdd(&h3[key & 1023], 1);
+    });
     __syncthreads();
-    find_digit(h3, 1024, r, red, &s_d, &s_above, &s_in);
+    find_digit<DIG_PER>(h3, r, red, &s_d, &s_above, &s_in);
     const uint32_t T = p22 << 10 | (uint32_t)s_d;
     const int quota = r - s_above; // of T's ties, the first quota in slot order are taken
-    // Warp w takes the items [w seg, (w+1) seg) in slot order. An item's place: the items above
-    // T before it + min(the ties before it, quota); the place gets the item's index first, its
-    // slot after a barrier (one L2 round trip for all k, not one per item).
-    const int seg = ((C + TOPK_THREADS - 1) / TOPK_THREADS) * 32, lo = min(warp * seg, C), hi = min(lo + seg, C);
+    // Thread t takes the items [lo, hi) = [t per, (t+1) per) in slot order (per a multiple of 4:
+    // 16-byte reads). An item's place: the items above T before it + min(the ties before it,
+    // quota), from one block scan of the threads' counts (both < 2^16: C <= 32768); the place
+    // gets the item's index first, its slot after a barrier (one L2 round trip for all k).
+    const int per = ((C + 4 * TOPK_THREADS - 1) / (4 * TOPK_THREADS)) * 4, lo = min(t * per, C), hi = min(lo + per, C);
     int g = 0, e = 0;
-    for (int i = lo + lane; i < hi; i += 32) g += keys[i] > T, e += keys[i] == T;
-    for (int o = 16; o > 0; o >>= 1) g += __shfl_xor_sync(0xffffffffu, g, o), e += __shfl_xor_sync(0xffffffffu, e, o);
-    if (lane == 0) w_g[warp] = g, w_e[warp] = e;
-    __syncthreads();
-    int G = 0, E = 0;
-    for (int w = 0; w < warp; w++) G += w_g[w], E += w_e[w];
+    range_pass(keys, lo, hi, [&](int, uint32_t key) { g += key > T, e += key == T; });
+    int tot, ex = block_scan(g << 16 | e, red, &tot);
+    int G = ex >> 16, E = ex & 0xffff;
     int *out = a.sel + (size_t)h * a.kmax;
-    const unsigned below = (1u << lane) - 1;
-    for (int b = lo; b < hi; b += 32) { // uniform over the warp (the ballots)
-        int i = b + lane;
-        uint32_t key = i < hi ? keys[i] : 0;
-        bool gt = i < hi && key > T, eq = i < hi && key == T;
-        unsigned mg = __ballot_sync(0xffffffffu, gt), me = __ballot_sync(0xffffffffu, eq);
-        int gx = G + __popc(mg & below), ex = E + __popc(me & below);
-        if (gt) out[gx + min(ex, quota)] = i;
-        else if (eq && ex < quota) out[gx + ex] = i;
-        G += __popc(mg), E += __popc(me);
-    }
+    range_pass(keys, lo, hi, [&](int i, uint32_t key) {
+        if (key > T) out[G + min(E, quota)] = i, G++;
+        else if (key == T) {
+            if (E < quota) out[G + E] = i;
+            E++;
+        }
+    });
     __syncthreads(); // the indices written (a block's global writes are visible to it after a barrier)
     for (int p = t; p < a.k; p += TOPK_THREADS) out[p] = cand[out[p]];
     if (t == 0) a.nsel[h] = a.k;
@@ -528,7 +570,7 @@ static __device__ bool topk_takes_all(const PkvSelArgs &a, int h, int n, int C, 
 // Block (h): the top-k where no step of this capacity has more than TOPK_ONE_BLOCK candidates a
 // head (topk_one_block_always): the same as the cluster's first block, without a cluster launch.
 static __global__ void __launch_bounds__(TOPK_THREADS) pkv_topk1_kernel(PkvSelArgs a) {
-    __shared__ int hist[EST_BINS], h2[1024], h3[1024];
+    __shared__ __align__(16) int hist[EST_BINS], h2[1024], h3[1024];
     __shared__ int red[32];
     extern __shared__ uint32_t keys[];
     int h = blockIdx.x;
@@ -549,7 +591,7 @@ static __global__ void __launch_bounds__(TOPK_THREADS) pkv_topk1_kernel(PkvSelAr
 // counts its items above T and equal to it, and a last ordered pass writes block j's items
 // above T and its share of the first r ties at its offset (the items of blocks before it).
 static __global__ void __cluster_dims__(TOPK_CLUSTER, 1, 1) __launch_bounds__(TOPK_THREADS) pkv_topk_kernel(PkvSelArgs a) {
-    __shared__ int hist[EST_BINS], h2[1024], h3[1024];
+    __shared__ __align__(16) int hist[EST_BINS], h2[1024], h3[1024];
     __shared__ int red[32];
     __shared__ long long red64[32];
     __shared__ int s_d, s_above, s_in, s_gt, s_eq;
@@ -574,7 +616,7 @@ static __global__ void __cluster_dims__(TOPK_CLUSTER, 1, 1) __launch_bounds__(TO
     __syncthreads();
     pdl_release();
     int r = k, gt = 0; // gt: this thread's items above the k-th key
-    find_digit(hist, EST_BINS, r, red, &s_d, &s_above, &s_in);
+    find_digit<EST_PER>(hist, r, red, &s_d, &s_above, &s_in);
     const uint32_t d1 = s_d;
     r -= s_above;
     est_pass(est, lo, hi, [&](int, uint32_t key) {
@@ -583,7 +625,7 @@ static __global__ void __cluster_dims__(TOPK_CLUSTER, 1, 1) __launch_bounds__(TO
     });
     cl.sync();
     cluster_hist_sum(cl, h2, hist, 1024);
-    find_digit(hist, 1024, r, red, &s_d, &s_above, &s_in);
+    find_digit<DIG_PER>(hist, r, red, &s_d, &s_above, &s_in);
     const uint32_t p22 = d1 << 10 | (uint32_t)s_d; // the k-th key's first 22 bits
     r -= s_above;
     est_pass(est, lo, hi, [&](int, uint32_t key) {
@@ -593,7 +635,7 @@ static __global__ void __cluster_dims__(TOPK_CLUSTER, 1, 1) __launch_bounds__(TO
     });
     cl.sync();
     cluster_hist_sum(cl, h3, hist, 1024);
-    find_digit(hist, 1024, r, red, &s_d, &s_above, &s_in);
+    find_digit<DIG_PER>(hist, r, red, &s_d, &s_above, &s_in);
     const uint32_t T = p22 << 10 | (uint32_t)s_d; // the k-th key
     r -= s_above;                                  // of its ties, the first r in slot order are taken
     // This block's items above T and equal to it (its own digit-3 histogram above and at T's bin).
