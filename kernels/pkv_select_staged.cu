@@ -200,15 +200,23 @@ static __device__ void topc_threshold(const int32_t *hh, int B, int C, int j0, i
 }
 
 // The candidates among slots [lo, hi) (lo a multiple of 16) written to cand at their ranks: a
-// pass over the scores (L2: just written), 16 a thread, four a word (SIMD within a register).
+// pass over the scores (L2: just written), 16 a thread, four a word (SIMD within a register);
+// the next chunk's scores are asked for before this chunk's scan (at 1M a block takes ~8 chunks:
+// one L2 round trip each, in turn, was ~14 us of the kernel's ~67).
 // G / E: the slots before lo scoring > thr / == thr, advanced past hi.
 static __device__ void topc_write(const uint8_t *sc, int *cand, int lo, int hi, int thr, int quota, int &Gb, int &Eb) {
     __shared__ int red[32];
     const int t = threadIdx.x;
     const uint32_t thr4 = (uint32_t)thr * 0x01010101u;
+    auto scores = [&](int c0) { // in bounds: capp % 16 == 0
+        int i0 = c0 + 16 * t;
+        return i0 < hi ? *(const uint4 *)(sc + i0) : make_uint4(0, 0, 0, 0);
+    };
+    uint4 sv_next = scores(lo);
     for (int c0 = lo; c0 < hi; c0 += EMIT_CHUNK) {
         int i0 = c0 + 16 * t, nv = min(max(hi - i0, 0), 16); // valid scores of this thread's 16
-        uint4 sv = nv ? *(const uint4 *)(sc + i0) : make_uint4(0, 0, 0, 0); // in bounds: capp % 16 == 0
+        uint4 sv = sv_next;
+        sv_next = scores(c0 + EMIT_CHUNK);
         const uint32_t sw[4] = {sv.x, sv.y, sv.z, sv.w};
         uint32_t gm[4], em[4]; // byte masks of > thr and == thr
         int ng = 0, ne = 0;
