@@ -201,8 +201,8 @@ static __device__ void topc_threshold(const int32_t *hh, int B, int C, int j0, i
 
 // The candidates among slots [lo, hi) (lo a multiple of 16) written to cand at their ranks: a
 // pass over the scores (L2: just written), 16 a thread, four a word (SIMD within a register);
-// the next chunk's scores are asked for before this chunk's scan (at 1M a block takes ~8 chunks:
-// one L2 round trip each, in turn, was ~14 us of the kernel's ~67).
+// the next chunk's scores are asked for before this chunk's scan (at 1M a block takes ~8 chunks,
+// ~14 us of its ~67; reading ahead saved ~0.5 of them: the rest is the scans and the stores).
 // G / E: the slots before lo scoring > thr / == thr, advanced past hi.
 static __device__ void topc_write(const uint8_t *sc, int *cand, int lo, int hi, int thr, int quota, int &Gb, int &Eb) {
     __shared__ int red[32];
