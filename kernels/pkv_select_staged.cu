@@ -329,7 +329,7 @@ static __device__ void rerank_finish(int32_t *hh, const int *h1) {
 
 // ---- the top-k ----
 
-// The bin d of hist (nb bins, nb = per x the block size) holding the r-th largest item
+// The bin d of hist (PER x the block size bins) holding the r-th largest item
 // (r >= 1): the items of the bins above d number *above < r <= *above + hist[d] = *above + *in.
 // Thread t takes bins [t per, (t+1) per), read at once as 16-byte words (hist 16-byte aligned):
 // one word a bin, at stride per, made an 8-way bank conflict of each read at per = 8.
@@ -467,22 +467,12 @@ static __device__ void write_ordered(const float *est, const int *cand, int *out
     }
 }
 
-// f(i, key) for the keys [0, C) in shared memory (16-byte aligned), 4 a 16-byte read: thread t
-// reads words 4 (v TOPK_THREADS + t), conflict-free. Any order: for histograms.
-template <typename F> static __device__ __forceinline__ void keys_pass(const uint32_t *keys, int C, F f) {
+// f(i, key) for the keys i0, i0 + 1, ... below hi in shared memory (16-byte aligned), 4 a 16-byte
+// read at i0, i0 + step, ... (i0 and step multiples of 4): block-strided (i0 = 4 t, step 4 x the
+// block: conflict-free, any order, for histograms) or one thread's contiguous range (step 4).
+template <typename F> static __device__ __forceinline__ void keys_pass(const uint32_t *keys, int i0, int hi, int step, F f) {
 #pragma unroll 4
-    for (int i = 4 * threadIdx.x; i < C; i += 4 * TOPK_THREADS) {
-        uint4 w = *(const uint4 *)(keys + i);
-        f(i, w.x);
-        if (i + 1 < C) f(i + 1, w.y);
-        if (i + 2 < C) f(i + 2, w.z);
-        if (i + 3 < C) f(i + 3, w.w);
-    }
-}
-// f(i, key) for the keys [lo, hi) in order (lo a multiple of 4), 4 a 16-byte read.
-template <typename F> static __device__ __forceinline__ void range_pass(const uint32_t *keys, int lo, int hi, F f) {
-#pragma unroll 4
-    for (int i = lo; i < hi; i += 4) {
+    for (int i = i0; i < hi; i += step) {
         uint4 w = *(const uint4 *)(keys + i);
         f(i, w.x);
         if (i + 1 < hi) f(i + 1, w.y);
@@ -527,14 +517,14 @@ static __device__ void topk_one_block(const PkvSelArgs &a, int h, int C, uint32_
     find_digit<EST_PER>(hist, r, red, &s_d, &s_above, &s_in);
     const uint32_t d1 = s_d;
     r -= s_above;
-    keys_pass(keys, C, [&](int, uint32_t key) {
+    keys_pass(keys, 4 * t, C, 4 * TOPK_THREADS, [&](int, uint32_t key) {
         if (key >> 20 == d1) atomicAdd(&h2[(key >> 10) & 1023], 1);
     });
     __syncthreads();
     find_digit<DIG_PER>(h2, r, red, &s_d, &s_above, &s_in);
     const uint32_t p22 = d1 << 10 | (uint32_t)s_d;
     r -= s_above;
-    keys_pass(keys, C, [&](int, uint32_t key) {
+    keys_pass(keys, 4 * t, C, 4 * TOPK_THREADS, [&](int, uint32_t key) {
         if (key >> 10 == p22) atomicAdd(&h3[key & 1023], 1);
     });
     __syncthreads();
@@ -547,11 +537,11 @@ static __device__ void topk_one_block(const PkvSelArgs &a, int h, int C, uint32_
     // gets the item's index first, its slot after a barrier (one L2 round trip for all k).
     const int per = ((C + 4 * TOPK_THREADS - 1) / (4 * TOPK_THREADS)) * 4, lo = min(t * per, C), hi = min(lo + per, C);
     int g = 0, e = 0;
-    range_pass(keys, lo, hi, [&](int, uint32_t key) { g += key > T, e += key == T; });
+    keys_pass(keys, lo, hi, 4, [&](int, uint32_t key) { g += key > T, e += key == T; });
     int tot, ex = block_scan(g << 16 | e, red, &tot);
     int G = ex >> 16, E = ex & 0xffff;
     int *out = a.sel + (size_t)h * a.kmax;
-    range_pass(keys, lo, hi, [&](int i, uint32_t key) {
+    keys_pass(keys, lo, hi, 4, [&](int i, uint32_t key) {
         if (key > T) out[G + min(E, quota)] = i, G++;
         else if (key == T) {
             if (E < quota) out[G + E] = i;
