@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the repo root, with binaries from kernels/prepare_device.sh in .dev/:
 # kernel tests against the CPU reference, whole-model GPU vs CPU, and the decode benchmark.
-# Usage: kernels/gpu_checks.sh [kernels|mutants|models|smollm2|passkey|fp8|prefill1m|pkvprof|fp8prof|sampling|quant|quantbench|pkvrand|pkvchat|pkvsmol|pkvfp8|pkvcache|pkvtable|pkvlayer|pkvchunk|pkvdrift|session|sessbench|pkvsan|pkvlong|pkvbench|bench|prefill|peer|hfcheck|tp|tpbench|all]...
+# Usage: kernels/gpu_checks.sh [kernels|mutants|models|smollm2|passkey|fp8|prefill1m|pkvprof|fp8prof|timeline|sampling|quant|quantbench|pkvrand|pkvchat|pkvsmol|pkvfp8|pkvcache|pkvtable|pkvlayer|pkvchunk|pkvdrift|session|sessbench|pkvsan|pkvlong|pkvbench|bench|prefill|peer|hfcheck|tp|tpbench|all]...
 # tp, tpbench need two GPUs (--gpus 2) and are left out of `all`, as are prefill1m (a whole call)
-# and pkvprof, fp8prof (Nsight Compute).
+# and pkvprof, fp8prof (Nsight Compute) and timeline (CUPTI).
 # Exits non-zero when any check fails: every command's status counts (pipefail: a `cmd | tee`
 # fails when cmd does), and a GPU/CPU mismatch is a failure, not a note.
 set -uo pipefail
@@ -17,7 +17,7 @@ unpack_dev || exit 1   # the carried build, afresh when .dev holds another; says
 OUT=${OUT:-/tmp/gpu-out}
 mkdir -p "$OUT"
 status=0
-want() { for a in "${STEPS[@]}"; do [ "$a" = "$1" ] || { [ "$a" = all ] && [ "${1#tp}" = "$1" ] && [ "$1" != prefill1m ] && [ "${1%prof}" = "$1" ]; } && return 0; done; return 1; }
+want() { for a in "${STEPS[@]}"; do [ "$a" = "$1" ] || { [ "$a" = all ] && [ "${1#tp}" = "$1" ] && [ "$1" != prefill1m ] && [ "$1" != timeline ] && [ "${1%prof}" = "$1" ]; } && return 0; done; return 1; }
 # nll_close LABEL A B: the mean NLLs of two `./run --score` outputs within 0.02 of each other.
 nll_close() {
     python3 - "$@" <<'PY'
@@ -591,6 +591,22 @@ if want pkvlong; then
     python3 -c "import random; random.seed(7); print(' '.join(str(random.randrange(128000)) for _ in range($N)))" > /tmp/ids$N.txt
     timeout 590 $D/run --synthetic llama3.1-8b --ids -f /tmp/ids$N.txt -n ${PKV_LONG_N:-38000} --temp 0 --ctx $((N + 38016)) --attn pariskv \
         --kv-store host 2>&1 >/dev/null | grep -v "^warning" | tee "$OUT/pkvlong.txt" || status=1
+fi
+if want timeline; then
+    # Where a ParisKV decode step's time goes, kernel by kernel (issue 24): 64 greedy tokens after
+    # a 128K-token prompt of random ids on Qwen3-8B's shape, every kernel's start and end recorded
+    # by CUPTI (kernels/bench/kernel_timeline.c; tracing adds ~15% to the step), then each layer
+    # laid out from its first selection kernel (kernels/bench/kernel_timeline.py). TL_MODEL,
+    # TL_CTX, TL_ARGS change the run.
+    if [ ! -f $D/libkt.so ]; then echo "FAIL timeline: no .dev/libkt.so (the build machine's toolkit had no CUPTI)"; status=1; else
+        N=${TL_CTX:-131072}
+        python3 -c "import random; random.seed(7); print(' '.join(str(random.randrange(150000)) for _ in range($N)))" > /tmp/ids$N.txt
+        CUDA_INJECTION64_PATH=$PWD/$D/libkt.so KT_OUT=$OUT/timeline.csv timeout 400 $D/run --synthetic ${TL_MODEL:-qwen3-8b} --attn pariskv \
+            --kv-store host ${TL_ARGS:-} --ids -f /tmp/ids$N.txt --ctx $((N + 128)) -n 64 --temp 0 --ignore-eos 2>&1 >/dev/null |
+            grep -v "^warning" | tail -n 1 || status=1
+        python3 kernels/bench/kernel_timeline.py $OUT/timeline.csv | tee $OUT/timeline.txt || status=1
+        gzip -f $OUT/timeline.csv
+    fi
 fi
 if want pkvtable; then
     # Issue 24's table: the ParisKV step with the zone in host memory, k = 100 unless stated, the

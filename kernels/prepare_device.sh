@@ -20,9 +20,17 @@ for l in libutf8proc.so.2 libcjson.so.1 libgomp.so.1 libsentencepiece.so.0 libst
          libedit.so.2 libbsd.so.0 libmd.so.0 libtinfo.so.6 libdnnl.so.2 libOpenCL.so.1; do # libedit: chat's line editing; libdnnl: the CPU path's prompt GEMMs
     cp -L /lib/x86_64-linux-gnu/$l .dev/lib/
 done
+# The kernel timeline's CUPTI injection library (kernels/bench/kernel_timeline.c; gpu_checks.sh
+# timeline), with the toolkit's CUPTI beside the other libraries, where the toolkit has it.
+CUDA_DIR=$(dirname "$(dirname "$(command -v nvcc)")")
+if [ -f "$CUDA_DIR/include/cupti.h" ] && ls "$CUDA_DIR"/lib64/libcupti.so.* > /dev/null 2>&1; then
+    gcc -O2 -std=c11 -Wall -Wextra -shared -fPIC -I"$CUDA_DIR/include" -o .dev/libkt.so kernels/bench/kernel_timeline.c \
+        -L"$CUDA_DIR/lib64" -lcupti -Wl,-rpath,'$ORIGIN/lib'
+    cp -L "$(ls "$CUDA_DIR"/lib64/libcupti.so.* | head -1)" .dev/lib/
+fi
 touch -d '2000-01-01' run export   # the next plain `make` relinks the native build
 # What a device call carries (the working tree may travel 64 MiB at most): .devz, compressed;
 # gpu_checks.sh unpacks it into .dev there.
-mkdir -p .devz && (cd .dev && tar cf - BUILD run export test_* lib | xz -6 -T2 > ../.devz/dev.tar.xz)
+mkdir -p .devz && (cd .dev && tar cf - BUILD run export test_* lib $(ls libkt.so 2>/dev/null) | xz -6 -T2 > ../.devz/dev.tar.xz)
 grep -qs '^/.devz/' .git/info/exclude || echo '/.devz/' >> .git/info/exclude
 ls -la .dev .dev/lib
