@@ -15,9 +15,8 @@ with (gzip.open(path, "rt") if path.endswith(".gz") else open(path)) as f:
 rows.sort()
 
 
-def short(name):  # the mangled name's identifier and its first template arguments
-    n = re.sub(r"^_Z\d+", "", name)
-    return n[:44]
+def short(name):  # the mangled name without its _Z<length> prefix, cut to 44 characters (the
+    return re.sub(r"^_Z\d+", "", name)[:44]  # identifier and the start of its template arguments)
 
 
 idx = [i for i, r in enumerate(rows) if marker in r[3]]
@@ -36,7 +35,7 @@ for j in range(len(idx) - 1):
     used += 1
     t0, t1 = rows[idx[j]][0], rows[idx[j + 1]][0]
     seen = collections.Counter()
-    for r in rows[max(idx[j] - 64, 0):idx[j + 1] + 1]:
+    for r in rows[max(idx[j] - 64, 0):idx[j + 1] + 1]:  # from 64 launches back: GEMVs started early by PDL
         if r[1] < t0 or r[0] >= t1:  # not running inside this layer's period
             continue
         name = short(r[3])
