@@ -56,7 +56,9 @@ __device__ __forceinline__ void mbar_wait(uint64_t *b, int parity) {
                      : "=r"(ok)
                      : "r"(a), "r"(parity)
                      : "memory");
-        if (++spins > (1L << 26)) __trap(); // a deadlock becomes a launch error, not a hang
+        // A deadlock becomes a launch error (a store to address 0), not a hang. Not __trap(): with a
+        // trap here ptxas keeps the whole kernel within its entry budget, setmaxnreg.inc ignored.
+        if (++spins > (1L << 26)) asm volatile("st.global.u32 [%0], 1;" ::"l"(0ull) : "memory");
     } while (!ok);
 }
 // Arrives on the barrier (counted in its expected count) once all earlier cp.async of this thread land.
@@ -84,6 +86,14 @@ __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.a
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N> __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Waits for all of this warpgroup's wgmmas, placed after the computation of v (v >= 0 or NaN: the
+// branch always goes the first way). Unconditional, ptxas hoists the wait above the softmax and the
+// PV GEMM no longer overlaps it; one-armed, ptxas sees a path reading accumulators in flight and
+// serializes every wgmma of the kernel (C7514). Both arms wait, in asm ptxas cannot merge.
+__device__ __forceinline__ void wgmma_wait_all_after(float v) {
+    if (!(v < 0.f)) wgmma_wait<0>();
+    else asm volatile("wgmma.wait_group.sync.aligned 0; // the arm never taken\n" ::: "memory");
 }
 // Pins accumulator registers after a wgmma wait so that no read of them moves above it.
 template <int N> __device__ __forceinline__ void fence_regs(float (&r)[N]) {

@@ -13,19 +13,20 @@
 // "slabs" of R rows x 128 bytes; the 16-byte chunk c of row r sits at chunk c ^ (r % 8) of that row.
 // Slabs start on 1024-byte boundaries.
 //
-// Kernel 1 (sm_90a, wgmma; the default): 2 warpgroups of 64 rows, 128-key tiles. K/V tiles go through a
-// 3-stage ring of shared memory filled by TMA bulk tensor copies that thread 0 issues, with mbarrier
-// full/empty handshakes (the copies complete the full barrier's transaction count; a slot is refilled
-// once both warpgroups released it). Q is copied once by all threads (cp.async). S = Q K^T with both operands from shared memory; O += P V with P from
+// Kernel 1 (sm_90a, wgmma; the default): 2 consumer warpgroups of 64 rows, 128-key tiles, and a
+// producer warpgroup whose one thread fills a 3-stage ring of shared memory with TMA bulk tensor
+// copies, with mbarrier full/empty handshakes (the copies complete the full barrier's transaction
+// count; a slot is refilled once both consumers released it). The producer keeps 24 registers a
+// thread and gives the rest to the consumers (setmaxnreg: 240). Q is copied once by the consumers
+// (cp.async). S = Q K^T with both operands from shared memory; O += P V with P from
 // registers and V read transposed (MN-major) from shared memory. The S GEMM of tile j+1 is issued
-// before the PV GEMM of tile j, so the softmax of one tile overlaps the PV GEMM.
+// before the PV GEMM of tile j, so the softmax of one tile overlaps the PV GEMM; the two consumers
+// take turns issuing their GEMMs (named barriers).
 // Kernel 2 (sm_80+, mma.sync m16n8k16; fallback): FA2 layout, 8 warps x 16 rows, 64-key tiles, 2-stage
 // cp.async, ldmatrix from the same swizzled layout.
-// Measured on an H100 (kernels/bench/flash_prefill.md): Qwen3-8B shapes, whole 128K prompt, kernel 1
-// 499-503 TFLOP/s (10.1 s over 36 layers; 452 with the threads' cp.async copies, MODE 0), kernel 2
-// 306 TFLOP/s. Tried and slower: the MODE 1/2 scheduling
-// variants below; a separate producer warpgroup with setmaxnreg (ptxas 13.0 then caps every thread at
-// 168 registers, the consumers spill and the wgmmas serialize).
+// Measured on an H100 (kernels/bench/flash_prefill.md, tests/bench/GPU.md): Qwen3-8B shapes, whole
+// 128K prompt, kernel 1 574-587 TFLOP/s (MODE 5 below; MODE 3, thread 0 of the consumers issuing
+// the copies: 504-515; MODE 0, the threads' cp.async copies: 452), kernel 2 306 TFLOP/s.
 // Why one file of ~670 lines: the wgmma and mma.sync kernels share the swizzled tile layout, its
 // loaders and the online-softmax epilogue below; apart, the two would drift.
 #include "flash_prefill.h"
@@ -136,8 +137,16 @@ __device__ __forceinline__ void wgmma_rs_n64_tb(float (&d)[32], uint32_t a0, uin
 //         producer warp instead: ptxas then budgets 168 registers a thread, as for 384, and spills.)
 //         MODE 3 with MODE 2's turns measured no faster (494.7-491.0 against 498.9-503.1 TFLOP/s over
 //         the whole 128K prompt): not kept.
+// MODE 4: as MODE 3, but a third, producer warpgroup fills the ring (one thread of it issues the
+//         copies) and gives its registers to the two consumer warpgroups (setmaxnreg: 24 / 240 a
+//         thread), so no consumer thread waits for the other warpgroup's release of a slot: 572-583
+//         TFLOP/s against MODE 3's 504-515. (The 384-thread launch bound alone budgets 168 registers;
+//         ptxas honours setmaxnreg's 240 only with no trap in the kernel: flash_common.cuh.)
+// MODE 5: MODE 4 with MODE 2's turns (the default): 574-587.
+template <int MODE> constexpr int wg_threads() { return MODE >= 4 ? WG_THREADS + 128 : WG_THREADS; }
+
 template <int HD, int MODE>
-__global__ void __launch_bounds__(WG_THREADS, 1)
+__global__ void __launch_bounds__(wg_threads<MODE>(), 1)
     fp_wgmma_kernel(bf16 *__restrict__ out, const bf16 *__restrict__ q, const bf16 *__restrict__ kc,
                     const bf16 *__restrict__ vc, int pos0, int T, int n_heads, int n_kv, int ctx, int G, int nq,
                     int n_qtiles, float sl2, const __grid_constant__ CUtensorMap tmk, const __grid_constant__ CUtensorMap tmv) {
@@ -161,14 +170,14 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
     if (tid == 0) {
 #pragma unroll
         for (int s = 0; s < WG_STAGES; s++) {
-            mbar_init(&bar_full[s], MODE == 0 ? WG_THREADS : MODE == 3 ? 1 : 128);
+            mbar_init(&bar_full[s], MODE == 0 ? WG_THREADS : MODE >= 3 ? 1 : 128);
             mbar_init(&bar_empty[s], WG_THREADS);
         }
         mbar_init(&bar_q, WG_THREADS);
-        if (MODE == 3) asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); // visible to the TMA unit
+        if (MODE >= 3) asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); // visible to the TMA unit
     }
     __syncthreads();
-    constexpr bool TMA = MODE == 3;
+    constexpr bool TMA = MODE >= 3;
     auto tma_tile = [&](int jt) { // MODE 3, thread 0
         const int s = jt % WG_STAGES;
         const uint32_t kb = sKV + s * 2 * KVB;
@@ -193,20 +202,33 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
         }
         cp_async_arrive(&bar_full[s]);
     };
+    if constexpr (MODE >= 4) {
+        if (warp >= 8) { // the producer warpgroup: one thread fills the ring, slot by slot as it is released
+            asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+            if (warp == 8 && lane == 0)
+                for (int jt = 0; jt < n_tiles; jt++) {
+                    if (jt >= WG_STAGES) mbar_wait(&bar_empty[jt % WG_STAGES], (jt / WG_STAGES - 1) & 1);
+                    tma_tile(jt);
+                }
+            return;
+        }
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+    }
     load_q<HD, WG_THREADS>(sQ, q, t0, nqh, G, kvh, n_heads, tid);
     cp_async_arrive(&bar_q);
-    if (TMA) {
+    if (MODE >= 4) {
+    } else if (TMA) {
         if (tid == 0)
             for (int jt = 0; jt < WG_STAGES && jt < n_tiles; jt++) tma_tile(jt);
     } else if (MODE == 0 || tid >= 128)
         for (int jt = 0; jt < WG_STAGES && jt < n_tiles; jt++) issue_tile(jt);
-    if (MODE == 2 && tid >= 128) named_arrive(1); // warpgroup 0 issues first
+    if ((MODE == 2 || MODE == 5) && tid >= 128) named_arrive(1); // warpgroup 0 issues first
     // GEMM issue turns (MODE 2): point k of warpgroup w waits for the other's point k-1 (or the start).
     auto turn_begin = [&]() {
-        if constexpr (MODE == 2) named_sync(1 + (warp >> 2));
+        if constexpr (MODE == 2 || MODE == 5) named_sync(1 + (warp >> 2));
     };
     auto turn_end = [&](bool last) {
-        if constexpr (MODE == 2) {
+        if constexpr (MODE == 2 || MODE == 5) {
             if (!(last && warp >= 4)) named_arrive(2 - (warp >> 2));
         }
     };
@@ -327,12 +349,10 @@ __global__ void __launch_bounds__(WG_THREADS, 1)
         fence_regs(sacc);
         float a0, a1;
         softmax(j, a0, a1);                       // overlaps the PV GEMM
-        // Always true (l0 >= 0, or NaN), but ptxas cannot know: without the condition it hoists the
-        // wait above the exponentials and the softmax no longer overlaps the PV GEMM.
-        if (!(l0 < 0.f)) wgmma_wait<0>();
+        wgmma_wait_all_after(l0); // below the exponentials (flash_common.cuh says how)
         fence_regs(o);
         mbar_arrive(&bar_empty[sp]);
-        if (TMA && tid == 0 && j - 1 + WG_STAGES < n_tiles) {
+        if (MODE == 3 && tid == 0 && j - 1 + WG_STAGES < n_tiles) {
             mbar_wait(&bar_empty[sp], ((j - 1) / WG_STAGES) & 1);
             tma_tile(j - 1 + WG_STAGES);
         }
@@ -583,20 +603,29 @@ cudaError_t launch(int impl, bf16 *out, const bf16 *q, const bf16 *k, const bf16
         const int smem = wg_smem_bytes<HD>();
         CUtensorMap tmk, tmv;
         memset(&tmk, 0, sizeof tmk), memset(&tmv, 0, sizeof tmv);
-        if (impl == FLASH_PREFILL_WGMMA || impl == FLASH_PREFILL_AUTO) {
+        if (impl == FLASH_PREFILL_WGMMA || impl == FLASH_PREFILL_AUTO || impl == FLASH_PREFILL_WGMMA_M3 ||
+            impl == FLASH_PREFILL_WGMMA_M4) { // the modes that copy by TMA
             cudaError_t e = kv_tensor_map(&tmk, k, HD, pos0 + T, n_kv, ctx);
             if (e == cudaSuccess) e = kv_tensor_map(&tmv, v, HD, pos0 + T, n_kv, ctx);
-            if (e != cudaSuccess && impl == FLASH_PREFILL_WGMMA) return e;
-            impl = e == cudaSuccess ? FLASH_PREFILL_WGMMA : FLASH_PREFILL_WGMMA_M0; // no encoder from the driver: copies by the threads
+            if (e != cudaSuccess && impl != FLASH_PREFILL_AUTO) return e;
+            if (impl == FLASH_PREFILL_AUTO) // no encoder from the driver: copies by the threads
+                impl = e == cudaSuccess ? FLASH_PREFILL_WGMMA : FLASH_PREFILL_WGMMA_M0;
         }
-        void (*kern)(bf16 *, const bf16 *, const bf16 *, const bf16 *, int, int, int, int, int, int, int, int, float, const CUtensorMap,
-                     const CUtensorMap) = impl == FLASH_PREFILL_WGMMA_M1   ? fp_wgmma_kernel<HD, 1>
-                                          : impl == FLASH_PREFILL_WGMMA_M2 ? fp_wgmma_kernel<HD, 2>
-                                          : impl == FLASH_PREFILL_WGMMA_M0 ? fp_wgmma_kernel<HD, 0>
-                                                                           : fp_wgmma_kernel<HD, 3>;
+        typedef void (*Kern)(bf16 *, const bf16 *, const bf16 *, const bf16 *, int, int, int, int, int, int, int, int, float,
+                             const CUtensorMap, const CUtensorMap);
+        Kern kern = fp_wgmma_kernel<HD, 5>;
+        int threads = wg_threads<5>();
+        switch (impl) {
+        case FLASH_PREFILL_WGMMA_M0: kern = fp_wgmma_kernel<HD, 0>, threads = wg_threads<0>(); break;
+        case FLASH_PREFILL_WGMMA_M1: kern = fp_wgmma_kernel<HD, 1>, threads = wg_threads<1>(); break;
+        case FLASH_PREFILL_WGMMA_M2: kern = fp_wgmma_kernel<HD, 2>, threads = wg_threads<2>(); break;
+        case FLASH_PREFILL_WGMMA_M3: kern = fp_wgmma_kernel<HD, 3>, threads = wg_threads<3>(); break;
+        case FLASH_PREFILL_WGMMA_M4: kern = fp_wgmma_kernel<HD, 4>, threads = wg_threads<4>(); break;
+        default: break; // FLASH_PREFILL_WGMMA: MODE 5
+        }
         cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
         if (e != cudaSuccess) return e;
-        kern<<<grid, WG_THREADS, smem, st>>>(out, q, k, v, pos0, T, n_heads, n_kv, ctx, G, nq, n_qtiles, sl2, tmk, tmv);
+        kern<<<grid, threads, smem, st>>>(out, q, k, v, pos0, T, n_heads, n_kv, ctx, G, nq, n_qtiles, sl2, tmk, tmv);
     } else {
         const int smem = mma_smem_bytes<HD>();
         cudaError_t e = cudaFuncSetAttribute(fp_mma_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
@@ -619,7 +648,7 @@ extern "C" cudaError_t flash_prefill_impl(int impl, bf16 *out, const bf16 *q, co
     if (impl == FLASH_PREFILL_AUTO) impl = wgmma_usable(stream) ? FLASH_PREFILL_AUTO : FLASH_PREFILL_MMA; // AUTO: launch() picks
     else if (impl == FLASH_PREFILL_MMA) {
     } else if (impl == FLASH_PREFILL_WGMMA || impl == FLASH_PREFILL_WGMMA_M1 || impl == FLASH_PREFILL_WGMMA_M2 ||
-               impl == FLASH_PREFILL_WGMMA_M0) {
+               impl == FLASH_PREFILL_WGMMA_M0 || impl == FLASH_PREFILL_WGMMA_M3 || impl == FLASH_PREFILL_WGMMA_M4) {
         if (!wgmma_usable(stream)) return cudaErrorInvalidDeviceFunction;
     } else
         return cudaErrorInvalidValue;

@@ -225,16 +225,19 @@ __device__ __forceinline__ void wgmma8_rs_n64(float (&d)[32], uint32_t a0, uint3
 
 #endif // FP_HAVE_WGMMA
 
-// Block (q tile, KV head), as flash_prefill.cu's wgmma kernel (MODE 3). q8 / qs: the chunk's codes and
+// Block (q tile, KV head), as flash_prefill.cu's wgmma kernel (MODE 5). q8 / qs: the chunk's codes and
 // row scales; tmk / tmv: k8 (n_kv, capp, HD) and v8t (n_kv, HD, capp) as tensor maps; sk, sv: the K
 // and V scales of each 128-row tile (n_kv, capp / 128). A tile's K scale is part of its exp2 factor
 // (the running max is kept in exp2 units); O is kept in units of the current tile's V scale: each
 // rescale multiplies it by alpha x sv(j-1) / sv(j), and the output by the last tile's sv.
-// PP (to measure; PKV_FP8_PINGPONG=1): flash_prefill.cu's MODE 2 turns -- named barriers make the
-// two warpgroups take turns issuing their GEMMs, so that one's softmax runs beside the other's
-// GEMMs (no gain in bf16; fp8's GEMMs are half as long beside the same softmax).
-template <int HD, bool PP>
-__global__ void __launch_bounds__(F8_THREADS, 1)
+// PW: a third, producer warpgroup fills the ring and gives its registers to the two consumer
+// warpgroups (setmaxnreg 24 / 240); without it (MODE 3, the default until 2026-11-28), thread 0 of
+// the consumers issues the copies once both warpgroups released a slot. PP: flash_prefill.cu's
+// MODE 2 turns -- named barriers make the two warpgroups take turns issuing their GEMMs. H100,
+// whole 128K prompt (tests/bench/GPU.md): PW + PP (the default) 694-711 TFLOP/s, PW 661-698, neither
+// 624-628. The others kept to measure (PKV_FP8_VARIANT below).
+template <int HD, bool PP, bool PW>
+__global__ void __launch_bounds__(PW ? F8_THREADS + 128 : F8_THREADS, 1)
     f8_wgmma_kernel(bf16 *__restrict__ out, const uint8_t *__restrict__ q8, const float *__restrict__ qs, const float *__restrict__ sk,
                     const float *__restrict__ sv, int pos0, int T, int n_heads, int n_kv, int capp, int G, int nq, int n_qtiles, float sl2,
                     const __grid_constant__ CUtensorMap tmk, const __grid_constant__ CUtensorMap tmv) {
@@ -270,6 +273,18 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
         tma_load_3d(kb, &tmk, 0, jt * F8_BN, kvh, &bar_full[s]);
         tma_load_3d(kb + KB, &tmv, jt * F8_BN, 0, kvh, &bar_full[s]);
     };
+    if constexpr (PW) {
+        if (warp >= 8) { // the producer warpgroup: one thread fills the ring, slot by slot as it is released
+            asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+            if (warp == 8 && lane == 0)
+                for (int jt = 0; jt < n_tiles; jt++) {
+                    if (jt >= F8_STAGES) mbar_wait(&bar_empty[jt % F8_STAGES], (jt / F8_STAGES - 1) & 1);
+                    tma_tile(jt);
+                }
+            return;
+        }
+        asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+    }
     { // the Q tile: row r = (query t0 + min(r / G, nqh - 1), head kvh G + r % G), HD / 16 chunks a row
         constexpr int CPR = HD / 16;
 #pragma unroll
@@ -280,7 +295,7 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
         }
         cp_async_arrive(&bar_q);
     }
-    if (tid == 0)
+    if (!PW && tid == 0)
         for (int jt = 0; jt < F8_STAGES && jt < n_tiles; jt++) tma_tile(jt);
 
     const int wg = warp >> 2, wl = warp & 3, tq = lane & 3;
@@ -418,10 +433,10 @@ __global__ void __launch_bounds__(F8_THREADS, 1)
         fence_regs(sacc);
         float a0, a1;
         softmax(j, fk, a0, a1); // overlaps the PV GEMM
-        if (!(l0 < 0.f)) wgmma_wait<0>(); // see flash_prefill.cu: keeps the wait below the exponentials
+        wgmma_wait_all_after(l0); // below the exponentials
         fence_regs(o);
         mbar_arrive(&bar_empty[sp]);
-        if (tid == 0 && j - 1 + F8_STAGES < n_tiles) {
+        if (!PW && tid == 0 && j - 1 + F8_STAGES < n_tiles) {
             mbar_wait(&bar_empty[sp], ((j - 1) / F8_STAGES) & 1);
             tma_tile(j - 1 + F8_STAGES);
         }
@@ -533,12 +548,18 @@ cudaError_t f8_launch(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v, in
                           F8_BN, HD, CU_TENSOR_MAP_SWIZZLE_128B);
     if (e != cudaSuccess) return e;
     const int smem = f8_smem_bytes<HD>();
-    static const bool pp = getenv("PKV_FP8_PINGPONG") && atoi(getenv("PKV_FP8_PINGPONG")) == 1; // a variant to measure (WIP)
-    auto kern = pp ? f8_wgmma_kernel<HD, true> : f8_wgmma_kernel<HD, false>;
+    // PKV_FP8_VARIANT (to measure side by side): 0 or unset the producer warpgroup and the turns, 1
+    // the producer without turns, 2 thread 0's copies (the default until 2026-11-28), 3 with turns.
+    static const int var = getenv("PKV_FP8_VARIANT") ? atoi(getenv("PKV_FP8_VARIANT")) : 0;
+    const bool pw = var != 2 && var != 3;
+    auto kern = var == 1 ? f8_wgmma_kernel<HD, false, true>
+                : var == 2 ? f8_wgmma_kernel<HD, false, false>
+                : var == 3 ? f8_wgmma_kernel<HD, true, false>
+                           : f8_wgmma_kernel<HD, true, true>;
     e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
     if (e != cudaSuccess) return e;
     const float sl2 = (float)(1.4426950408889634 / sqrt((double)HD) / HD);
-    kern<<<(unsigned)(n_qtiles * n_kv), F8_THREADS, smem, st>>>(out, P.q8, P.qs, P.sk, P.sv, pos0, T, n_heads, n_kv, P.capp, G, nq, n_qtiles, sl2,
+    kern<<<(unsigned)(n_qtiles * n_kv), pw ? F8_THREADS + 128 : F8_THREADS, smem, st>>>(out, P.q8, P.qs, P.sk, P.sv, pos0, T, n_heads, n_kv, P.capp, G, nq, n_qtiles, sl2,
                                                                tmk, tmv);
     return cudaGetLastError();
 }

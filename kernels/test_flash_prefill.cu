@@ -4,7 +4,7 @@
 //   nvcc -gencode arch=compute_90a,code=sm_90a -O3 -std=c++17 -o build/fp/test_flash_prefill
 //        kernels/test_flash_prefill.cu kernels/flash_prefill.cu kernels/flash_prefill_fp8.cu -lpthread
 // Run:
-//   test_flash_prefill check IMPL    every correctness case (IMPL: wgmma | wgmma1 | wgmma2 | mma | fp8 | auto)
+//   test_flash_prefill check IMPL    every correctness case (IMPL: wgmma | wgmma0-4 | mma | fp8 | auto)
 //   test_flash_prefill small IMPL    the small cases only (for compute-sanitizer)
 //   test_flash_prefill bench IMPL    Qwen3-8B shapes at ctx 131072: chunks of T = 4096 / 8192 at several pos0,
 //                                    then every chunk of a whole 128K prompt, projected over 36 layers
@@ -447,6 +447,8 @@ int main(int argc, char **argv) {
     else if (!strcmp(impl, "wgmma1")) g_impl = FLASH_PREFILL_WGMMA_M1;
     else if (!strcmp(impl, "wgmma2")) g_impl = FLASH_PREFILL_WGMMA_M2;
     else if (!strcmp(impl, "wgmma0")) g_impl = FLASH_PREFILL_WGMMA_M0;
+    else if (!strcmp(impl, "wgmma3")) g_impl = FLASH_PREFILL_WGMMA_M3;
+    else if (!strcmp(impl, "wgmma4")) g_impl = FLASH_PREFILL_WGMMA_M4;
     else if (!strcmp(impl, "mma")) g_impl = FLASH_PREFILL_MMA;
     else if (!strcmp(impl, "fp8")) g_fp8 = true;
     else g_impl = FLASH_PREFILL_AUTO;
@@ -458,6 +460,6 @@ int main(int argc, char **argv) {
     if (!strcmp(mode, "check")) return check(false);
     if (!strcmp(mode, "small")) return check(true);
     if (!strcmp(mode, "bench")) return bench();
-    fprintf(stderr, "usage: %s check|small|bench wgmma|wgmma0|wgmma1|wgmma2|mma|fp8|auto\n", argv[0]);
+    fprintf(stderr, "usage: %s check|small|bench wgmma|wgmma0|wgmma1|wgmma2|wgmma3|wgmma4|mma|fp8|auto\n", argv[0]);
     return 2;
 }
