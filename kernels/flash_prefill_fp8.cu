@@ -235,7 +235,8 @@ __device__ __forceinline__ void wgmma8_rs_n64(float (&d)[32], uint32_t a0, uint3
 // the consumers issues the copies once both warpgroups released a slot. PP: flash_prefill.cu's
 // MODE 2 turns -- named barriers make the two warpgroups take turns issuing their GEMMs. H100,
 // whole 128K prompt (tests/bench/GPU.md): PW + PP (the default) 694-711 TFLOP/s, PW 661-698, neither
-// 624-628. The others kept to measure (PKV_FP8_VARIANT below).
+// 624-628; 730-749 for PW + PP once the softmax's row maxima and sums ran in four chains. The others
+// kept to measure (PKV_FP8_VARIANT below).
 template <int HD, bool PP, bool PW>
 __global__ void __launch_bounds__(PW ? F8_THREADS + 128 : F8_THREADS, 1)
     f8_wgmma_kernel(bf16 *__restrict__ out, const uint8_t *__restrict__ q8, const float *__restrict__ qs, const float *__restrict__ sk,
@@ -344,12 +345,18 @@ __global__ void __launch_bounds__(PW ? F8_THREADS + 128 : F8_THREADS, 1)
                     if (key > qp1) sacc[4 * i + 2 + e] = -INFINITY;
                 }
         }
-        float mx0 = -INFINITY, mx1 = -INFINITY;
+        // The row maxima and (below) sums in four chains each: one chain of 16 dependent steps was
+        // the softmax's critical path (Nsight Compute: fixed-latency "wait" stalls first).
+        float mxa[4], mxb[4];
+#pragma unroll
+        for (int c = 0; c < 4; c++) mxa[c] = mxb[c] = -INFINITY;
 #pragma unroll
         for (int i = 0; i < 16; i++) {
-            mx0 = fmaxf(mx0, fmaxf(sacc[4 * i], sacc[4 * i + 1]));
-            mx1 = fmaxf(mx1, fmaxf(sacc[4 * i + 2], sacc[4 * i + 3]));
+            mxa[i & 3] = fmaxf(mxa[i & 3], fmaxf(sacc[4 * i], sacc[4 * i + 1]));
+            mxb[i & 3] = fmaxf(mxb[i & 3], fmaxf(sacc[4 * i + 2], sacc[4 * i + 3]));
         }
+        float mx0 = fmaxf(fmaxf(mxa[0], mxa[1]), fmaxf(mxa[2], mxa[3]));
+        float mx1 = fmaxf(fmaxf(mxb[0], mxb[1]), fmaxf(mxb[2], mxb[3]));
         mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
         mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
         mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
@@ -361,16 +368,17 @@ __global__ void __launch_bounds__(PW ? F8_THREADS + 128 : F8_THREADS, 1)
         m0 = mn0;
         m1 = mn1;
         const float ms0 = mn0 - 8.0f, ms1 = mn1 - 8.0f; // weights x 2^8: at most 256 (e4m3 to 448)
-        float rs0 = 0.f, rs1 = 0.f;
+        float rsa[4] = {0.f, 0.f, 0.f, 0.f}, rsb[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
         for (int i = 0; i < 16; i++) {
             sacc[4 * i] = fast_exp2(fmaf(sacc[4 * i], c0, -ms0));
             sacc[4 * i + 1] = fast_exp2(fmaf(sacc[4 * i + 1], c0, -ms0));
             sacc[4 * i + 2] = fast_exp2(fmaf(sacc[4 * i + 2], c1, -ms1));
             sacc[4 * i + 3] = fast_exp2(fmaf(sacc[4 * i + 3], c1, -ms1));
-            rs0 += sacc[4 * i] + sacc[4 * i + 1];
-            rs1 += sacc[4 * i + 2] + sacc[4 * i + 3];
+            rsa[i & 3] += sacc[4 * i] + sacc[4 * i + 1];
+            rsb[i & 3] += sacc[4 * i + 2] + sacc[4 * i + 3];
         }
+        const float rs0 = (rsa[0] + rsa[1]) + (rsa[2] + rsa[3]), rs1 = (rsb[0] + rsb[1]) + (rsb[2] + rsb[3]);
         l0 = l0 * a0 + rs0;
         l1 = l1 * a1 + rs1;
     };
