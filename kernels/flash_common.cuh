@@ -100,16 +100,15 @@ template <int N> __device__ __forceinline__ void fence_regs(float (&r)[N]) {
 #pragma unroll
     for (int i = 0; i < N; i++) asm volatile("" : "+f"(r[i])::"memory");
 }
-// Shared-memory matrix descriptor. lbo/sbo in bytes.
-// The volatile move keeps the compiler from hoisting every descriptor of the unrolled loops into
-// registers of their own (which spilled): each is rebuilt from one base right before its wgmma.
-// swz: the layout's swizzle, 1 = 128-byte (the default), 2 = 64-byte.
-__device__ __forceinline__ uint64_t make_desc(uint32_t addr, uint32_t lbo, uint32_t sbo, uint64_t swz = 1) {
-    uint64_t d = (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)(lbo >> 4) << 16) | ((uint64_t)(sbo >> 4) << 32) |
-                 (swz << 62);
-    asm volatile("mov.b64 %0, %0;\n" : "+l"(d));
-    return d;
+// Shared-memory matrix descriptor of the tile at addr. lbo/sbo in bytes; swz: the layout's swizzle,
+// 1 = 128-byte (the default), 2 = 64-byte. A GEMM builds one a tile and adds desc_step(bytes) for
+// each k-slice: the address field (bits 0-13) holds address / 16 and never carries (shared memory
+// is < 256 KB). (Building each slice's descriptor from its address, behind a volatile move that
+// kept ptxas from hoisting them all into registers, cost 2-4%: tests/bench/GPU.md, session 20.)
+__device__ __forceinline__ uint64_t desc_at(uint32_t addr, uint32_t lbo, uint32_t sbo, uint64_t swz = 1) {
+    return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)(lbo >> 4) << 16) | ((uint64_t)(sbo >> 4) << 32) | (swz << 62);
 }
+__device__ __forceinline__ constexpr uint64_t desc_step(uint32_t bytes) { return bytes >> 4; }
 #endif // FP_HAVE_WGMMA
 
 // Whether a file's sm_90a kernels can run here: its module was built with them (built: the file's

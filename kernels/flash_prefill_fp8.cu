@@ -318,15 +318,20 @@ __global__ void __launch_bounds__(PW ? F8_THREADS + 128 : F8_THREADS, 1)
     uint32_t p[16];
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
 
+    // Each GEMM's descriptors: one built for the tile, the others that plus a constant (1-2%
+    // faster than building each one from its address before its wgmma).
+    const uint64_t dq0 = desc_at(qbase, 16, SBO, SW);
     auto s_gemm = [&](uint32_t kb) {
+        const uint64_t dk0 = desc_at(kb, 16, SBO, SW);
 #pragma unroll
         for (int kk = 0; kk < HD / 32; kk++)
-            wgmma8_ss_n128(sacc, make_desc(qbase + kk * 32, 16, SBO, SW), make_desc(kb + kk * 32, 16, SBO, SW), kk > 0);
+            wgmma8_ss_n128(sacc, dq0 + desc_step(kk * 32), dk0 + desc_step(kk * 32), kk > 0);
     };
     auto pv_gemm = [&](uint32_t vb) {
+        const uint64_t dv0 = desc_at(vb, 16, 1024, 1); // V^T rows: 128 keys, 128-byte swizzle
 #pragma unroll
         for (int kk = 0; kk < F8_BN / 32; kk++) {
-            const uint64_t db = make_desc(vb + kk * 32, 16, 1024, 1); // V^T rows: 128 keys, 128-byte swizzle
+            const uint64_t db = dv0 + desc_step(kk * 32);
             if constexpr (HD == 128) wgmma8_rs_n128(o, p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3], db);
             else wgmma8_rs_n64(o, p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3], db);
         }
