@@ -48,7 +48,7 @@ constexpr int WG_THREADS = 256; // 2 warpgroups; each thread also copies its sha
 constexpr int MMA_BN = 64;     // keys per tile, mma kernel
 constexpr int MMA_THREADS = 256;
 
-template <int HD> constexpr int wg_smem_bytes() { return 1024 + BM * HD * 2 + WG_STAGES * 2 * WG_BN * HD * 2; }
+template <int HD, int BN = WG_BN, int ST = WG_STAGES> constexpr int wg_smem_bytes() { return 1024 + BM * HD * 2 + ST * 2 * BN * HD * 2; }
 template <int HD> constexpr int mma_smem_bytes() { return 1024 + BM * HD * 2 + 2 * 2 * MMA_BN * HD * 2; }
 
 // Byte offset of 16-byte chunk c (0 .. HD/8-1) of row r in an R-row swizzled tile.
@@ -103,6 +103,21 @@ __device__ __forceinline__ void wgmma_ss_n128(float (&d)[64], uint64_t da, uint6
         : "l"(da), "l"(db), "r"(scale_d));
 }
 
+// D(64x160, f32) (+)= A(64x16, smem desc, K-major) * B(160x16, smem desc, K-major)^T
+__device__ __forceinline__ void wgmma_ss_n160(float (&d)[80], uint64_t da, uint64_t db, int scale_d) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %82, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n160k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79}, %80, %81, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79])
+        : "l"(da), "l"(db), "r"(scale_d));
+}
+// S (+)= Q K^T for a tile of BN keys.
+template <int BN> __device__ __forceinline__ void wgmma_ss(float (&d)[BN / 2], uint64_t da, uint64_t db, int scale_d) {
+    if constexpr (BN == 128) wgmma_ss_n128(d, da, db, scale_d);
+    else wgmma_ss_n160(d, da, db, scale_d);
+}
+
 // D(64x128, f32) += A(64x16, bf16 registers) * B(16x128, smem desc, MN-major i.e. transposed)
 __device__ __forceinline__ void wgmma_rs_n128_tb(float (&d)[64], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint64_t db) {
     asm volatile(
@@ -142,19 +157,22 @@ __device__ __forceinline__ void wgmma_rs_n64_tb(float (&d)[32], uint32_t a0, uin
 //         thread), so no consumer thread waits for the other warpgroup's release of a slot: 572-583
 //         TFLOP/s against MODE 3's 504-515. (The 384-thread launch bound alone budgets 168 registers;
 //         ptxas honours setmaxnreg's 240 only with no trap in the kernel: flash_common.cuh.)
-// MODE 5: MODE 4 with MODE 2's turns (the default): 574-587.
+// MODE 5: MODE 4 with MODE 2's turns (the default): 574-587 (576-590 with one descriptor a tile).
+//         With tiles of 160 keys (BN 160, a ring of 2 stages: 3 do not fit; FLASH_PREFILL_WGMMA_N160)
+//         460-464 against 576-593 in the same call: not kept as the default.
 template <int MODE> constexpr int wg_threads() { return MODE >= 4 ? WG_THREADS + 128 : WG_THREADS; }
 
-template <int HD, int MODE>
+// BN, ST: keys a tile and the ring's depth (160 keys only with TMA, MODES 3-5, in a ring of 2).
+template <int HD, int MODE, int BN = WG_BN, int ST = WG_STAGES>
 __global__ void __launch_bounds__(wg_threads<MODE>(), 1)
     fp_wgmma_kernel(bf16 *__restrict__ out, const bf16 *__restrict__ q, const bf16 *__restrict__ kc,
                     const bf16 *__restrict__ vc, int pos0, int T, int n_heads, int n_kv, int ctx, int G, int nq,
                     int n_qtiles, float sl2, const __grid_constant__ CUtensorMap tmk, const __grid_constant__ CUtensorMap tmv) {
 #if FP_HAVE_WGMMA
-    constexpr int QB = BM * HD * 2, KVB = WG_BN * HD * 2;
+    constexpr int QB = BM * HD * 2, KVB = BN * HD * 2;
     constexpr int NO = HD / 2; // O accumulators per thread (m64 x nHD over 128 threads)
     extern __shared__ uint8_t smem_raw[];
-    __shared__ __align__(8) uint64_t bar_full[WG_STAGES], bar_empty[WG_STAGES], bar_q;
+    __shared__ __align__(8) uint64_t bar_full[ST], bar_empty[ST], bar_q;
     const uint32_t sQ = (smem_u32(smem_raw) + 1023u) & ~1023u;
     const uint32_t sKV = sQ + QB; // stage s: K at sKV + s*2*KVB, V right after
 
@@ -163,13 +181,13 @@ __global__ void __launch_bounds__(wg_threads<MODE>(), 1)
     const int t0 = qt * nq;
     const int nqh = min(nq, T - t0);
     const int kv_len = pos0 + t0 + nqh; // keys 0 .. kv_len-1 are visible to some row
-    const int n_tiles = (kv_len + WG_BN - 1) / WG_BN;
+    const int n_tiles = (kv_len + BN - 1) / BN;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const bf16 *kg = kc + (size_t)kvh * ctx * HD, *vg = vc + (size_t)kvh * ctx * HD;
 
     if (tid == 0) {
 #pragma unroll
-        for (int s = 0; s < WG_STAGES; s++) {
+        for (int s = 0; s < ST; s++) {
             mbar_init(&bar_full[s], MODE == 0 ? WG_THREADS : MODE >= 3 ? 1 : 128);
             mbar_init(&bar_empty[s], WG_THREADS);
         }
@@ -179,26 +197,26 @@ __global__ void __launch_bounds__(wg_threads<MODE>(), 1)
     __syncthreads();
     constexpr bool TMA = MODE >= 3;
     auto tma_tile = [&](int jt) { // MODE 3, thread 0
-        const int s = jt % WG_STAGES;
+        const int s = jt % ST;
         const uint32_t kb = sKV + s * 2 * KVB;
         mbar_expect_tx(&bar_full[s], 2 * KVB);
 #pragma unroll
         for (int sl = 0; sl < HD / 64; sl++) {
-            tma_load_3d(kb + sl * WG_BN * 128, &tmk, sl * 64, jt * WG_BN, kvh, &bar_full[s]);
-            tma_load_3d(kb + KVB + sl * WG_BN * 128, &tmv, sl * 64, jt * WG_BN, kvh, &bar_full[s]);
+            tma_load_3d(kb + sl * BN * 128, &tmk, sl * 64, jt * BN, kvh, &bar_full[s]);
+            tma_load_3d(kb + KVB + sl * BN * 128, &tmv, sl * 64, jt * BN, kvh, &bar_full[s]);
         }
     };
 
     // The copying threads each copy their share of a tile and arrive on the tile's barrier when it lands.
     auto issue_tile = [&](int jt) {
-        const int s = jt % WG_STAGES;
+        const int s = jt % ST;
         const uint32_t kb = sKV + s * 2 * KVB;
         if constexpr (MODE == 0) {
-            load_rows<HD, WG_BN, WG_THREADS>(kb, kg, jt * WG_BN, kv_len - 1, tid);
-            load_rows<HD, WG_BN, WG_THREADS>(kb + KVB, vg, jt * WG_BN, kv_len - 1, tid);
+            load_rows<HD, BN, WG_THREADS>(kb, kg, jt * BN, kv_len - 1, tid);
+            load_rows<HD, BN, WG_THREADS>(kb + KVB, vg, jt * BN, kv_len - 1, tid);
         } else {
-            load_rows<HD, WG_BN, 128>(kb, kg, jt * WG_BN, kv_len - 1, tid - 128);
-            load_rows<HD, WG_BN, 128>(kb + KVB, vg, jt * WG_BN, kv_len - 1, tid - 128);
+            load_rows<HD, BN, 128>(kb, kg, jt * BN, kv_len - 1, tid - 128);
+            load_rows<HD, BN, 128>(kb + KVB, vg, jt * BN, kv_len - 1, tid - 128);
         }
         cp_async_arrive(&bar_full[s]);
     };
@@ -207,7 +225,7 @@ __global__ void __launch_bounds__(wg_threads<MODE>(), 1)
             asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
             if (warp == 8 && lane == 0)
                 for (int jt = 0; jt < n_tiles; jt++) {
-                    if (jt >= WG_STAGES) mbar_wait(&bar_empty[jt % WG_STAGES], (jt / WG_STAGES - 1) & 1);
+                    if (jt >= ST) mbar_wait(&bar_empty[jt % ST], (jt / ST - 1) & 1);
                     tma_tile(jt);
                 }
             return;
@@ -219,9 +237,9 @@ __global__ void __launch_bounds__(wg_threads<MODE>(), 1)
     if (MODE >= 4) {
     } else if (TMA) {
         if (tid == 0)
-            for (int jt = 0; jt < WG_STAGES && jt < n_tiles; jt++) tma_tile(jt);
+            for (int jt = 0; jt < ST && jt < n_tiles; jt++) tma_tile(jt);
     } else if (MODE == 0 || tid >= 128)
-        for (int jt = 0; jt < WG_STAGES && jt < n_tiles; jt++) issue_tile(jt);
+        for (int jt = 0; jt < ST && jt < n_tiles; jt++) issue_tile(jt);
     if ((MODE == 2 || MODE == 5) && tid >= 128) named_arrive(1); // warpgroup 0 issues first
     // GEMM issue turns (MODE 2): point k of warpgroup w waits for the other's point k-1 (or the start).
     auto turn_begin = [&]() {
@@ -244,8 +262,9 @@ __global__ void __launch_bounds__(wg_threads<MODE>(), 1)
     float o[NO];
 #pragma unroll
     for (int i = 0; i < NO; i++) o[i] = 0.f;
-    float sacc[64];
-    uint32_t p[32];
+    static_assert(BN == 128 || (BN == 160 && MODE >= 3), "160-key tiles come by TMA");
+    float sacc[BN / 2];
+    uint32_t p[BN / 4];
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
 
     // Each GEMM's descriptors: one built for the tile, the others that plus a constant (2-4%
@@ -256,14 +275,14 @@ __global__ void __launch_bounds__(wg_threads<MODE>(), 1)
 #pragma unroll
         for (int kk = 0; kk < HD / 16; kk++) {
             const uint64_t da = dq0 + desc_step(((kk >> 2) * (BM * 128) + (kk & 3) * 32));
-            const uint64_t db = dk0 + desc_step(((kk >> 2) * (WG_BN * 128) + (kk & 3) * 32));
-            wgmma_ss_n128(sacc, da, db, kk > 0);
+            const uint64_t db = dk0 + desc_step(((kk >> 2) * (BN * 128) + (kk & 3) * 32));
+            wgmma_ss<BN>(sacc, da, db, kk > 0);
         }
     };
     auto pv_gemm = [&](uint32_t vb) {
-        const uint64_t dv0 = desc_at(vb, WG_BN * 128, 1024);
+        const uint64_t dv0 = desc_at(vb, BN * 128, 1024);
 #pragma unroll
-        for (int kk = 0; kk < WG_BN / 16; kk++) {
+        for (int kk = 0; kk < BN / 16; kk++) {
             const uint64_t db = dv0 + desc_step(kk * 2048);
             if constexpr (HD == 128)
                 wgmma_rs_n128_tb(o, p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3], db);
@@ -273,10 +292,10 @@ __global__ void __launch_bounds__(wg_threads<MODE>(), 1)
     };
     // Mask, running max, exponentials in place; returns the rescale factors of the old state.
     auto softmax = [&](int j, float &a0, float &a1) {
-        if (j * WG_BN + WG_BN - 1 > wg_qp_min) {
-            const int kb = j * WG_BN + 2 * tq;
+        if (j * BN + BN - 1 > wg_qp_min) {
+            const int kb = j * BN + 2 * tq;
 #pragma unroll
-            for (int i = 0; i < 16; i++)
+            for (int i = 0; i < BN / 8; i++)
 #pragma unroll
                 for (int e = 0; e < 2; e++) {
                     const int key = kb + 8 * i + e;
@@ -286,7 +305,7 @@ __global__ void __launch_bounds__(wg_threads<MODE>(), 1)
         }
         float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
-        for (int i = 0; i < 16; i++) {
+        for (int i = 0; i < BN / 8; i++) {
             mx0 = fmaxf(mx0, fmaxf(sacc[4 * i], sacc[4 * i + 1]));
             mx1 = fmaxf(mx1, fmaxf(sacc[4 * i + 2], sacc[4 * i + 3]));
         }
@@ -302,7 +321,7 @@ __global__ void __launch_bounds__(wg_threads<MODE>(), 1)
         const float ms0 = mn0 * sl2, ms1 = mn1 * sl2;
         float rs0 = 0.f, rs1 = 0.f;
 #pragma unroll
-        for (int i = 0; i < 16; i++) {
+        for (int i = 0; i < BN / 8; i++) {
             sacc[4 * i] = fast_exp2(fmaf(sacc[4 * i], sl2, -ms0));
             sacc[4 * i + 1] = fast_exp2(fmaf(sacc[4 * i + 1], sl2, -ms0));
             sacc[4 * i + 2] = fast_exp2(fmaf(sacc[4 * i + 2], sl2, -ms1));
@@ -315,7 +334,7 @@ __global__ void __launch_bounds__(wg_threads<MODE>(), 1)
     };
     auto to_p = [&]() {
 #pragma unroll
-        for (int kk = 0; kk < WG_BN / 16; kk++) {
+        for (int kk = 0; kk < BN / 16; kk++) {
             p[4 * kk] = pack_bf16(sacc[8 * kk], sacc[8 * kk + 1]);
             p[4 * kk + 1] = pack_bf16(sacc[8 * kk + 2], sacc[8 * kk + 3]);
             p[4 * kk + 2] = pack_bf16(sacc[8 * kk + 4], sacc[8 * kk + 5]);
@@ -340,8 +359,8 @@ __global__ void __launch_bounds__(wg_threads<MODE>(), 1)
     to_p();
 
     for (int j = 1; j < n_tiles; j++) {
-        const int s = j % WG_STAGES, sp = (j - 1) % WG_STAGES;
-        mbar_wait(&bar_full[s], (j / WG_STAGES) & 1);
+        const int s = j % ST, sp = (j - 1) % ST;
+        mbar_wait(&bar_full[s], (j / ST) & 1);
         fence_proxy_async();
         turn_begin();
         wgmma_fence();
@@ -357,14 +376,14 @@ __global__ void __launch_bounds__(wg_threads<MODE>(), 1)
         wgmma_wait_all_after(l0); // below the exponentials (flash_common.cuh says how)
         fence_regs(o);
         mbar_arrive(&bar_empty[sp]);
-        if (MODE == 3 && tid == 0 && j - 1 + WG_STAGES < n_tiles) {
-            mbar_wait(&bar_empty[sp], ((j - 1) / WG_STAGES) & 1);
-            tma_tile(j - 1 + WG_STAGES);
+        if (MODE == 3 && tid == 0 && j - 1 + ST < n_tiles) {
+            mbar_wait(&bar_empty[sp], ((j - 1) / ST) & 1);
+            tma_tile(j - 1 + ST);
         }
-        if (!TMA && j - 1 + WG_STAGES < n_tiles && (MODE == 0 || warp >= 4)) {
+        if (!TMA && j - 1 + ST < n_tiles && (MODE == 0 || warp >= 4)) {
             // refill the slot of tile j-1 once both warpgroups are done with it
-            mbar_wait(&bar_empty[sp], ((j - 1) / WG_STAGES) & 1);
-            issue_tile(j - 1 + WG_STAGES);
+            mbar_wait(&bar_empty[sp], ((j - 1) / ST) & 1);
+            issue_tile(j - 1 + ST);
         }
 #pragma unroll
         for (int i = 0; i < NO / 4; i++) {
@@ -377,7 +396,7 @@ __global__ void __launch_bounds__(wg_threads<MODE>(), 1)
     }
     turn_begin();
     wgmma_fence();
-    pv_gemm(sKV + ((n_tiles - 1) % WG_STAGES) * 2 * KVB + KVB);
+    pv_gemm(sKV + ((n_tiles - 1) % ST) * 2 * KVB + KVB);
     wgmma_commit();
     turn_end(true);
     wgmma_wait<0>();
@@ -582,15 +601,15 @@ int wgmma_usable(cudaStream_t st) {
     return sm90a_usable(st, fp_wgmma_built, &state);
 }
 
-// The layer's K or V cache (n_kv, ctx, HD) as a 3-D tensor map of rows 0 .. rows-1: boxes of WG_BN rows
+// The layer's K or V cache (n_kv, ctx, HD) as a 3-D tensor map of rows 0 .. rows-1: boxes of box_rows rows
 // x 64 columns with the 128-byte swizzle; rows past `rows` read as zeros. The encoder comes from the
 // driver through the runtime (no link against libcuda).
-cudaError_t kv_tensor_map(CUtensorMap *map, const bf16 *base, int HD, int rows, int n_kv, int ctx) {
+cudaError_t kv_tensor_map(CUtensorMap *map, const bf16 *base, int HD, int rows, int n_kv, int ctx, int box_rows) {
     const PFN_cuTensorMapEncodeTiled_v12000 encode = tensor_map_encoder();
     if (!encode) return cudaErrorNotSupported;
     const cuuint64_t dims[3] = {(cuuint64_t)HD, (cuuint64_t)rows, (cuuint64_t)n_kv};
     const cuuint64_t strides[2] = {(cuuint64_t)HD * 2, (cuuint64_t)ctx * HD * 2}; // bytes, dims 1 and 2
-    const cuuint32_t box[3] = {64, WG_BN, 1}, estr[3] = {1, 1, 1};
+    const cuuint32_t box[3] = {64, (cuuint32_t)box_rows, 1}, estr[3] = {1, 1, 1};
     CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, (void *)base, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
                         CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
@@ -605,13 +624,15 @@ cudaError_t launch(int impl, bf16 *out, const bf16 *q, const bf16 *k, const bf16
     const float sl2 = (float)(1.4426950408889634 / sqrt((double)HD));
     const dim3 grid((unsigned)(n_qtiles * n_kv));
     if (impl != FLASH_PREFILL_MMA) {
-        const int smem = wg_smem_bytes<HD>();
+        const bool n160 = impl == FLASH_PREFILL_WGMMA_N160;
+        const int smem = n160 ? wg_smem_bytes<HD, 160, 2>() : wg_smem_bytes<HD>();
         CUtensorMap tmk, tmv;
         memset(&tmk, 0, sizeof tmk), memset(&tmv, 0, sizeof tmv);
         if (impl == FLASH_PREFILL_WGMMA || impl == FLASH_PREFILL_AUTO || impl == FLASH_PREFILL_WGMMA_M3 ||
-            impl == FLASH_PREFILL_WGMMA_M4) { // the modes that copy by TMA
-            cudaError_t e = kv_tensor_map(&tmk, k, HD, pos0 + T, n_kv, ctx);
-            if (e == cudaSuccess) e = kv_tensor_map(&tmv, v, HD, pos0 + T, n_kv, ctx);
+            impl == FLASH_PREFILL_WGMMA_M4 || n160) { // the modes that copy by TMA
+            const int box = n160 ? 160 : WG_BN;
+            cudaError_t e = kv_tensor_map(&tmk, k, HD, pos0 + T, n_kv, ctx, box);
+            if (e == cudaSuccess) e = kv_tensor_map(&tmv, v, HD, pos0 + T, n_kv, ctx, box);
             if (e != cudaSuccess && impl != FLASH_PREFILL_AUTO) return e;
             if (impl == FLASH_PREFILL_AUTO) // no encoder from the driver: copies by the threads
                 impl = e == cudaSuccess ? FLASH_PREFILL_WGMMA : FLASH_PREFILL_WGMMA_M0;
@@ -626,6 +647,7 @@ cudaError_t launch(int impl, bf16 *out, const bf16 *q, const bf16 *k, const bf16
         case FLASH_PREFILL_WGMMA_M2: kern = fp_wgmma_kernel<HD, 2>, threads = wg_threads<2>(); break;
         case FLASH_PREFILL_WGMMA_M3: kern = fp_wgmma_kernel<HD, 3>, threads = wg_threads<3>(); break;
         case FLASH_PREFILL_WGMMA_M4: kern = fp_wgmma_kernel<HD, 4>, threads = wg_threads<4>(); break;
+        case FLASH_PREFILL_WGMMA_N160: kern = fp_wgmma_kernel<HD, 5, 160, 2>, threads = wg_threads<5>(); break;
         default: break; // FLASH_PREFILL_WGMMA: MODE 5
         }
         cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
@@ -653,7 +675,8 @@ extern "C" cudaError_t flash_prefill_impl(int impl, bf16 *out, const bf16 *q, co
     if (impl == FLASH_PREFILL_AUTO) impl = wgmma_usable(stream) ? FLASH_PREFILL_AUTO : FLASH_PREFILL_MMA; // AUTO: launch() picks
     else if (impl == FLASH_PREFILL_MMA) {
     } else if (impl == FLASH_PREFILL_WGMMA || impl == FLASH_PREFILL_WGMMA_M1 || impl == FLASH_PREFILL_WGMMA_M2 ||
-               impl == FLASH_PREFILL_WGMMA_M0 || impl == FLASH_PREFILL_WGMMA_M3 || impl == FLASH_PREFILL_WGMMA_M4) {
+               impl == FLASH_PREFILL_WGMMA_M0 || impl == FLASH_PREFILL_WGMMA_M3 || impl == FLASH_PREFILL_WGMMA_M4 ||
+               impl == FLASH_PREFILL_WGMMA_N160) {
         if (!wgmma_usable(stream)) return cudaErrorInvalidDeviceFunction;
     } else
         return cudaErrorInvalidValue;

@@ -449,6 +449,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(impl, "wgmma0")) g_impl = FLASH_PREFILL_WGMMA_M0;
     else if (!strcmp(impl, "wgmma3")) g_impl = FLASH_PREFILL_WGMMA_M3;
     else if (!strcmp(impl, "wgmma4")) g_impl = FLASH_PREFILL_WGMMA_M4;
+    else if (!strcmp(impl, "wgmma160")) g_impl = FLASH_PREFILL_WGMMA_N160;
     else if (!strcmp(impl, "mma")) g_impl = FLASH_PREFILL_MMA;
     else if (!strcmp(impl, "fp8")) g_fp8 = true;
     else g_impl = FLASH_PREFILL_AUTO;
@@ -460,6 +461,6 @@ int main(int argc, char **argv) {
     if (!strcmp(mode, "check")) return check(false);
     if (!strcmp(mode, "small")) return check(true);
     if (!strcmp(mode, "bench")) return bench();
-    fprintf(stderr, "usage: %s check|small|bench wgmma|wgmma0|wgmma1|wgmma2|wgmma3|wgmma4|mma|fp8|auto\n", argv[0]);
+    fprintf(stderr, "usage: %s check|small|bench wgmma|wgmma0|wgmma1|wgmma2|wgmma3|wgmma4|wgmma160|mma|fp8|auto\n", argv[0]);
     return 2;
 }

@@ -32,8 +32,10 @@ cudaError_t gemv_q_variant(void *y, const QMat *m, const bf16 *x, int epilogue, 
 //                         default until 2026-11-27, and its scheduling variants 1, 2; see the .cu)
 //   FLASH_PREFILL_WGMMA_M3, _M4 : TMA issued by thread 0 of the consumers (MODE 3, the default until
 //                         2026-11-28), and MODE 5 without the turns
+//   FLASH_PREFILL_WGMMA_N160 : MODE 5 with tiles of 160 keys (a ring of 2)
 enum { FLASH_PREFILL_AUTO = 0, FLASH_PREFILL_WGMMA = 1, FLASH_PREFILL_MMA = 2, FLASH_PREFILL_WGMMA_M1 = 3,
-       FLASH_PREFILL_WGMMA_M2 = 4, FLASH_PREFILL_WGMMA_M0 = 5, FLASH_PREFILL_WGMMA_M3 = 6, FLASH_PREFILL_WGMMA_M4 = 7 };
+       FLASH_PREFILL_WGMMA_M2 = 4, FLASH_PREFILL_WGMMA_M0 = 5, FLASH_PREFILL_WGMMA_M3 = 6, FLASH_PREFILL_WGMMA_M4 = 7,
+       FLASH_PREFILL_WGMMA_N160 = 8 };
 cudaError_t flash_prefill_impl(int impl, __nv_bfloat16 *out, const __nv_bfloat16 *q,
                                const __nv_bfloat16 *k_cache, const __nv_bfloat16 *v_cache, int pos0,
                                int T, int n_heads, int n_kv_heads, int head_dim, int ctx,
