@@ -19,6 +19,9 @@ mkdir -p "$OUT"
 status=0
 want() { for a in "${STEPS[@]}"; do [ "$a" = "$1" ] || { [ "$a" = all ] && [ "${1#tp}" = "$1" ] && [ "$1" != prefill1m ] && [ "$1" != timeline ] && [ "${1%prof}" = "$1" ]; } && return 0; done; return 1; }
 # nll_close LABEL A B: the mean NLLs of two `./run --score` outputs within 0.02 of each other.
+# COUNT token ids in [0, VOCAB) from Python's generator seeded with SEED: the same ids on every
+# machine and run (the checks compare runs of the same ids).
+random_ids() { python3 -c "import random; random.seed($1); print(' '.join(str(random.randrange($2)) for _ in range($3)))"; }
 nll_close() {
     python3 - "$@" <<'PY'
 import sys
@@ -275,7 +278,7 @@ if want pkvcache; then
     # of ParisKV positions) -- and --profile prints the hit rate; then the bench's rows with the
     # cache on and off, the selection's top-k and the locality stream.
     [ -f /dev/shm/smolrand.bin ] || { echo "FAIL pkvcache needs pkvrand first"; status=1; }
-    python3 -c "import random; random.seed(11); print(' '.join(str(random.randrange(49152)) for _ in range(5000)))" > /tmp/ids5k.txt
+    random_ids 11 49152 5000 > /tmp/ids5k.txt
     for dt in bf16 fp8; do
         for rows in 0 64 default; do
             a="--kv-store host --kv-store-dtype $dt --profile"; [ $rows = default ] || a="$a --pkv-cache-rows $rows"
@@ -316,7 +319,7 @@ if want pkvlayer; then
     }
     if [ -f /dev/shm/smolrand.bin ]; then
         # 9,000 ids: longer than the device cache's least size (6,096 positions: the dense phase + a chunk)
-        python3 -c "import random; random.seed(9); print(' '.join(str(random.randrange(49152)) for _ in range(9000)))" > /tmp/ids9k.txt
+        random_ids 9 49152 9000 > /tmp/ids9k.txt
         for dt in bf16 fp8; do
             R="/dev/shm/smolrand.bin --ids -f /tmp/ids9k.txt --ctx 9200 --kv-store host --kv-store-dtype $dt"
             lay chunk-$dt X=0 $R
@@ -330,7 +333,7 @@ if want pkvlayer; then
         done
     else echo "FAIL pkvlayer needs pkvrand first"; status=1; fi
     for N in ${PKV_LAYER_CTX-262144 524288}; do
-        python3 -c "import random; random.seed($N); print(' '.join(str(random.randrange(128000)) for _ in range($N)))" > /tmp/ids$N.txt
+        random_ids $N 128000 $N > /tmp/ids$N.txt
         for mode in layered ${PKV_LAYER_CMP:-chunked dense}; do
             [ $N -gt 300000 ] && [ $mode != layered ] && continue # the K/V of 512K positions does not fit the GPU
             case $mode in
@@ -358,7 +361,7 @@ if want pkvchunk; then
         done
         nll_close "chunks vs decode steps" "$OUT/rand-chunk.score" "$OUT/rand-step.score" || status=1
     else echo "FAIL pkvchunk needs pkvrand first"; status=1; fi
-    python3 -c "import random; random.seed(8); print(' '.join(str(random.randrange(128000)) for _ in range(8000)))" > /tmp/ids8k.txt
+    random_ids 8 128000 8000 > /tmp/ids8k.txt
     for mode in chunk step; do
         env $([ $mode = step ] && echo PKV_NO_CHUNK=1 || echo X=0) timeout 200 $D/run --synthetic llama3.1-8b --score /tmp/ids8k.txt --ids \
             --attn pariskv --kv-store host 2>&1 >/dev/null | grep "score:" | sed "s/^/llama3.1-8b shape, 8,000 ids (6,000 past the dense phase), $mode: /" |
@@ -384,9 +387,9 @@ if want session; then
     # layered prefill, full attention, a session still in the dense phase; text after a session
     # is more prompt; a chat's /save resumed by --chat --load-session; refusals.
     echo "=== sessions on the GPU"
-    python3 -c "import random; random.seed(11); print(' '.join(str(random.randrange(151000)) for _ in range(9000)))" > /tmp/sids.txt
-    python3 -c "import random; random.seed(11); print(' '.join(str(random.randrange(151000)) for _ in range(8192)))" > /tmp/sids8k.txt
-    python3 -c "import random; random.seed(12); print(' '.join(str(random.randrange(151000)) for _ in range(256)))" > /tmp/smore.txt
+    random_ids 11 151000 9000 > /tmp/sids.txt
+    random_ids 11 151000 8192 > /tmp/sids8k.txt
+    random_ids 12 151000 256 > /tmp/smore.txt
     cat /tmp/sids8k.txt /tmp/smore.txt | tr '\n' ' ' > /tmp/sids8k_more.txt
     head -c 2500 /tmp/sids.txt | sed 's/ [0-9]*$//' > /tmp/sids_short.txt
     Q="--synthetic qwen3-0.6b --ids --temp 0 --ignore-eos"
@@ -427,7 +430,7 @@ if want session; then
     refusal timeout 60 $D/run $Q --load-session /tmp/s.bin -n 4 --ctx 9200 --kv-store host --topk 50 && grep -q "other attention settings" /tmp/refusal.err &&
         echo "ok   other settings refused" || { echo "FAIL other settings not refused"; status=1; }
     [ -f /dev/shm/smolrand.bin ] || python3 -c "import sys; sys.path.insert(0, 'tests/bench'); import pkv_gpu_vs_cpu as p; p.make_random_model('/dev/shm/smolrand', '/dev/shm/smolrand.bin', '$D/export')" 2>/dev/null
-    python3 -c "import random; random.seed(5); print(' '.join(str(random.randrange(49152)) for _ in range(3000)))" > /tmp/sids3k.txt
+    random_ids 5 49152 3000 > /tmp/sids3k.txt
     timeout 60 $D/run /dev/shm/smolrand.bin --ids -f /tmp/sids3k.txt -n 2 --device cpu --save-session /tmp/scpu.bin > /dev/null 2>&1 || status=1
     refusal timeout 60 $D/run /dev/shm/smolrand.bin --load-session /tmp/scpu.bin -n 2 --ids --device gpu && grep -q "saved by the CPU path" /tmp/refusal.err &&
         echo "ok   a CPU session refused on the GPU" || { echo "FAIL a CPU session not refused on the GPU"; status=1; }
@@ -453,7 +456,7 @@ if want sessbench; then
     # save, then the restore (page cache warm, then dropped if this machine lets us) and its first
     # step, against re-prefilling; zone in device memory, then in the host store.
     N=${PKV_SESS_N:-131072}
-    python3 -c "import random; random.seed(3); print(' '.join(str(random.randrange(128000)) for _ in range($N)))" > /tmp/sb.txt
+    random_ids 3 128000 $N > /tmp/sb.txt
     L="--synthetic llama3.1-8b --ids --temp 0 --ignore-eos --ctx $((N + 64))"
     for store in gpu host; do
         echo "--- $N tokens, --kv-store $store"
@@ -520,7 +523,7 @@ if want pkvsan; then
     # from the host store (pkvrand's random model, a 9,000-id prompt, a 2,600-position device cache).
     CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
     [ -f /dev/shm/smolrand.bin ] || { echo "FAIL pkvsan needs pkvrand first"; status=1; }
-    python3 -c "import random; random.seed(9); print(' '.join(str(random.randrange(49152)) for _ in range(9000)))" > /tmp/ids9k.txt
+    random_ids 9 49152 9000 > /tmp/ids9k.txt
     for tool in memcheck racecheck; do
         for t in test_pkv_attend test_row_cache test_pariskv_gpu; do
             PKV_TEST_QUICK=1 timeout 280 $CS --tool $tool --error-exitcode 9 $D/$t > "$OUT/san-$tool-$t.log" 2>&1 ||
@@ -543,7 +546,7 @@ if want prefill1m; then
     # call on one GPU), fp8 store, then 64 greedy tokens; PREFILL_GPUS=2 for two GPUs (host memory:
     # 66 GiB of fp8 store). One run a call: one GPU takes ~500 s on an H100.
     N=${PREFILL_N:-1048576}
-    python3 -c "import random; random.seed(7); print(' '.join(str(random.randrange(128000)) for _ in range($N)))" > /tmp/ids$N.txt
+    random_ids 7 128000 $N > /tmp/ids$N.txt
     echo "=== prefill $N tokens, --gpus ${PREFILL_GPUS:-1}, --prefill-attn ${PREFILL_ATTN:-fp8}"
     timeout 590 env PKV_PREFILL_LAYERED=1 $D/run --synthetic llama3.1-8b --gpus ${PREFILL_GPUS:-1} --attn pariskv --kv-store host --kv-store-dtype fp8 \
         --prefill-attn ${PREFILL_ATTN:-fp8} --ids -f /tmp/ids$N.txt --ctx $((N + 256)) -n 64 --temp 0 --ignore-eos 2>&1 >/dev/null |
@@ -588,7 +591,7 @@ if want pkvlong; then
     # -n 38000 after a 128K-token prompt on Llama-3.1-8B's shape under ParisKV, zone in the host
     # store: TPOT in bins over the generation (index updates included).
     N=131072
-    python3 -c "import random; random.seed(7); print(' '.join(str(random.randrange(128000)) for _ in range($N)))" > /tmp/ids$N.txt
+    random_ids 7 128000 $N > /tmp/ids$N.txt
     timeout 590 $D/run --synthetic llama3.1-8b --ids -f /tmp/ids$N.txt -n ${PKV_LONG_N:-38000} --temp 0 --ctx $((N + 38016)) --attn pariskv \
         --kv-store host 2>&1 >/dev/null | grep -v "^warning" | tee "$OUT/pkvlong.txt" || status=1
 fi
@@ -600,7 +603,7 @@ if want timeline; then
     # TL_CTX, TL_ARGS change the run.
     if [ ! -f $D/libkt.so ]; then echo "FAIL timeline: no .dev/libkt.so (the build machine's toolkit had no CUPTI)"; status=1; else
         N=${TL_CTX:-131072}
-        python3 -c "import random; random.seed(7); print(' '.join(str(random.randrange(150000)) for _ in range($N)))" > /tmp/ids$N.txt
+        random_ids 7 150000 $N > /tmp/ids$N.txt
         CUDA_INJECTION64_PATH=$PWD/$D/libkt.so KT_OUT=$OUT/timeline.csv timeout 400 $D/run --synthetic ${TL_MODEL:-qwen3-8b} --attn pariskv \
             --kv-store host ${TL_ARGS:-} --ids -f /tmp/ids$N.txt --ctx $((N + 128)) -n 64 --temp 0 --ignore-eos 2>&1 >/dev/null |
             grep -v "^warning" | tail -n 1 || status=1
@@ -654,7 +657,7 @@ if want sampling; then
     done
     # --seed repeats a sampled GPU run exactly (the uniforms come from the host's seeded stream;
     # the kernel's sums are integers), with penalties, under dense attention and ParisKV.
-    python3 -c "import random; random.seed(4); print(' '.join(str(random.randrange(150000)) for _ in range(2500)))" > /tmp/ids2500.txt
+    random_ids 4 150000 2500 > /tmp/ids2500.txt
     for a in "--attn full" "--attn pariskv --kv-store host"; do
         for i in 1 2; do
             $D/run --synthetic qwen3-0.6b --ids -f /tmp/ids2500.txt -n 300 --temp 0.9 --top-p 0.9 --repeat-penalty 1.1 --seed 7 $a \
@@ -663,7 +666,7 @@ if want sampling; then
         cmp -s /tmp/seeded.1 /tmp/seeded.2 && [ $(wc -w < /tmp/seeded.1) -eq 300 ] && echo "ok   --seed repeats a sampled GPU run ($a)" ||
             { echo "FAIL --seed did not repeat the sampled GPU run ($a)"; status=1; }
     done
-    python3 -c "import random; random.seed(5); print(' '.join(str(random.randrange(128000)) for _ in range(8192)))" > /tmp/ids8192.txt
+    random_ids 5 128000 8192 > /tmp/ids8192.txt
     for m in llama3.1-8b qwen3-8b; do
         for t in "--temp 0" "--temp 0.8" "--temp 0.8 --top-k 40" "--temp 0.8 --min-p 0.05"; do
             timeout 200 $D/run --synthetic $m --ids -f /tmp/ids8192.txt -n 600 --ctx 9000 $t 2>&1 >/dev/null | grep TPOT |
@@ -702,7 +705,7 @@ if want tp; then
     done
     # Random weights of a real shape (qwen3-0.6b: 16 heads / 8 KV heads x 128; each GPU's share of
     # every matrix is the same hash of its place in the whole as one GPU's), 3,000 random ids.
-    python3 -c "import random; random.seed(7); print(' '.join(str(random.randrange(151936)) for _ in range(3000)))" > /tmp/ids3k.txt
+    random_ids 7 151936 3000 > /tmp/ids3k.txt
     for a in full pariskv; do
         for n in 1 2; do
             rm -f /tmp/rec.$a.$n
