@@ -4,7 +4,7 @@
 //   nvcc -gencode arch=compute_90a,code=sm_90a -O3 -std=c++17 -o build/fp/test_flash_prefill
 //        kernels/test_flash_prefill.cu kernels/flash_prefill.cu kernels/flash_prefill_fp8.cu -lpthread
 // Run:
-//   test_flash_prefill check IMPL    every correctness case (IMPL: wgmma | wgmma0-4 | mma | fp8 | auto)
+//   test_flash_prefill check IMPL    every correctness case (IMPL: wgmma | wgmma0-4 | wgmma160 | mma | fp8 | auto)
 //   test_flash_prefill small IMPL    the small cases only (for compute-sanitizer)
 //   test_flash_prefill bench IMPL    Qwen3-8B shapes at ctx 131072: chunks of T = 4096 / 8192 at several pos0,
 //                                    then every chunk of a whole 128K prompt, projected over 36 layers
