@@ -87,6 +87,26 @@ __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_grou
 template <int N> __device__ __forceinline__ void wgmma_wait() {
     asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
 }
+// Warp specialization for a block of two consumer warpgroups (warps 0-7) and a producer warpgroup
+// (warps 8-11). The producer drops to 24 registers a thread so that the consumers may take 240
+// (setmaxnreg; ptxas honours it only in a kernel without a trap, see mbar_wait), and one of its
+// threads fills the ring of ST slots: tile jt goes to slot jt % ST once the consumers released the
+// slot's previous tile (bar_empty), by fill(jt). Returns true on the producer's warps, which then
+// leave the kernel; false on the consumers, now holding 240 registers.
+template <int ST, class Fill>
+__device__ __forceinline__ bool producer_warpgroup(int warp, int lane, int n_tiles, uint64_t *bar_empty, Fill fill) {
+    if (warp >= 8) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+        if (warp == 8 && lane == 0)
+            for (int jt = 0; jt < n_tiles; jt++) {
+                if (jt >= ST) mbar_wait(&bar_empty[jt % ST], (jt / ST - 1) & 1);
+                fill(jt);
+            }
+        return true;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+    return false;
+}
 // Waits for all of this warpgroup's wgmmas, placed after the computation of v (v >= 0 or NaN: the
 // branch always goes the first way). Unconditional, ptxas hoists the wait above the softmax and the
 // PV GEMM no longer overlaps it; one-armed, ptxas sees a path reading accumulators in flight and

@@ -196,7 +196,7 @@ __global__ void __launch_bounds__(wg_threads<MODE>(), 1)
     }
     __syncthreads();
     constexpr bool TMA = MODE >= 3;
-    auto tma_tile = [&](int jt) { // MODE 3, thread 0
+    auto tma_tile = [&](int jt) { // MODE 3: thread 0; MODES 4, 5: the producer's thread
         const int s = jt % ST;
         const uint32_t kb = sKV + s * 2 * KVB;
         mbar_expect_tx(&bar_full[s], 2 * KVB);
@@ -220,25 +220,13 @@ __global__ void __launch_bounds__(wg_threads<MODE>(), 1)
         }
         cp_async_arrive(&bar_full[s]);
     };
-    if constexpr (MODE >= 4) {
-        if (warp >= 8) { // the producer warpgroup: one thread fills the ring, slot by slot as it is released
-            asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
-            if (warp == 8 && lane == 0)
-                for (int jt = 0; jt < n_tiles; jt++) {
-                    if (jt >= ST) mbar_wait(&bar_empty[jt % ST], (jt / ST - 1) & 1);
-                    tma_tile(jt);
-                }
-            return;
-        }
-        asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
-    }
+    if constexpr (MODE >= 4)
+        if (producer_warpgroup<ST>(warp, lane, n_tiles, bar_empty, tma_tile)) return;
     load_q<HD, WG_THREADS>(sQ, q, t0, nqh, G, kvh, n_heads, tid);
     cp_async_arrive(&bar_q);
-    if (MODE >= 4) {
-    } else if (TMA) {
-        if (tid == 0)
-            for (int jt = 0; jt < ST && jt < n_tiles; jt++) tma_tile(jt);
-    } else if (MODE == 0 || tid >= 128)
+    if (MODE == 3 && tid == 0) // the ring's first tiles (MODES 4, 5: the producer's)
+        for (int jt = 0; jt < ST && jt < n_tiles; jt++) tma_tile(jt);
+    if (!TMA && (MODE == 0 || tid >= 128))
         for (int jt = 0; jt < ST && jt < n_tiles; jt++) issue_tile(jt);
     if ((MODE == 2 || MODE == 5) && tid >= 128) named_arrive(1); // warpgroup 0 issues first
     // GEMM issue turns (MODE 2): point k of warpgroup w waits for the other's point k-1 (or the start).

@@ -267,25 +267,15 @@ __global__ void __launch_bounds__(PW ? F8_THREADS + 128 : F8_THREADS, 1)
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); // visible to the TMA unit
     }
     __syncthreads();
-    auto tma_tile = [&](int jt) { // thread 0
+    auto tma_tile = [&](int jt) { // thread 0, or the producer's thread (PW)
         const int s = jt % F8_STAGES;
         const uint32_t kb = sKV + s * 2 * KB;
         mbar_expect_tx(&bar_full[s], 2 * KB);
         tma_load_3d(kb, &tmk, 0, jt * F8_BN, kvh, &bar_full[s]);
         tma_load_3d(kb + KB, &tmv, jt * F8_BN, 0, kvh, &bar_full[s]);
     };
-    if constexpr (PW) {
-        if (warp >= 8) { // the producer warpgroup: one thread fills the ring, slot by slot as it is released
-            asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
-            if (warp == 8 && lane == 0)
-                for (int jt = 0; jt < n_tiles; jt++) {
-                    if (jt >= F8_STAGES) mbar_wait(&bar_empty[jt % F8_STAGES], (jt / F8_STAGES - 1) & 1);
-                    tma_tile(jt);
-                }
-            return;
-        }
-        asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
-    }
+    if constexpr (PW)
+        if (producer_warpgroup<F8_STAGES>(warp, lane, n_tiles, bar_empty, tma_tile)) return;
     { // the Q tile: row r = (query t0 + min(r / G, nqh - 1), head kvh G + r % G), HD / 16 chunks a row
         constexpr int CPR = HD / 16;
 #pragma unroll
