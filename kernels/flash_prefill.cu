@@ -349,7 +349,7 @@ __global__ void __launch_bounds__(wg_threads<MODE>(), 1)
     for (int j = 1; j < n_tiles; j++) {
         const int s = j % ST, sp = (j - 1) % ST;
         mbar_wait(&bar_full[s], (j / ST) & 1);
-        fence_proxy_async();
+        if constexpr (!TMA) fence_proxy_async(); // the threads' cp.async wrote the tile (TMA writes through the async proxy)
         turn_begin();
         wgmma_fence();
         s_gemm(sKV + s * 2 * KVB);                // S_j = Q K_j^T
