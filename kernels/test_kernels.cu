@@ -321,6 +321,28 @@ static void test_rmsnorm(int T, int n) {
     cudaFree(dx), cudaFree(dw), cudaFree(out);
 }
 
+// The prefill's SwiGLU over the gate/up GEMM's interleaved (gate, up) pairs, against silu(g) u
+// in double: one bf16 rounding of the output (TOL_BF16).
+static void test_swiglu(int T, int hidden) {
+    size_t n = (size_t)T * hidden;
+    std::vector<float> gu(2 * n), ref(n);
+    for (auto &v : gu) v = 6.0f * frand();
+    for (size_t i = 0; i < n; i++) {
+        double g = gu[2 * i], u = gu[2 * i + 1];
+        ref[i] = (float)(g / (1.0 + exp(-g)) * u);
+    }
+    float *dgu = to_dev(gu);
+    bf16 *h;
+    CU_CHECK(cudaMalloc(&h, n * 2));
+    CU_CHECK(cudaMemset(h, 0xff, n * 2));
+    CU_CHECK(swiglu_pairs(h, dgu, T, hidden, 0));
+    auto got = bf16_dev_to_f32(h, n);
+    char what[96];
+    snprintf(what, sizeof what, "swiglu T=%d hidden=%d", T, hidden);
+    check(what, rel_err(got.data(), ref.data(), n), TOL_BF16);
+    cudaFree(dgu), cudaFree(h);
+}
+
 static void test_qkv(int T, int pos, int nh, int nkv, int hd, int qk_norm) {
     int ctx = pos + T + 3, row = (nh + 2 * nkv) * hd;
     std::vector<float> qkv(T * row), qn(hd), kn(hd), inv(hd / 2);
@@ -557,6 +579,12 @@ int main(void) {
     test_qkv(1, 0, 9, 3, 64, 0);
     test_qkv(5, 1000, 32, 8, 128, 1);
     test_qkv(3, 131000, 16, 8, 128, 1);
+    test_qkv(64, 1048000, 8, 1, 128, 1); // many tokens at a 1M position (one KV head: the cache is allocated whole)
+    test_qkv(4, 7, 4, 2, 16, 1);
+    test_qkv(4, 300, 6, 2, 32, 1);
+    test_qkv(2, 50000, 8, 2, 256, 1);
+    test_swiglu(1, 576);
+    test_swiglu(37, 12288);
     int dec[][6] = {{9, 3, 64, 300, 0, 0}, {9, 3, 64, 300, 299, 0}, {32, 8, 128, 5000, 4321, 1}, {16, 8, 128, 2048, 1023, 1},
                     {8, 8, 128, 700, 650, 0}, {64, 8, 128, 3000, 2999, 1}, {32, 8, 128, 70000, 65537, 1},
                     {32, 8, 128, 140000, 131071, 1}, {4, 2, 16, 200, 149, 1}, {4, 2, 32, 200, 77, 0},
