@@ -576,6 +576,9 @@ int main(void) {
     test_embed_stats(49152, 576);
     test_rmsnorm(1, 576);
     test_rmsnorm(7, 4096);
+    test_rmsnorm(33, 8192);
+    test_rmsnorm(5, 576);
+    test_rmsnorm(3, 1002); // rows by the one-row kernel: n not a multiple of 4
     test_qkv(1, 0, 9, 3, 64, 0);
     test_qkv(5, 1000, 32, 8, 128, 1);
     test_qkv(3, 131000, 16, 8, 128, 1);
