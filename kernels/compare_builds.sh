@@ -32,8 +32,8 @@ same() {
     fi
 }
 if want ids; then
-    python3 -c "import random; random.seed(6); print(' '.join(str(random.randrange(150000)) for _ in range(6000)))" > /tmp/ids6k.txt
-    python3 -c "import random; random.seed(9); print(' '.join(str(random.randrange(150000)) for _ in range(9000)))" > /tmp/ids9k.txt
+    python3 tests/random_ids.py 6 150000 6000 > /tmp/ids6k.txt
+    python3 tests/random_ids.py 9 150000 9000 > /tmp/ids9k.txt
     head -c 600 /tmp/ids6k.txt | awk '{NF=64; print}' > /tmp/ids64.txt
     S="--synthetic qwen3-0.6b --ids"
     same score-dense X=0 $S --score /tmp/ids6k.txt --attn full

@@ -21,7 +21,7 @@ want() { for a in "${STEPS[@]}"; do [ "$a" = "$1" ] || { [ "$a" = all ] && [ "${
 # nll_close LABEL A B: the mean NLLs of two `./run --score` outputs within 0.02 of each other.
 # COUNT token ids in [0, VOCAB) from Python's generator seeded with SEED: the same ids on every
 # machine and run (the checks compare runs of the same ids).
-random_ids() { python3 -c "import random; random.seed($1); print(' '.join(str(random.randrange($2)) for _ in range($3)))"; }
+random_ids() { python3 tests/random_ids.py "$1" "$2" "$3"; } # SEED VOCAB COUNT
 nll_close() {
     python3 - "$@" <<'PY'
 import sys

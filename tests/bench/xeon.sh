@@ -127,7 +127,7 @@ vnni)
         grep -E 'VNNI|passed' /tmp/tq.log
     done
     mkdir -p /tmp/lc && { [ -d /tmp/lc/gguf-py ] || tar -xJf "$X/llama_src.tar.xz" -C /tmp/lc ./gguf-py; }
-    python3 -c "import random; random.seed(5); print(' '.join(str(random.randrange(49152)) for _ in range(512)))" > /tmp/ids512v.txt
+    python3 tests/random_ids.py 5 49152 512 > /tmp/ids512v.txt
     for q in ${XEON_QUANTS:-q8_0 q4_k q4_0}; do
         PYTHONPATH=/tmp/lc/gguf-py python3 tests/bench/gguf_random.py "$X/smol_tok.gguf" /tmp/s_$q.gguf $q --shape smollm2 >/dev/null &&
             "$X/export" /tmp/s_$q.gguf /tmp/s_$q.bin >/dev/null || { echo "FAIL making the $q model"; rc=1; continue; }
