@@ -435,6 +435,18 @@ static __device__ __forceinline__ void cluster_hist_sum(cg::cluster_group &cl, i
     __syncthreads();
 }
 
+// One item of an ordered write: above the k-th key T, value() goes to (items above T before it:
+// G) + min(ties before it: E, quota); a tie, among the first quota, to G + E. Counts the item.
+// value is called only for an item written (a candidate's slot is read from L2 only then).
+template <typename V>
+static __device__ __forceinline__ void place_item(uint32_t key, uint32_t T, int quota, V value, int *out, int &G, int &E) {
+    if (key > T) out[G + min(E, quota)] = value(), G++;
+    else if (key == T) {
+        if (E < quota) out[G + E] = value();
+        E++;
+    }
+}
+
 // The items [lo, hi) of est (lo a multiple of 16) above T and the first `quota` equal to it, in
 // order, to out: an item's place is (items above T before it) + min(ties before it, quota).
 // Every thread of the block calls it (TOPK_THREADS), 16 items a thread per chunk.
@@ -455,14 +467,8 @@ static __device__ void write_ordered(const float *est, const int *cand, int *out
         long long ctot, ex = block_scan((long long)g << 32 | e, red64, &ctot);
         int gx = gb + (int)(ex >> 32), ex_e = eb + (int)(ex & 0xffffffff);
 #pragma unroll
-        for (int u = 0; u < 16; u++) {
-            if (i0 + u >= hi) continue;
-            if (key[u] > T) out[gx + min(ex_e, quota)] = cand[i0 + u], gx++;
-            else if (key[u] == T) {
-                if (ex_e < quota) out[gx + ex_e] = cand[i0 + u];
-                ex_e++;
-            }
-        }
+        for (int u = 0; u < 16; u++)
+            if (i0 + u < hi) place_item(key[u], T, quota, [&] { return cand[i0 + u]; }, out, gx, ex_e);
         gb += (int)(ctot >> 32), eb += (int)(ctot & 0xffffffff);
     }
 }
@@ -541,13 +547,7 @@ static __device__ void topk_one_block(const PkvSelArgs &a, int h, int C, uint32_
     int tot, ex = block_scan(g << 16 | e, red, &tot);
     int G = ex >> 16, E = ex & 0xffff;
     int *out = a.sel + (size_t)h * a.kmax;
-    keys_pass(keys, lo, hi, 4, [&](int i, uint32_t key) {
-        if (key > T) out[G + min(E, quota)] = i, G++;
-        else if (key == T) {
-            if (E < quota) out[G + E] = i;
-            E++;
-        }
-    });
+    keys_pass(keys, lo, hi, 4, [&](int i, uint32_t key) { place_item(key, T, quota, [&] { return i; }, out, G, E); });
     __syncthreads(); // the indices written (a block's global writes are visible to it after a barrier)
     for (int p = t; p < a.k; p += TOPK_THREADS) out[p] = cand[out[p]];
     if (t == 0) a.nsel[h] = a.k;
