@@ -433,7 +433,7 @@ extern "C" cudaError_t pkv_attend_rc(bf16 *out, const float *q, const int *sel, 
 extern "C" cudaError_t pkv_attend(bf16 *out, const float *q, const int *sel, const int *nsel, int kmax, GpuKV kv,
                                   int layer, const int *d_pos, const int *meta, int n_heads, float *partial,
                                   unsigned *counters, cudaStream_t st) {
-    PkvRowCache none = {NULL, NULL, NULL, 0};
+    const PkvRowCache none = {}; // n == 0: no cache
     return pkv_attend_rc(out, q, sel, nsel, kmax, kv, none, layer, d_pos, meta, n_heads, partial, counters, st);
 }
 
