@@ -134,6 +134,12 @@ extern "C" cudaError_t embed_rows(float *x, const bf16 *E, const int *tokens, in
     return launch_pdl(embed_kernel, T, 256, 0, st, x, E, tokens, dim);
 }
 
+// Entry j of position pos's RoPE table: cs[j] = cos and cs[half + j] = sin of the angle in fp32,
+// pos x inv_freq[j] (the CPU path's form), for the prefill's tokens and the decode step alike.
+__device__ __forceinline__ void rope_cos_sin(float *cs, const float *inv_freq, int pos, int half, int j) {
+    sincosf((float)pos * inv_freq[j], &cs[half + j], &cs[j]);
+}
+
 // Slots are n_heads query heads, then n_kv key heads, then n_kv value heads. One block of
 // QKV_WARPS warps per token: the RoPE table of the token's position once, in shared memory (at
 // long contexts sincosf takes its slow argument reduction: once per token, not once per head as
@@ -153,7 +159,7 @@ __global__ void __launch_bounds__(QKV_WARPS * 32) qkv_rope_store_kernel(bf16 *q_
     pdl_wait();
     pdl_release();
     const int pos = *d_pos + t, slots = n_heads + 2 * n_kv;
-    for (int j = threadIdx.x; j < HALF; j += blockDim.x) sincosf((float)pos * inv_freq[j], &cs[1][j], &cs[0][j]);
+    for (int j = threadIdx.x; j < HALF; j += blockDim.x) rope_cos_sin(&cs[0][0], inv_freq, pos, HALF, j);
     __syncthreads();
     const float *row = qkv + (size_t)t * slots * HD;
     const bool on = HD >= 32 || lane < HD;
@@ -218,7 +224,7 @@ __global__ void rope_table_kernel(float *cs, const float *inv_freq, const int *d
     pdl_release();
     pdl_wait();
     int j = threadIdx.x;
-    if (j < half) sincosf((float)*d_pos * inv_freq[j], &cs[half + j], &cs[j]);
+    if (j < half) rope_cos_sin(cs, inv_freq, *d_pos, half, j);
 }
 
 extern "C" cudaError_t rope_table(float *cs, const float *inv_freq, const int *d_pos, int half, cudaStream_t st) {
