@@ -25,7 +25,7 @@
 // Kernel 2 (sm_80+, mma.sync m16n8k16; fallback): FA2 layout, 8 warps x 16 rows, 64-key tiles, 2-stage
 // cp.async, ldmatrix from the same swizzled layout.
 // Measured on an H100 (kernels/bench/flash_prefill.md, tests/bench/GPU.md): Qwen3-8B shapes, whole
-// 128K prompt, kernel 1 576-590 TFLOP/s (MODE 5 below; MODE 3, thread 0 of the consumers issuing
+// 128K prompt, kernel 1 598-624 TFLOP/s (MODE 6 below; MODE 3, thread 0 of the consumers issuing
 // the copies: 504-515; MODE 0, the threads' cp.async copies: 452), kernel 2 306 TFLOP/s.
 // Why one file of ~670 lines: the wgmma and mma.sync kernels share the swizzled tile layout, its
 // loaders and the online-softmax epilogue below; apart, the two would drift.
@@ -44,6 +44,7 @@ namespace {
 constexpr int BM = 128;        // rows (query, head) per block, both kernels
 constexpr int WG_BN = 128;     // keys per tile, wgmma kernel
 constexpr int WG_STAGES = 3;   // K/V ring depth, wgmma kernel
+constexpr float LAZY_RESCALE = 8.f; // MODE 6: how far (exp2 units) a row's maximum may pass the one its weights use
 constexpr int WG_THREADS = 256; // 2 warpgroups; each thread also copies its share of every tile
 constexpr int MMA_BN = 64;     // keys per tile, mma kernel
 constexpr int MMA_THREADS = 256;
@@ -157,12 +158,20 @@ __device__ __forceinline__ void wgmma_rs_n64_tb(float (&d)[32], uint32_t a0, uin
 //         thread), so no consumer thread waits for the other warpgroup's release of a slot: 572-583
 //         TFLOP/s against MODE 3's 504-515. (The 384-thread launch bound alone budgets 168 registers;
 //         ptxas honours setmaxnreg's 240 only with no trap in the kernel: flash_common.cuh.)
-// MODE 5: MODE 4 with MODE 2's turns (the default): 574-587 (576-590 with one descriptor a tile).
-//         With tiles of 160 keys (BN 160, a ring of 2 stages: 3 do not fit; FLASH_PREFILL_WGMMA_N160)
-//         460-464 against 576-593 in the same call: not kept as the default.
+// MODE 5: MODE 4 with MODE 2's turns: 574-587 (576-590 with one descriptor a tile; 589-603 once the
+//         descriptors came from the uniform datapath, below). With tiles of 160 keys (BN 160, a ring
+//         of 2 stages: 3 do not fit; FLASH_PREFILL_WGMMA_N160) 460-464 against 576-593 in the same
+//         call: not kept as the default.
+// MODE 6: MODE 5 with a lazy rescale (the default): a row's running maximum moves only when a tile
+//         passes it by more than LAZY_RESCALE, so the 64 multiplies of O a tile (on each consumer's
+//         path from its PV wait to its next issue) run only in the warps where one did: 598-624
+//         against MODE 5's 589-603 in the same call (whole 128K prompt, T 8192 / 4096).
+// All modes take the warpgroup index and the ring's stage from lane 0 (a shuffle): ptxas then
+// knows them warp-uniform and builds every wgmma descriptor in uniform registers (48 R2UR a tile
+// before, and ~100 of the loop's 576 instructions; 430 now with MODE 6).
 template <int MODE> constexpr int wg_threads() { return MODE >= 4 ? WG_THREADS + 128 : WG_THREADS; }
 
-// BN, ST: keys a tile and the ring's depth (160 keys only with TMA, MODES 3-5, in a ring of 2).
+// BN, ST: keys a tile and the ring's depth (160 keys only with TMA, MODES 3-6, in a ring of 2).
 template <int HD, int MODE, int BN = WG_BN, int ST = WG_STAGES>
 __global__ void __launch_bounds__(wg_threads<MODE>(), 1)
     fp_wgmma_kernel(bf16 *__restrict__ out, const bf16 *__restrict__ q, const bf16 *__restrict__ kc,
@@ -195,8 +204,8 @@ __global__ void __launch_bounds__(wg_threads<MODE>(), 1)
         if (MODE >= 3) asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); // visible to the TMA unit
     }
     __syncthreads();
-    constexpr bool TMA = MODE >= 3;
-    auto tma_tile = [&](int jt) { // MODE 3: thread 0; MODES 4, 5: the producer's thread
+    constexpr bool TMA = MODE >= 3, LAZY = MODE >= 6;
+    auto tma_tile = [&](int jt) { // MODE 3: thread 0; MODES 4-6: the producer's thread
         const int s = jt % ST;
         const uint32_t kb = sKV + s * 2 * KVB;
         mbar_expect_tx(&bar_full[s], 2 * KVB);
@@ -224,23 +233,25 @@ __global__ void __launch_bounds__(wg_threads<MODE>(), 1)
         if (producer_warpgroup<ST>(warp, lane, n_tiles, bar_empty, tma_tile)) return;
     load_q<HD, WG_THREADS>(sQ, q, t0, nqh, G, kvh, n_heads, tid);
     cp_async_arrive(&bar_q);
-    if (MODE == 3 && tid == 0) // the ring's first tiles (MODES 4, 5: the producer's)
+    if (MODE == 3 && tid == 0) // the ring's first tiles (MODES 4-6: the producer's)
         for (int jt = 0; jt < ST && jt < n_tiles; jt++) tma_tile(jt);
     if (!TMA && (MODE == 0 || tid >= 128))
         for (int jt = 0; jt < ST && jt < n_tiles; jt++) issue_tile(jt);
-    if ((MODE == 2 || MODE == 5) && tid >= 128) named_arrive(1); // warpgroup 0 issues first
+    constexpr bool TURNS = MODE == 2 || MODE >= 5;
+    if (TURNS && tid >= 128) named_arrive(1); // warpgroup 0 issues first
     // GEMM issue turns (MODE 2): point k of warpgroup w waits for the other's point k-1 (or the start).
     auto turn_begin = [&]() {
-        if constexpr (MODE == 2 || MODE == 5) named_sync(1 + (warp >> 2));
+        if constexpr (TURNS) named_sync(1 + (warp >> 2));
     };
     auto turn_end = [&](bool last) {
-        if constexpr (MODE == 2 || MODE == 5) {
+        if constexpr (TURNS) {
             if (!(last && warp >= 4)) named_arrive(2 - (warp >> 2));
         }
     };
 
     // ---- warpgroup wg owns rows wg*64 .. wg*64+63 ----
-    const int wg = warp >> 2, wl = warp & 3, g = lane >> 2, tq = lane & 3;
+    // wg from lane 0 (a shuffle of a constant lane): ptxas then knows it is warp-uniform
+    const int wg = __shfl_sync(0xffffffffu, warp >> 2, 0), wl = warp & 3, g = lane >> 2, tq = lane & 3;
     const int r0 = wg * 64 + wl * 16 + g, r1 = r0 + 8;
     const int qp0 = pos0 + t0 + min(r0 / G, nqh - 1);
     const int qp1 = pos0 + t0 + min(r1 / G, nqh - 1);
@@ -253,7 +264,11 @@ __global__ void __launch_bounds__(wg_threads<MODE>(), 1)
     static_assert(BN == 128 || (BN == 160 && MODE >= 3), "160-key tiles come by TMA");
     float sacc[BN / 2];
     uint32_t p[BN / 4];
-    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+    // The running maxima in exp2 units (score x sl2). MODE 6 moves a row's only when its new
+    // maximum passes it by more than LAZY_RESCALE (the weights then reach at most 2^8, no concern
+    // for bf16 P or fp32 sums): O and l are rescaled only then, and a warp skips the 64 multiplies
+    // of O unless one of its rows moved (after the first tiles, rarely).
+    float ms0 = -INFINITY, ms1 = -INFINITY, l0 = 0.f, l1 = 0.f;
 
     // Each GEMM's descriptors: one built for the tile, the others that plus a constant (2-4%
     // faster than building each one from its address before its wgmma).
@@ -278,8 +293,9 @@ __global__ void __launch_bounds__(wg_threads<MODE>(), 1)
                 wgmma_rs_n64_tb(o, p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3], db);
         }
     };
-    // Mask, running max, exponentials in place; returns the rescale factors of the old state.
-    auto softmax = [&](int j, float &a0, float &a1) {
+    // Mask, running max, exponentials in place; the rescale factors of the old state, and (the
+    // return value) whether this warp must rescale O at all.
+    auto softmax = [&](int j, float &a0, float &a1) -> bool {
         if (j * BN + BN - 1 > wg_qp_min) {
             const int kb = j * BN + 2 * tq;
 #pragma unroll
@@ -301,12 +317,23 @@ __global__ void __launch_bounds__(wg_threads<MODE>(), 1)
         mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
         mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
         mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-        const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1); // finite: key 0 is in every row's first tile
-        a0 = fast_exp2((m0 - mn0) * sl2);
-        a1 = fast_exp2((m1 - mn1) * sl2);
-        m0 = mn0;
-        m1 = mn1;
-        const float ms0 = mn0 * sl2, ms1 = mn1 * sl2;
+        // finite after the first tile: key 0 is in every row's first tile
+        const float mn0 = fmaxf(ms0, mx0 * sl2), mn1 = fmaxf(ms1, mx1 * sl2);
+        bool moved = true;
+        if constexpr (LAZY) {
+            const bool up0 = mn0 > ms0 + LAZY_RESCALE, up1 = mn1 > ms1 + LAZY_RESCALE; // -inf + x: -inf
+            moved = __any_sync(0xffffffffu, up0 || up1);
+            a0 = 1.f, a1 = 1.f;
+            if (moved) {
+                if (up0) a0 = fast_exp2(ms0 - mn0), ms0 = mn0;
+                if (up1) a1 = fast_exp2(ms1 - mn1), ms1 = mn1;
+            }
+        } else {
+            a0 = fast_exp2(ms0 - mn0);
+            a1 = fast_exp2(ms1 - mn1);
+            ms0 = mn0;
+            ms1 = mn1;
+        }
         float rs0 = 0.f, rs1 = 0.f;
 #pragma unroll
         for (int i = 0; i < BN / 8; i++) {
@@ -319,6 +346,7 @@ __global__ void __launch_bounds__(wg_threads<MODE>(), 1)
         }
         l0 = l0 * a0 + rs0;
         l1 = l1 * a1 + rs1;
+        return moved;
     };
     auto to_p = [&]() {
 #pragma unroll
@@ -347,7 +375,8 @@ __global__ void __launch_bounds__(wg_threads<MODE>(), 1)
     to_p();
 
     for (int j = 1; j < n_tiles; j++) {
-        const int s = j % ST, sp = (j - 1) % ST;
+        // The stages from lane 0 (as wg): the K and V descriptors then come from the uniform datapath.
+        const int s = __shfl_sync(0xffffffffu, j % ST, 0), sp = __shfl_sync(0xffffffffu, (j - 1) % ST, 0);
         mbar_wait(&bar_full[s], (j / ST) & 1);
         if constexpr (!TMA) fence_proxy_async(); // the threads' cp.async wrote the tile (TMA writes through the async proxy)
         turn_begin();
@@ -360,7 +389,7 @@ __global__ void __launch_bounds__(wg_threads<MODE>(), 1)
         wgmma_wait<1>();
         fence_regs(sacc);
         float a0, a1;
-        softmax(j, a0, a1);                       // overlaps the PV GEMM
+        const bool moved = softmax(j, a0, a1);    // overlaps the PV GEMM
         wgmma_wait_all_after(l0); // below the exponentials (flash_common.cuh says how)
         fence_regs(o);
         mbar_arrive(&bar_empty[sp]);
@@ -373,13 +402,14 @@ __global__ void __launch_bounds__(wg_threads<MODE>(), 1)
             mbar_wait(&bar_empty[sp], ((j - 1) / ST) & 1);
             issue_tile(j - 1 + ST);
         }
+        if (moved)
 #pragma unroll
-        for (int i = 0; i < NO / 4; i++) {
-            o[4 * i] *= a0;
-            o[4 * i + 1] *= a0;
-            o[4 * i + 2] *= a1;
-            o[4 * i + 3] *= a1;
-        }
+            for (int i = 0; i < NO / 4; i++) {
+                o[4 * i] *= a0;
+                o[4 * i + 1] *= a0;
+                o[4 * i + 2] *= a1;
+                o[4 * i + 3] *= a1;
+            }
         to_p();
     }
     turn_begin();
@@ -617,7 +647,7 @@ cudaError_t launch(int impl, bf16 *out, const bf16 *q, const bf16 *k, const bf16
         CUtensorMap tmk, tmv;
         memset(&tmk, 0, sizeof tmk), memset(&tmv, 0, sizeof tmv);
         if (impl == FLASH_PREFILL_WGMMA || impl == FLASH_PREFILL_AUTO || impl == FLASH_PREFILL_WGMMA_M3 ||
-            impl == FLASH_PREFILL_WGMMA_M4 || n160) { // the modes that copy by TMA
+            impl == FLASH_PREFILL_WGMMA_M4 || impl == FLASH_PREFILL_WGMMA_M5 || n160) { // the modes that copy by TMA
             const int box = n160 ? 160 : WG_BN;
             cudaError_t e = kv_tensor_map(&tmk, k, HD, pos0 + T, n_kv, ctx, box);
             if (e == cudaSuccess) e = kv_tensor_map(&tmv, v, HD, pos0 + T, n_kv, ctx, box);
@@ -627,8 +657,8 @@ cudaError_t launch(int impl, bf16 *out, const bf16 *q, const bf16 *k, const bf16
         }
         typedef void (*Kern)(bf16 *, const bf16 *, const bf16 *, const bf16 *, int, int, int, int, int, int, int, int, float,
                              const CUtensorMap, const CUtensorMap);
-        Kern kern = fp_wgmma_kernel<HD, 5>;
-        int threads = wg_threads<5>();
+        Kern kern = fp_wgmma_kernel<HD, 6>;
+        int threads = wg_threads<6>();
         switch (impl) {
         case FLASH_PREFILL_WGMMA_M0: kern = fp_wgmma_kernel<HD, 0>, threads = wg_threads<0>(); break;
         case FLASH_PREFILL_WGMMA_M1: kern = fp_wgmma_kernel<HD, 1>, threads = wg_threads<1>(); break;
@@ -636,7 +666,8 @@ cudaError_t launch(int impl, bf16 *out, const bf16 *q, const bf16 *k, const bf16
         case FLASH_PREFILL_WGMMA_M3: kern = fp_wgmma_kernel<HD, 3>, threads = wg_threads<3>(); break;
         case FLASH_PREFILL_WGMMA_M4: kern = fp_wgmma_kernel<HD, 4>, threads = wg_threads<4>(); break;
         case FLASH_PREFILL_WGMMA_N160: kern = fp_wgmma_kernel<HD, 5, 160, 2>, threads = wg_threads<5>(); break;
-        default: break; // FLASH_PREFILL_WGMMA: MODE 5
+        case FLASH_PREFILL_WGMMA_M5: kern = fp_wgmma_kernel<HD, 5>, threads = wg_threads<5>(); break;
+        default: break; // FLASH_PREFILL_WGMMA: MODE 6
         }
         cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
         if (e != cudaSuccess) return e;
@@ -664,7 +695,7 @@ extern "C" cudaError_t flash_prefill_impl(int impl, bf16 *out, const bf16 *q, co
     else if (impl == FLASH_PREFILL_MMA) {
     } else if (impl == FLASH_PREFILL_WGMMA || impl == FLASH_PREFILL_WGMMA_M1 || impl == FLASH_PREFILL_WGMMA_M2 ||
                impl == FLASH_PREFILL_WGMMA_M0 || impl == FLASH_PREFILL_WGMMA_M3 || impl == FLASH_PREFILL_WGMMA_M4 ||
-               impl == FLASH_PREFILL_WGMMA_N160) {
+               impl == FLASH_PREFILL_WGMMA_N160 || impl == FLASH_PREFILL_WGMMA_M5) {
         if (!wgmma_usable(stream)) return cudaErrorInvalidDeviceFunction;
     } else
         return cudaErrorInvalidValue;

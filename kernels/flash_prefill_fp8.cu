@@ -289,7 +289,9 @@ __global__ void __launch_bounds__(PW ? F8_THREADS + 128 : F8_THREADS, 1)
     if (!PW && tid == 0)
         for (int jt = 0; jt < F8_STAGES && jt < n_tiles; jt++) tma_tile(jt);
 
-    const int wg = warp >> 2, wl = warp & 3, tq = lane & 3;
+    // wg and (below) the stages from lane 0: ptxas then knows them warp-uniform and builds the
+    // descriptors in uniform registers (flash_prefill.cu)
+    const int wg = __shfl_sync(0xffffffffu, warp >> 2, 0), wl = warp & 3, tq = lane & 3;
     const int r0 = wg * 64 + wl * 16 + (lane >> 2), r1 = r0 + 8;
     const int qp0 = pos0 + t0 + min(r0 / G, nqh - 1);
     const int qp1 = pos0 + t0 + min(r1 / G, nqh - 1);
@@ -421,7 +423,7 @@ __global__ void __launch_bounds__(PW ? F8_THREADS + 128 : F8_THREADS, 1)
     to_p();
 
     for (int j = 1; j < n_tiles; j++) {
-        const int s = j % F8_STAGES, sp = (j - 1) % F8_STAGES;
+        const int s = __shfl_sync(0xffffffffu, j % F8_STAGES, 0), sp = __shfl_sync(0xffffffffu, (j - 1) % F8_STAGES, 0);
         const float fk = __ldg(skh + j), sv_j = sv_next;
         if (j + 1 < n_tiles) sv_next = __ldg(svh + j + 1);
         mbar_wait(&bar_full[s], (j / F8_STAGES) & 1);
