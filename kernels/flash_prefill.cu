@@ -44,7 +44,6 @@ namespace {
 constexpr int BM = 128;        // rows (query, head) per block, both kernels
 constexpr int WG_BN = 128;     // keys per tile, wgmma kernel
 constexpr int WG_STAGES = 3;   // K/V ring depth, wgmma kernel
-constexpr float LAZY_RESCALE = 8.f; // MODE 6: how far (exp2 units) a row's maximum may pass the one its weights use
 constexpr int WG_THREADS = 256; // 2 warpgroups; each thread also copies its share of every tile
 constexpr int MMA_BN = 64;     // keys per tile, mma kernel
 constexpr int MMA_THREADS = 256;
@@ -205,6 +204,7 @@ __global__ void __launch_bounds__(wg_threads<MODE>(), 1)
     }
     __syncthreads();
     constexpr bool TMA = MODE >= 3, LAZY = MODE >= 6;
+    constexpr float LAZY_RESCALE = 8.f; // MODE 6: how far (exp2 units) a row's maximum may pass the one its weights use
     auto tma_tile = [&](int jt) { // MODE 3: thread 0; MODES 4-6: the producer's thread
         const int s = jt % ST;
         const uint32_t kb = sKV + s * 2 * KVB;
