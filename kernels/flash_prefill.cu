@@ -25,7 +25,7 @@
 // Kernel 2 (sm_80+, mma.sync m16n8k16; fallback): FA2 layout, 8 warps x 16 rows, 64-key tiles, 2-stage
 // cp.async, ldmatrix from the same swizzled layout.
 // Measured on an H100 (kernels/bench/flash_prefill.md, tests/bench/GPU.md): Qwen3-8B shapes, whole
-// 128K prompt, kernel 1 598-624 TFLOP/s (MODE 6 below; MODE 3, thread 0 of the consumers issuing
+// 128K prompt, kernel 1 620-662 TFLOP/s (MODE 7 below; MODE 3, thread 0 of the consumers issuing
 // the copies: 504-515; MODE 0, the threads' cp.async copies: 452), kernel 2 306 TFLOP/s.
 // Why one file of ~670 lines: the wgmma and mma.sync kernels share the swizzled tile layout, its
 // loaders and the online-softmax epilogue below; apart, the two would drift.
@@ -87,6 +87,25 @@ __device__ __forceinline__ void load_q(uint32_t sbase, const bf16 *q, int t0, in
     }
 }
 
+
+// ldmatrix and mma.sync: the mma kernel's, and MODE 7 of the wgmma kernel's
+__device__ __forceinline__ void ldsm_x4(uint32_t &a, uint32_t &b, uint32_t &c, uint32_t &d, uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(a), "=r"(b), "=r"(c), "=r"(d)
+                 : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t &a, uint32_t &b, uint32_t &c, uint32_t &d, uint32_t addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(a), "=r"(b), "=r"(c), "=r"(d)
+                 : "r"(addr));
+}
+// c (4 floats) += a b: the mma kernel's scores, and the wgmma kernel's (MODE 7) when it takes them again.
+__device__ __forceinline__ void mma16816(float *c, const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                 "{%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
 
 } // namespace
 
@@ -161,16 +180,20 @@ __device__ __forceinline__ void wgmma_rs_n64_tb(float (&d)[32], uint32_t a0, uin
 //         descriptors came from the uniform datapath, below). With tiles of 160 keys (BN 160, a ring
 //         of 2 stages: 3 do not fit; FLASH_PREFILL_WGMMA_N160) 460-464 against 576-593 in the same
 //         call: not kept as the default.
-// MODE 6: MODE 5 with a lazy rescale (the default): a row's running maximum moves only when a tile
-//         passes it by more than LAZY_RESCALE, so the 64 multiplies of O a tile (on each consumer's
-//         path from its PV wait to its next issue) run only in the warps where one did: 598-624
-//         against MODE 5's 589-603 in the same call (whole 128K prompt, T 8192 / 4096).
+// MODE 6: MODE 5 with a lazy rescale: a row's running maximum moves only when a tile passes it by
+//         more than LAZY_RESCALE, so the 64 multiplies of O a tile (on each consumer's path from its
+//         PV wait to its next issue) run only in the warps where one did: 598-624 against MODE 5's
+//         589-603 in the same call (whole 128K prompt, T 8192 / 4096).
+// MODE 7: MODE 6 with the exponentials first (the default): after the first tile no row maxima
+//         before the exponentials (64 fmax and two shuffle rounds on the path from the S GEMM to P),
+//         only a check of the sums after them; where a thread's part of a row's sum passes 2^8, its
+//         warp takes its scores again by mma.sync and MODE 6's way: 620-662 against MODE 6's 600-628.
 // All modes take the warpgroup index and the ring's stage from lane 0 (a shuffle): ptxas then
 // knows them warp-uniform and builds every wgmma descriptor in uniform registers (48 R2UR a tile
-// before, and ~100 of the loop's 576 instructions; 430 now with MODE 6).
+// before, and ~100 of the loop's 576 instructions; 430 with MODE 6, 354 with MODE 7).
 template <int MODE> constexpr int wg_threads() { return MODE >= 4 ? WG_THREADS + 128 : WG_THREADS; }
 
-// BN, ST: keys a tile and the ring's depth (160 keys only with TMA, MODES 3-6, in a ring of 2).
+// BN, ST: keys a tile and the ring's depth (160 keys only with TMA, MODES 3-7, in a ring of 2).
 template <int HD, int MODE, int BN = WG_BN, int ST = WG_STAGES>
 __global__ void __launch_bounds__(wg_threads<MODE>(), 1)
     fp_wgmma_kernel(bf16 *__restrict__ out, const bf16 *__restrict__ q, const bf16 *__restrict__ kc,
@@ -203,9 +226,9 @@ __global__ void __launch_bounds__(wg_threads<MODE>(), 1)
         if (MODE >= 3) asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory"); // visible to the TMA unit
     }
     __syncthreads();
-    constexpr bool TMA = MODE >= 3, LAZY = MODE >= 6;
+    constexpr bool TMA = MODE >= 3, LAZY = MODE >= 6, EXPS_FIRST = MODE >= 7;
     constexpr float LAZY_RESCALE = 8.f; // MODE 6: how far (exp2 units) a row's maximum may pass the one its weights use
-    auto tma_tile = [&](int jt) { // MODE 3: thread 0; MODES 4-6: the producer's thread
+    auto tma_tile = [&](int jt) { // MODE 3: thread 0; MODES 4-7: the producer's thread
         const int s = jt % ST;
         const uint32_t kb = sKV + s * 2 * KVB;
         mbar_expect_tx(&bar_full[s], 2 * KVB);
@@ -233,7 +256,7 @@ __global__ void __launch_bounds__(wg_threads<MODE>(), 1)
         if (producer_warpgroup<ST>(warp, lane, n_tiles, bar_empty, tma_tile)) return;
     load_q<HD, WG_THREADS>(sQ, q, t0, nqh, G, kvh, n_heads, tid);
     cp_async_arrive(&bar_q);
-    if (MODE == 3 && tid == 0) // the ring's first tiles (MODES 4-6: the producer's)
+    if (MODE == 3 && tid == 0) // the ring's first tiles (MODES 4-7: the producer's)
         for (int jt = 0; jt < ST && jt < n_tiles; jt++) tma_tile(jt);
     if (!TMA && (MODE == 0 || tid >= 128))
         for (int jt = 0; jt < ST && jt < n_tiles; jt++) issue_tile(jt);
@@ -293,9 +316,7 @@ __global__ void __launch_bounds__(wg_threads<MODE>(), 1)
                 wgmma_rs_n64_tb(o, p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3], db);
         }
     };
-    // Mask, running max, exponentials in place; the rescale factors of the old state, and (the
-    // return value) whether this warp must rescale O at all.
-    auto softmax = [&](int j, float &a0, float &a1) -> bool {
+    auto mask = [&](int j) {
         if (j * BN + BN - 1 > wg_qp_min) {
             const int kb = j * BN + 2 * tq;
 #pragma unroll
@@ -307,6 +328,23 @@ __global__ void __launch_bounds__(wg_threads<MODE>(), 1)
                     if (key > qp1) sacc[4 * i + 2 + e] = -INFINITY;
                 }
         }
+    };
+    // The exponentials in place against the running maxima, and their row sums (this thread's part).
+    auto exps = [&](float &rs0, float &rs1) {
+        rs0 = 0.f, rs1 = 0.f;
+#pragma unroll
+        for (int i = 0; i < BN / 8; i++) {
+            sacc[4 * i] = fast_exp2(fmaf(sacc[4 * i], sl2, -ms0));
+            sacc[4 * i + 1] = fast_exp2(fmaf(sacc[4 * i + 1], sl2, -ms0));
+            sacc[4 * i + 2] = fast_exp2(fmaf(sacc[4 * i + 2], sl2, -ms1));
+            sacc[4 * i + 3] = fast_exp2(fmaf(sacc[4 * i + 3], sl2, -ms1));
+            rs0 += sacc[4 * i] + sacc[4 * i + 1];
+            rs1 += sacc[4 * i + 2] + sacc[4 * i + 3];
+        }
+    };
+    // Running max, exponentials in place, their sums, of masked scores; the rescale factors of the
+    // old state, and (the return value) whether this warp must rescale O at all.
+    auto exact = [&](float &a0, float &a1, float &rs0, float &rs1) -> bool {
         float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
         for (int i = 0; i < BN / 8; i++) {
@@ -334,16 +372,47 @@ __global__ void __launch_bounds__(wg_threads<MODE>(), 1)
             ms0 = mn0;
             ms1 = mn1;
         }
-        float rs0 = 0.f, rs1 = 0.f;
+        exps(rs0, rs1);
+        return moved;
+    };
+    // The warp's 16 rows of S_j again, by mma.sync from the same shared-memory tiles (the
+    // accumulators' layout is wgmma's): MODE 7's way back to the scores after their exponentials.
+    auto rescore = [&](uint32_t kb) {
+        const int lm = lane >> 3, l8 = lane & 7;
 #pragma unroll
-        for (int i = 0; i < BN / 8; i++) {
-            sacc[4 * i] = fast_exp2(fmaf(sacc[4 * i], sl2, -ms0));
-            sacc[4 * i + 1] = fast_exp2(fmaf(sacc[4 * i + 1], sl2, -ms0));
-            sacc[4 * i + 2] = fast_exp2(fmaf(sacc[4 * i + 2], sl2, -ms1));
-            sacc[4 * i + 3] = fast_exp2(fmaf(sacc[4 * i + 3], sl2, -ms1));
-            rs0 += sacc[4 * i] + sacc[4 * i + 1];
-            rs1 += sacc[4 * i + 2] + sacc[4 * i + 3];
+        for (int i = 0; i < BN / 2; i++) sacc[i] = 0.f;
+#pragma unroll 1 // rare: registers before speed (unrolled, ptxas spilled around the loop)
+        for (int kk = 0; kk < HD / 16; kk++) {
+            uint32_t a[4];
+            ldsm_x4(a[0], a[1], a[2], a[3], sQ + swz<BM>(wg * 64 + wl * 16 + (lm & 1) * 8 + l8, 2 * kk + (lm >> 1)));
+#pragma unroll
+            for (int np = 0; np < BN / 16; np++) {
+                uint32_t b0, b1, b2, b3;
+                ldsm_x4(b0, b1, b2, b3, kb + swz<BN>(16 * np + (lm >> 1) * 8 + l8, 2 * kk + (lm & 1)));
+                mma16816(sacc + 8 * np, a, b0, b1);
+                mma16816(sacc + 8 * np + 4, a, b2, b3);
+            }
         }
+    };
+    // Mask, exponentials in place, the rescale factors of the old state, and (the return value)
+    // whether this warp must rescale O at all. MODE 7 after the first tile: the exponentials first,
+    // against the running maxima as they stand, and the row maxima only where a thread's part of a
+    // row's sum passes 2^8 (so every weight kept is at most 2^8, as MODE 6 has them): then the warp
+    // takes its scores again (rescore) and MODE 6's way. kb: the tile's K in shared memory.
+    auto softmax = [&](int j, float &a0, float &a1, uint32_t kb) -> bool {
+        mask(j);
+        float rs0, rs1;
+        bool moved = false;
+        if (EXPS_FIRST && j > 0) {
+            exps(rs0, rs1);
+            a0 = 1.f, a1 = 1.f;
+            if (__any_sync(0xffffffffu, !(rs0 <= 256.f && rs1 <= 256.f))) { // also NaN or inf
+                rescore(kb);
+                mask(j);
+                moved = exact(a0, a1, rs0, rs1);
+            }
+        } else
+            moved = exact(a0, a1, rs0, rs1);
         l0 = l0 * a0 + rs0;
         l1 = l1 * a1 + rs1;
         return moved;
@@ -370,7 +439,7 @@ __global__ void __launch_bounds__(wg_threads<MODE>(), 1)
     fence_regs(sacc);
     {
         float a0, a1;
-        softmax(0, a0, a1);
+        softmax(0, a0, a1, sKV);
     }
     to_p();
 
@@ -389,7 +458,7 @@ __global__ void __launch_bounds__(wg_threads<MODE>(), 1)
         wgmma_wait<1>();
         fence_regs(sacc);
         float a0, a1;
-        const bool moved = softmax(j, a0, a1);    // overlaps the PV GEMM
+        const bool moved = softmax(j, a0, a1, sKV + s * 2 * KVB); // overlaps the PV GEMM
         wgmma_wait_all_after(l0); // below the exponentials (flash_common.cuh says how)
         fence_regs(o);
         mbar_arrive(&bar_empty[sp]);
@@ -442,24 +511,6 @@ __global__ void __launch_bounds__(wg_threads<MODE>(), 1)
 }
 
 // ================================ mma.sync kernel (sm_80+) ================================
-namespace {
-__device__ __forceinline__ void ldsm_x4(uint32_t &a, uint32_t &b, uint32_t &c, uint32_t &d, uint32_t addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(a), "=r"(b), "=r"(c), "=r"(d)
-                 : "r"(addr));
-}
-__device__ __forceinline__ void ldsm_x4_t(uint32_t &a, uint32_t &b, uint32_t &c, uint32_t &d, uint32_t addr) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(a), "=r"(b), "=r"(c), "=r"(d)
-                 : "r"(addr));
-}
-__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-                 "{%8, %9}, {%0, %1, %2, %3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-} // namespace
 
 template <int HD>
 __global__ void __launch_bounds__(MMA_THREADS, 1)
@@ -647,7 +698,8 @@ cudaError_t launch(int impl, bf16 *out, const bf16 *q, const bf16 *k, const bf16
         CUtensorMap tmk, tmv;
         memset(&tmk, 0, sizeof tmk), memset(&tmv, 0, sizeof tmv);
         if (impl == FLASH_PREFILL_WGMMA || impl == FLASH_PREFILL_AUTO || impl == FLASH_PREFILL_WGMMA_M3 ||
-            impl == FLASH_PREFILL_WGMMA_M4 || impl == FLASH_PREFILL_WGMMA_M5 || n160) { // the modes that copy by TMA
+            impl == FLASH_PREFILL_WGMMA_M4 || impl == FLASH_PREFILL_WGMMA_M5 ||
+            impl == FLASH_PREFILL_WGMMA_M6 || n160) { // the modes that copy by TMA
             const int box = n160 ? 160 : WG_BN;
             cudaError_t e = kv_tensor_map(&tmk, k, HD, pos0 + T, n_kv, ctx, box);
             if (e == cudaSuccess) e = kv_tensor_map(&tmv, v, HD, pos0 + T, n_kv, ctx, box);
@@ -657,8 +709,8 @@ cudaError_t launch(int impl, bf16 *out, const bf16 *q, const bf16 *k, const bf16
         }
         typedef void (*Kern)(bf16 *, const bf16 *, const bf16 *, const bf16 *, int, int, int, int, int, int, int, int, float,
                              const CUtensorMap, const CUtensorMap);
-        Kern kern = fp_wgmma_kernel<HD, 6>;
-        int threads = wg_threads<6>();
+        Kern kern = fp_wgmma_kernel<HD, 7>;
+        int threads = wg_threads<7>();
         switch (impl) {
         case FLASH_PREFILL_WGMMA_M0: kern = fp_wgmma_kernel<HD, 0>, threads = wg_threads<0>(); break;
         case FLASH_PREFILL_WGMMA_M1: kern = fp_wgmma_kernel<HD, 1>, threads = wg_threads<1>(); break;
@@ -667,7 +719,8 @@ cudaError_t launch(int impl, bf16 *out, const bf16 *q, const bf16 *k, const bf16
         case FLASH_PREFILL_WGMMA_M4: kern = fp_wgmma_kernel<HD, 4>, threads = wg_threads<4>(); break;
         case FLASH_PREFILL_WGMMA_N160: kern = fp_wgmma_kernel<HD, 5, 160, 2>, threads = wg_threads<5>(); break;
         case FLASH_PREFILL_WGMMA_M5: kern = fp_wgmma_kernel<HD, 5>, threads = wg_threads<5>(); break;
-        default: break; // FLASH_PREFILL_WGMMA: MODE 6
+        case FLASH_PREFILL_WGMMA_M6: kern = fp_wgmma_kernel<HD, 6>, threads = wg_threads<6>(); break;
+        default: break; // FLASH_PREFILL_WGMMA: MODE 7
         }
         cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
         if (e != cudaSuccess) return e;
@@ -695,7 +748,7 @@ extern "C" cudaError_t flash_prefill_impl(int impl, bf16 *out, const bf16 *q, co
     else if (impl == FLASH_PREFILL_MMA) {
     } else if (impl == FLASH_PREFILL_WGMMA || impl == FLASH_PREFILL_WGMMA_M1 || impl == FLASH_PREFILL_WGMMA_M2 ||
                impl == FLASH_PREFILL_WGMMA_M0 || impl == FLASH_PREFILL_WGMMA_M3 || impl == FLASH_PREFILL_WGMMA_M4 ||
-               impl == FLASH_PREFILL_WGMMA_N160 || impl == FLASH_PREFILL_WGMMA_M5) {
+               impl == FLASH_PREFILL_WGMMA_N160 || impl == FLASH_PREFILL_WGMMA_M5 || impl == FLASH_PREFILL_WGMMA_M6) {
         if (!wgmma_usable(stream)) return cudaErrorInvalidDeviceFunction;
     } else
         return cudaErrorInvalidValue;

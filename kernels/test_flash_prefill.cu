@@ -4,7 +4,7 @@
 //   nvcc -gencode arch=compute_90a,code=sm_90a -O3 -std=c++17 -o build/fp/test_flash_prefill
 //        kernels/test_flash_prefill.cu kernels/flash_prefill.cu kernels/flash_prefill_fp8.cu -lpthread
 // Run:
-//   test_flash_prefill check IMPL    every correctness case (IMPL: wgmma | wgmma0-4 | wgmma5 | wgmma160 | mma | fp8 | auto)
+//   test_flash_prefill check IMPL    every correctness case (IMPL: wgmma | wgmma0-4 | wgmma5 | wgmma6 | wgmma160 | mma | fp8 | auto)
 //   test_flash_prefill small IMPL    the small cases only (for compute-sanitizer)
 //   test_flash_prefill bench IMPL    Qwen3-8B shapes at ctx 131072: chunks of T = 4096 / 8192 at several pos0,
 //                                    then every chunk of a whole 128K prompt, projected over 36 layers
@@ -116,6 +116,16 @@ __global__ void fill_uniform(bf16 *p, size_t n, uint64_t seed, float scale) {
     }
 }
 
+// Key row p (of each head) times 1 + p / rise, rounded to bf16 again.
+__global__ void rise_rows(bf16 *p, int nkv, int ctx, int hd, int rows, float rise) {
+    const size_t n = (size_t)nkv * rows * hd;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const size_t h = i / ((size_t)rows * hd), r = (i / hd) % rows, e = i % hd;
+        bf16 &x = p[(h * ctx + r) * hd + e];
+        x = __float2bfloat16(__bfloat162float(x) * (1.0f + (float)r / rise));
+    }
+}
+
 // Cache rows at positions >= lim get NaN.
 __global__ void poison_tail(bf16 *p, int nkv, int ctx, int hd, int lim) {
     const size_t per_head = (size_t)(ctx - lim) * hd;
@@ -200,6 +210,10 @@ struct Case {
     const char *name;
     int hd, H, KV, T, pos0, ctx;
     int n_t; // 0: every query row; else this many query rows (first, last and spread), all heads
+    int rise; // > 0: key row p scaled by 1 + p / rise, so that later tiles' scores pass the earlier
+              // ones' by far (the kernels' rescales, and the default kernel's way back to its scores)
+    int bf16_only; // 1: not for fp8, whose bounds take the scores' own error as 2^-9 of a weight
+                   // (untrue for scores of hundreds: e4m3 products summed by the tensor cores)
 };
 
 struct CheckResult {
@@ -220,6 +234,10 @@ static CheckResult run_case(const Case &c, uint64_t seed) {
     fill(dq, nq, seed * 4 + 1, 2.f);
     fill(dk, nkv, seed * 4 + 2, 2.f);
     fill(dv, nkv, seed * 4 + 3, 1.f);
+    if (c.rise > 0) {
+        rise_rows<<<256, 256>>>(dk, c.KV, c.ctx, c.hd, kv_len, (float)c.rise);
+        CK(cudaGetLastError());
+    }
     if (kv_len < c.ctx) {
         poison_tail<<<256, 256>>>(dk, c.KV, c.ctx, c.hd, kv_len);
         poison_tail<<<256, 256>>>(dv, c.KV, c.ctx, c.hd, kv_len);
@@ -350,14 +368,19 @@ static int check(bool small_only) {
         {"smollm2 (hd64 G=3) pos0 333", 64, 9, 3, 77, 333, 512, 0},
         {"smollm2 single query pos0 50", 64, 9, 3, 1, 50, 64, 0},
         {"hd64 G=8 pos0 3", 64, 8, 1, 130, 3, 200, 0},
+        {"rising keys hd128 pos0 500", 128, 32, 8, 300, 500, 1024, 0, 64},
+        {"rising keys hd64 G=3 pos0 700", 64, 9, 3, 200, 700, 1024, 0, 64},
+        // scores of hundreds (exp2 of a later tile against an earlier maximum overflows fp32)
+        {"steep keys hd128 pos0 500", 128, 32, 8, 300, 500, 1024, 0, 4, 1},
         {"smollm2 T 2048 pos0 5000", 64, 9, 3, 2048, 5000, 8192, 64},
         {"qwen3/llama3 T 4096 pos0 0", 128, 32, 8, 4096, 0, 4096, 48},
         {"qwen3/llama3 T 1000 pos0 31000", 128, 32, 8, 1000, 31000, 40000, 32},
         {"qwen3 T 8192 pos0 122880 ctx 128K", 128, 32, 8, 8192, 122880, 131072, 16},
+        {"rising keys T 4096 pos0 12288", 128, 32, 8, 4096, 12288, 16384, 32, 2048},
     };
     int n = 0, fails = 0, mutants = 0, flagged = 0;
     for (const Case &c : cases) {
-        if (small_only && c.n_t != 0) continue;
+        if ((small_only && c.n_t != 0) || (g_fp8 && c.bf16_only)) continue;
         CheckResult r = run_case(c, 1000 + n);
         n++;
         if (!r.pass) fails++;
@@ -452,6 +475,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(impl, "wgmma4")) g_impl = FLASH_PREFILL_WGMMA_M4;
     else if (!strcmp(impl, "wgmma160")) g_impl = FLASH_PREFILL_WGMMA_N160;
     else if (!strcmp(impl, "wgmma5")) g_impl = FLASH_PREFILL_WGMMA_M5;
+    else if (!strcmp(impl, "wgmma6")) g_impl = FLASH_PREFILL_WGMMA_M6;
     else if (!strcmp(impl, "mma")) g_impl = FLASH_PREFILL_MMA;
     else if (!strcmp(impl, "fp8")) g_fp8 = true;
     else g_impl = FLASH_PREFILL_AUTO;
@@ -463,6 +487,6 @@ int main(int argc, char **argv) {
     if (!strcmp(mode, "check")) return check(false);
     if (!strcmp(mode, "small")) return check(true);
     if (!strcmp(mode, "bench")) return bench();
-    fprintf(stderr, "usage: %s check|small|bench wgmma|wgmma0|wgmma1|wgmma2|wgmma3|wgmma4|wgmma5|wgmma160|mma|fp8|auto\n", argv[0]);
+    fprintf(stderr, "usage: %s check|small|bench wgmma|wgmma0|wgmma1|wgmma2|wgmma3|wgmma4|wgmma5|wgmma6|wgmma160|mma|fp8|auto\n", argv[0]);
     return 2;
 }

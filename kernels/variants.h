@@ -25,8 +25,8 @@ cudaError_t gemv_q_variant(void *y, const QMat *m, const bf16 *x, int epilogue, 
 //   FLASH_PREFILL_AUTO  : wgmma when this build has sm_90a code and the device is sm_90 (the
 //                         threads' copies if the driver has no tensor-map encoder), else mma
 //   FLASH_PREFILL_WGMMA : Hopper wgmma kernel, K/V tiles by TMA from a producer warpgroup, the
-//                         consumers taking turns, O rescaled lazily (MODE 6; needs -gencode
-//                         arch=compute_90a,code=sm_90a);
+//                         consumers taking turns, O rescaled lazily, the exponentials before
+//                         the row maxima (MODE 7; needs -gencode arch=compute_90a,code=sm_90a);
 //                         cudaErrorInvalidDeviceFunction if this build has no sm_90a code
 //   FLASH_PREFILL_MMA   : portable mma.sync m16n8k16 kernel (sm_80 and newer)
 //   FLASH_PREFILL_WGMMA_M0, _M1, _M2 : the wgmma kernel with K/V copied by the threads (MODE 0, the
@@ -35,9 +35,10 @@ cudaError_t gemv_q_variant(void *y, const QMat *m, const bf16 *x, int epilogue, 
 //                         2026-11-28), and MODE 5 without the turns
 //   FLASH_PREFILL_WGMMA_N160 : MODE 5 with tiles of 160 keys (a ring of 2)
 //   FLASH_PREFILL_WGMMA_M5 : MODE 6 rescaling O every tile (MODE 5, the default until 2026-11-28)
+//   FLASH_PREFILL_WGMMA_M6 : MODE 7 with the row maxima before the exponentials (MODE 6)
 enum { FLASH_PREFILL_AUTO = 0, FLASH_PREFILL_WGMMA = 1, FLASH_PREFILL_MMA = 2, FLASH_PREFILL_WGMMA_M1 = 3,
        FLASH_PREFILL_WGMMA_M2 = 4, FLASH_PREFILL_WGMMA_M0 = 5, FLASH_PREFILL_WGMMA_M3 = 6, FLASH_PREFILL_WGMMA_M4 = 7,
-       FLASH_PREFILL_WGMMA_N160 = 8, FLASH_PREFILL_WGMMA_M5 = 9 };
+       FLASH_PREFILL_WGMMA_N160 = 8, FLASH_PREFILL_WGMMA_M5 = 9, FLASH_PREFILL_WGMMA_M6 = 10 };
 cudaError_t flash_prefill_impl(int impl, __nv_bfloat16 *out, const __nv_bfloat16 *q,
                                const __nv_bfloat16 *k_cache, const __nv_bfloat16 *v_cache, int pos0,
                                int T, int n_heads, int n_kv_heads, int head_dim, int ctx,
