@@ -548,9 +548,24 @@ if want prefill1m; then
     N=${PREFILL_N:-1048576}
     random_ids 7 128000 $N > /tmp/ids$N.txt
     echo "=== prefill $N tokens, --gpus ${PREFILL_GPUS:-1}, --prefill-attn ${PREFILL_ATTN:-fp8}"
-    timeout 590 env PKV_PREFILL_LAYERED=1 $D/run --synthetic llama3.1-8b --gpus ${PREFILL_GPUS:-1} --attn pariskv --kv-store host --kv-store-dtype fp8 \
+    # The cards' SM clock, power and temperature every 5 s through the run: the prefill attention
+    # runs at the power limit (tests/bench/GPU.md, session 22), so its clock says what it got.
+    nvidia-smi --query-gpu=index,clocks.sm,power.draw,temperature.gpu --format=csv,noheader,nounits -lms 5000 > "$OUT/prefill1m-smi.csv" &
+    SMI=$!
+    timeout 580 env PKV_PREFILL_LAYERED=1 $D/run --synthetic llama3.1-8b --gpus ${PREFILL_GPUS:-1} --attn pariskv --kv-store host --kv-store-dtype fp8 \
         --prefill-attn ${PREFILL_ATTN:-fp8} --ids -f /tmp/ids$N.txt --ctx $((N + 256)) -n 64 --temp 0 --ignore-eos 2>&1 >/dev/null |
         grep -v "^warning" | tee "$OUT/prefill1m-${PREFILL_GPUS:-1}.txt" || status=1
+    kill $SMI 2> /dev/null; wait $SMI 2> /dev/null
+    python3 - "$OUT/prefill1m-smi.csv" <<'PY'
+import sys, statistics
+rows = [[float(x) for x in l.split(",")] for l in open(sys.argv[1]) if l.count(",") == 3]
+for g in sorted({int(r[0]) for r in rows}):
+    c = [r[1] for r in rows if int(r[0]) == g and r[2] > 150]  # samples while the card worked
+    p = [r[2] for r in rows if int(r[0]) == g and r[2] > 150]
+    t = [r[3] for r in rows if int(r[0]) == g]
+    if c: print(f"GPU {g}: {len(c)} busy samples, SM clock median {statistics.median(c):.0f} MHz (min {min(c):.0f}, max {max(c):.0f}), "
+                f"power median {statistics.median(p):.0f} W, temperature up to {max(t):.0f} C")
+PY
 fi
 if want pkvprof; then
     # Nsight Compute on the ParisKV step's kernels inside the decode graph (issue 24), by default the

@@ -6,8 +6,9 @@
 // Run:
 //   test_flash_prefill check IMPL    every correctness case (IMPL: wgmma | wgmma0-4 | wgmma5 | wgmma6 | wgmma160 | mma | fp8 | auto)
 //   test_flash_prefill small IMPL    the small cases only (for compute-sanitizer)
-//   test_flash_prefill bench IMPL    Qwen3-8B shapes at ctx 131072: chunks of T = 4096 / 8192 at several pos0,
-//                                    then every chunk of a whole 128K prompt, projected over 36 layers
+//   test_flash_prefill bench IMPL [CTX]  Qwen3-8B shapes at ctx CTX (131072): chunks of T = 4096 / 8192 at
+//                                    pos0 0, CTX/4, CTX/2, 3 CTX/4, CTX - 8192, then (CTX <= 131072) every
+//                                    chunk of a whole prompt, projected over 36 layers
 //
 // Correctness: fresh random bf16 inputs (q, k uniform in [-2, 2], v in [-1, 1]); cache rows past pos0 + T
 // hold NaN (the kernel must never read them); the output is poisoned with NaN before the call and every
@@ -360,23 +361,23 @@ static CheckResult run_case(const Case &c, uint64_t seed) {
 
 static int check(bool small_only) {
     const Case cases[] = {
-        {"qwen3/llama3 single query", 128, 32, 8, 1, 0, 64, 0},
-        {"qwen3/llama3 ragged T, pos0 0", 128, 32, 8, 100, 0, 256, 0},
-        {"qwen3/llama3 pos0 1000 T 257", 128, 32, 8, 257, 1000, 1400, 0},
-        {"MHA (G=1) pos0 129", 128, 8, 8, 300, 129, 512, 0},
-        {"G=3 hd128 pos0 77", 128, 12, 4, 200, 77, 300, 0},
-        {"smollm2 (hd64 G=3) pos0 333", 64, 9, 3, 77, 333, 512, 0},
-        {"smollm2 single query pos0 50", 64, 9, 3, 1, 50, 64, 0},
-        {"hd64 G=8 pos0 3", 64, 8, 1, 130, 3, 200, 0},
-        {"rising keys hd128 pos0 500", 128, 32, 8, 300, 500, 1024, 0, 64},
-        {"rising keys hd64 G=3 pos0 700", 64, 9, 3, 200, 700, 1024, 0, 64},
+        {"qwen3/llama3 single query", 128, 32, 8, 1, 0, 64, 0, 0, 0},
+        {"qwen3/llama3 ragged T, pos0 0", 128, 32, 8, 100, 0, 256, 0, 0, 0},
+        {"qwen3/llama3 pos0 1000 T 257", 128, 32, 8, 257, 1000, 1400, 0, 0, 0},
+        {"MHA (G=1) pos0 129", 128, 8, 8, 300, 129, 512, 0, 0, 0},
+        {"G=3 hd128 pos0 77", 128, 12, 4, 200, 77, 300, 0, 0, 0},
+        {"smollm2 (hd64 G=3) pos0 333", 64, 9, 3, 77, 333, 512, 0, 0, 0},
+        {"smollm2 single query pos0 50", 64, 9, 3, 1, 50, 64, 0, 0, 0},
+        {"hd64 G=8 pos0 3", 64, 8, 1, 130, 3, 200, 0, 0, 0},
+        {"rising keys hd128 pos0 500", 128, 32, 8, 300, 500, 1024, 0, 64, 0},
+        {"rising keys hd64 G=3 pos0 700", 64, 9, 3, 200, 700, 1024, 0, 64, 0},
         // scores of hundreds (exp2 of a later tile against an earlier maximum overflows fp32)
         {"steep keys hd128 pos0 500", 128, 32, 8, 300, 500, 1024, 0, 4, 1},
-        {"smollm2 T 2048 pos0 5000", 64, 9, 3, 2048, 5000, 8192, 64},
-        {"qwen3/llama3 T 4096 pos0 0", 128, 32, 8, 4096, 0, 4096, 48},
-        {"qwen3/llama3 T 1000 pos0 31000", 128, 32, 8, 1000, 31000, 40000, 32},
-        {"qwen3 T 8192 pos0 122880 ctx 128K", 128, 32, 8, 8192, 122880, 131072, 16},
-        {"rising keys T 4096 pos0 12288", 128, 32, 8, 4096, 12288, 16384, 32, 2048},
+        {"smollm2 T 2048 pos0 5000", 64, 9, 3, 2048, 5000, 8192, 64, 0, 0},
+        {"qwen3/llama3 T 4096 pos0 0", 128, 32, 8, 4096, 0, 4096, 48, 0, 0},
+        {"qwen3/llama3 T 1000 pos0 31000", 128, 32, 8, 1000, 31000, 40000, 32, 0, 0},
+        {"qwen3 T 8192 pos0 122880 ctx 128K", 128, 32, 8, 8192, 122880, 131072, 16, 0, 0},
+        {"rising keys T 4096 pos0 12288", 128, 32, 8, 4096, 12288, 16384, 32, 2048, 0},
     };
     int n = 0, fails = 0, mutants = 0, flagged = 0;
     for (const Case &c : cases) {
@@ -415,8 +416,10 @@ static float time_call(bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v, i
     return ts[ts.size() / 2];
 }
 
-static int bench() {
-    const int H = 32, KV = 8, hd = 128, ctx = 131072, layers = 36;
+// ctx: the cache's rows (131072 by default; a 1M prompt's late chunks with 1048576: 4 GiB of K/V).
+// The whole-prompt sweep runs only up to 131072 (at 1M it would take minutes).
+static int bench(int ctx) {
+    const int H = 32, KV = 8, hd = 128, layers = 36;
     const size_t nkv = (size_t)KV * ctx * hd, nq = (size_t)8192 * H * hd;
     bf16 *dq, *dk, *dv, *dout;
     CK(cudaMalloc(&dq, nq * 2));
@@ -429,12 +432,12 @@ static int bench() {
     CK(cudaDeviceSynchronize());
     const double fl_per_pair = 4.0 * hd * H;
     // warm-up
-    time_call(dout, dq, dk, dv, 65536, 8192, 2, H, KV, hd, ctx);
+    time_call(dout, dq, dk, dv, ctx / 2, 8192, 2, H, KV, hd, ctx);
 
-    printf("\nQwen3-8B attention (H 32, KV 8, hd 128, ctx 131072), one layer, median of N\n");
+    printf("\nQwen3-8B attention (H 32, KV 8, hd 128, ctx %d), one layer, median of N\n", ctx);
     printf("%6s %7s %10s %10s %9s %4s\n", "T", "pos0", "ms", "TFLOP/s", "GFLOP", "N");
     const int Ts[2] = {4096, 8192};
-    const int pos[5] = {0, 32768, 65536, 98304, 122880};
+    const int pos[5] = {0, ctx / 4, ctx / 2, ctx / 4 * 3, ctx - 8192};
     for (int T : Ts)
         for (int p : pos) {
             const double fl = fl_per_pair * pairs(p, T);
@@ -445,7 +448,14 @@ static int bench() {
             fflush(stdout);
         }
 
-    printf("\nWhole 131072-token prompt in chunks (sum of per-chunk medians of 3), one layer and x%d layers\n", layers);
+    if (ctx > 131072) {
+        CK(cudaFree(dq));
+        CK(cudaFree(dout));
+        CK(cudaFree(dk));
+        CK(cudaFree(dv));
+        return 0;
+    }
+    printf("\nWhole %d-token prompt in chunks (sum of per-chunk medians of 3), one layer and x%d layers\n", ctx, layers);
     for (int T : Ts) {
         double tot_ms = 0, tot_fl = 0;
         for (int p = 0; p < ctx; p += T) {
@@ -486,7 +496,14 @@ int main(int argc, char **argv) {
     if (!strcmp(mode, "info")) return 0;
     if (!strcmp(mode, "check")) return check(false);
     if (!strcmp(mode, "small")) return check(true);
-    if (!strcmp(mode, "bench")) return bench();
-    fprintf(stderr, "usage: %s check|small|bench wgmma|wgmma0|wgmma1|wgmma2|wgmma3|wgmma4|wgmma5|wgmma6|wgmma160|mma|fp8|auto\n", argv[0]);
+    if (!strcmp(mode, "bench")) {
+        const long ctx = argc > 3 ? strtol(argv[3], NULL, 10) : 131072;
+        if (ctx < 16384 || ctx > (1 << 22) || ctx % 8192) {
+            fprintf(stderr, "bench: CTX must be a multiple of 8192 from 16384 to 4194304\n");
+            return 2;
+        }
+        return bench((int)ctx);
+    }
+    fprintf(stderr, "usage: %s check|small|bench wgmma|wgmma0|wgmma1|wgmma2|wgmma3|wgmma4|wgmma5|wgmma6|wgmma160|mma|fp8|auto [CTX, bench]\n", argv[0]);
     return 2;
 }
