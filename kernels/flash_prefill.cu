@@ -227,7 +227,8 @@ __global__ void __launch_bounds__(wg_threads<MODE>(), 1)
     }
     __syncthreads();
     constexpr bool TMA = MODE >= 3, LAZY = MODE >= 6, EXPS_FIRST = MODE >= 7;
-    constexpr float LAZY_RESCALE = 8.f; // MODE 6: how far (exp2 units) a row's maximum may pass the one its weights use
+    constexpr int LAZY_BITS = 8; // MODES 6, 7: how far (exp2 units) a row's maximum may pass the one its weights use
+    constexpr float LAZY_RESCALE = LAZY_BITS, LAZY_MAX_WEIGHT = (float)(1 << LAZY_BITS); // a weight's bound, 2^LAZY_BITS
     auto tma_tile = [&](int jt) { // MODE 3: thread 0; MODES 4-7: the producer's thread
         const int s = jt % ST;
         const uint32_t kb = sKV + s * 2 * KVB;
@@ -406,7 +407,7 @@ __global__ void __launch_bounds__(wg_threads<MODE>(), 1)
         if (EXPS_FIRST && j > 0) {
             exps(rs0, rs1);
             a0 = 1.f, a1 = 1.f;
-            if (__any_sync(0xffffffffu, !(rs0 <= 256.f && rs1 <= 256.f))) { // also NaN or inf
+            if (__any_sync(0xffffffffu, !(rs0 <= LAZY_MAX_WEIGHT && rs1 <= LAZY_MAX_WEIGHT))) { // also NaN or inf
                 rescore(kb);
                 mask(j);
                 moved = exact(a0, a1, rs0, rs1);
