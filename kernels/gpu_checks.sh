@@ -138,8 +138,25 @@ for p in ref["prompts"]:
     n_ref = len(want)
     same_ref = out["gpu"][:n_ref] == want
     same_cpu = out["gpu"] == out["cpu"] and len(out["gpu"]) == 64
+    # Where the paths part, the CPU scores both tokens after the common prefix: the GPU's bf16
+    # arithmetic moves SmolLM2's per-position NLL by ~0.09 nats at p99 against the CPU (the --score
+    # comparison below), so a parting is a bug only where the CPU's token led the GPU's by 0.1 nats
+    # or more (session 23: 'fibonacci' parted at step 53 by 0.004 nats once the gate/up values were
+    # bf16).
+    tie = ""
+    if not same_cpu and len(out["gpu"]) == 64 and len(out["cpu"]) == 64:
+        i = next(j for j in range(64) if out["gpu"][j] != out["cpu"][j])
+        nll = {}
+        for tok in (out["cpu"][i], out["gpu"][i]):
+            open("/tmp/part.ids", "w").write(" ".join(map(str, p["prompt_ids"] + out["cpu"][:i] + [tok])))
+            sc = subprocess.run([".dev/run", "/tmp/smol.bin", "--score", "/tmp/part.ids", "--ids", "--device", "cpu"], capture_output=True,
+                                text=True, timeout=120, env={"OMP_NUM_THREADS": "8", "LD_LIBRARY_PATH": ".dev/lib:/usr/local/cuda/lib64"}).stdout
+            nll[tok] = float([l for l in sc.splitlines() if l[:1].isdigit()][-1].split()[2])
+        margin = nll[out["gpu"][i]] - nll[out["cpu"][i]]
+        tie = f" (they part at step {i}: the CPU's token led the GPU's by {margin:.4f} nats on the CPU)"
+        same_cpu = margin < 0.1
     bad += not (same_ref and same_cpu)
-    print(f"{'ok  ' if same_ref and same_cpu else 'FAIL'} SmolLM2 '{p['name']}': GPU greedy == transformers for {n_ref} steps: {same_ref}; GPU == CPU for 64 steps: {same_cpu}")
+    print(f"{'ok  ' if same_ref and same_cpu else 'FAIL'} SmolLM2 '{p['name']}': GPU greedy == transformers for {n_ref} steps: {same_ref}; GPU == CPU for 64 steps up to a near-tie: {same_cpu}{tie}")
     if not same_cpu:
         print("  GPU", out["gpu"]); print("  CPU", out["cpu"])
 raise SystemExit(bad)

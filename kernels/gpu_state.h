@@ -126,7 +126,7 @@ struct GpuState {
     // activations for up to chunk tokens
     float *x;           // (chunk, dim) residual stream
     bf16 *xb;           // (chunk, max(dim, q_dim, hidden)) matmul input
-    float *proj;        // (chunk, max(q_dim + 2 kv_dim, 2 hidden)) matmul output
+    float *proj;        // (chunk, max(q_dim + 2 kv_dim, 2 hidden)) matmul output (the gate/up pairs in bf16)
     bf16 *q;            // (chunk, q_dim)
     bf16 *att;          // (chunk, q_dim)
     bf16 *hb;           // (chunk, hidden) SwiGLU output

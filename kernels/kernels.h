@@ -60,8 +60,8 @@ cudaError_t qkv_rope_store(bf16 *q_out, bf16 *k_cache, bf16 *v_cache, const floa
 // cs (2 half) fp32 = cos, then sin, of *d_pos * inv_freq[j], j < half: RoPE for a decode step.
 cudaError_t rope_table(float *cs, const float *inv_freq, const int *d_pos, int half, cudaStream_t st);
 
-// h (T, hidden) bf16 = silu(gu[:, 2i]) * gu[:, 2i+1], gu (T, 2 hidden) fp32
-cudaError_t swiglu_pairs(bf16 *h, const float *gu, int T, int hidden, cudaStream_t st);
+// h (T, hidden) bf16 = silu(gu[:, 2i]) * gu[:, 2i+1], gu (T, 2 hidden) bf16 (16-byte aligned, both)
+cudaError_t swiglu_pairs(bf16 *h, const bf16 *gu, int T, int hidden, cudaStream_t st);
 
 // Decode attention for one token at position *d_pos, fused with the QKV post-processing:
 // qkv ((n_heads + 2 n_kv) * hd) fp32 is the QKV projection's output; q and the new key get the

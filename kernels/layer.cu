@@ -7,20 +7,33 @@
 #include "kernels.h"
 #include "flash_prefill.h"
 
-cudaError_t gpu_gemm(GpuState *g, float *y, const bf16 *x, const bf16 *W, int T, int n, int d, int accumulate) {
+// y (d x T, column-major: T rows of d) of type yt = W x: cuBLAS's default algorithm for the shape,
+// fp32 accumulation; beta 1 adds to y (fp32 outputs only).
+static cudaError_t gemm_to(GpuState *g, void *y, cudaDataType yt, const bf16 *x, const bf16 *W, int T, int n, int d, int accumulate) {
     float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
     cublasStatus_t s = cublasGemmEx(g->blas, CUBLAS_OP_T, CUBLAS_OP_N, d, T, n, &alpha, W, CUDA_R_16BF, n, x, CUDA_R_16BF,
-                                    n, &beta, y, CUDA_R_32F, d, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+                                    n, &beta, y, yt, d, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     return s == CUBLAS_STATUS_SUCCESS ? cudaSuccess : cudaErrorUnknown;
+}
+
+cudaError_t gpu_gemm(GpuState *g, float *y, const bf16 *x, const bf16 *W, int T, int n, int d, int accumulate) {
+    return gemm_to(g, y, CUDA_R_32F, x, W, T, n, d, accumulate);
+}
+
+// A layer's matrix that may be quantized: dequantized for the tensor cores first (a GEMM over T
+// tokens reuses each weight T times).
+static cudaError_t gemm_w_to(GpuState *g, void *y, cudaDataType yt, const bf16 *x, const bf16 *W, const QMat *q, const float *norm, int T,
+                             int n, int d, int accumulate) {
+    if (q->dt) {
+        CU_TRY(qmat_to_bf16(g->wdeq, q, norm, g->st));
+        W = g->wdeq;
+    }
+    return gemm_to(g, y, yt, x, W, T, n, d, accumulate);
 }
 
 cudaError_t gpu_gemm_w(GpuState *g, float *y, const bf16 *x, const bf16 *W, const QMat *q, const float *norm, int T, int n, int d,
                        int accumulate) {
-    if (q->dt) { // dequantized for the tensor cores: a GEMM over T tokens reuses each weight T times
-        CU_TRY(qmat_to_bf16(g->wdeq, q, norm, g->st));
-        W = g->wdeq;
-    }
-    return gpu_gemm(g, y, x, W, T, n, d, accumulate);
+    return gemm_w_to(g, y, CUDA_R_32F, x, W, q, norm, T, n, d, accumulate);
 }
 
 cudaError_t gpu_head_gemv(GpuState *g) { // this GPU's vocabulary rows, then every rank's gathered
@@ -91,8 +104,12 @@ cudaError_t layer_out_mlp(GpuState *g, uint32_t l, float *x, int T, LayerMode mo
     CU_TRY(gpu_gemm_w(g, x, g->att, w->wo, &w->qo, NULL, T, q_dim, dim, adds_residual(g)));
     CU_TRY(tp_all_reduce(g, x, (size_t)T * dim));
     CU_TRY(rmsnorm_bf16(g->xb, x, NULL, T, dim, c->norm_eps, g->st)); // weights folded into wgu
-    CU_TRY(gpu_gemm_w(g, g->proj, g->xb, w->wgu, &w->qgu, w->ffn_norm, T, dim, 2 * hidden, 0));
-    CU_TRY(swiglu_pairs(g->hb, g->proj, T, hidden, g->st));
+    // The gate and up values in bf16 (as a bf16 Linear layer gives them): the GEMM writes, and SwiGLU
+    // reads, half the bytes of fp32 (2 x 201 MB a 4,096-token chunk of Qwen3-8B). Their mean NLL
+    // against fp32 values: tests/bench/GPU.md, session 23.
+    bf16 *gu = (bf16 *)g->proj;
+    CU_TRY(gemm_w_to(g, gu, CUDA_R_16BF, g->xb, w->wgu, &w->qgu, w->ffn_norm, T, dim, 2 * hidden, 0));
+    CU_TRY(swiglu_pairs(g->hb, gu, T, hidden, g->st));
     CU_TRY(gpu_gemm_w(g, x, g->hb, w->wdown, &w->qdown, NULL, T, hidden, dim, adds_residual(g)));
     return tp_mutant(g, l) ? cudaSuccess : tp_all_reduce(g, x, (size_t)T * dim);
 }

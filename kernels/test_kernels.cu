@@ -321,17 +321,18 @@ static void test_rmsnorm(int T, int n) {
     cudaFree(dx), cudaFree(dw), cudaFree(out);
 }
 
-// The prefill's SwiGLU over the gate/up GEMM's interleaved (gate, up) pairs, against silu(g) u
-// in double: one bf16 rounding of the output (TOL_BF16).
+// The prefill's SwiGLU over the gate/up GEMM's interleaved bf16 (gate, up) pairs, against silu(g) u
+// of the same bf16 values in double: one bf16 rounding of the output (TOL_BF16).
 static void test_swiglu(int T, int hidden) {
     size_t n = (size_t)T * hidden;
-    std::vector<float> gu(2 * n), ref(n);
-    for (auto &v : gu) v = 6.0f * frand();
+    std::vector<float> gu, ref(n);
+    std::vector<uint16_t> gub;
+    rand_bf16(gu, gub, 2 * n, 6.0f);
     for (size_t i = 0; i < n; i++) {
         double g = gu[2 * i], u = gu[2 * i + 1];
         ref[i] = (float)(g / (1.0 + exp(-g)) * u);
     }
-    float *dgu = to_dev(gu);
+    bf16 *dgu = (bf16 *)to_dev(gub);
     bf16 *h;
     CU_CHECK(cudaMalloc(&h, n * 2));
     CU_CHECK(cudaMemset(h, 0xff, n * 2));
