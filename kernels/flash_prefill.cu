@@ -48,7 +48,8 @@ constexpr int WG_THREADS = 256; // 2 warpgroups; each thread also copies its sha
 constexpr int MMA_BN = 64;     // keys per tile, mma kernel
 constexpr int MMA_THREADS = 256;
 
-template <int HD, int BN = WG_BN, int ST = WG_STAGES> constexpr int wg_smem_bytes() { return 1024 + BM * HD * 2 + ST * 2 * BN * HD * 2; }
+// Dynamic shared memory of the wgmma kernel: alignment slack, the Q tile, ST stages of a K and a V tile of BN keys.
+constexpr int wg_smem_bytes(int HD, int BN, int ST) { return 1024 + BM * HD * 2 + ST * 2 * BN * HD * 2; }
 template <int HD> constexpr int mma_smem_bytes() { return 1024 + BM * HD * 2 + 2 * 2 * MMA_BN * HD * 2; }
 
 // Byte offset of 16-byte chunk c (0 .. HD/8-1) of row r in an R-row swizzled tile.
@@ -685,6 +686,35 @@ cudaError_t kv_tensor_map(CUtensorMap *map, const bf16 *base, int HD, int rows, 
     return r == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
 }
 
+typedef void (*WgKern)(bf16 *, const bf16 *, const bf16 *, const bf16 *, int, int, int, int, int, int, int, int, float, const CUtensorMap,
+                       const CUtensorMap);
+
+// Every variant of the wgmma kernel, in one place: its kernel, threads, keys a tile, ring depth, and
+// whether its K/V tiles come by TMA (tensor maps made at launch). FLASH_PREFILL_AUTO takes the
+// first; the others are kept to measure side by side (variants.h says what each is).
+struct WgVariant {
+    int impl;
+    WgKern kern;
+    int threads, bn, st;
+    bool tma;
+};
+template <int HD> const WgVariant *wg_variant(int impl) {
+    static const WgVariant table[] = {
+        {FLASH_PREFILL_WGMMA, fp_wgmma_kernel<HD, 7>, wg_threads<7>(), WG_BN, WG_STAGES, true},
+        {FLASH_PREFILL_WGMMA_M6, fp_wgmma_kernel<HD, 6>, wg_threads<6>(), WG_BN, WG_STAGES, true},
+        {FLASH_PREFILL_WGMMA_M5, fp_wgmma_kernel<HD, 5>, wg_threads<5>(), WG_BN, WG_STAGES, true},
+        {FLASH_PREFILL_WGMMA_N160, fp_wgmma_kernel<HD, 5, 160, 2>, wg_threads<5>(), 160, 2, true},
+        {FLASH_PREFILL_WGMMA_M4, fp_wgmma_kernel<HD, 4>, wg_threads<4>(), WG_BN, WG_STAGES, true},
+        {FLASH_PREFILL_WGMMA_M3, fp_wgmma_kernel<HD, 3>, wg_threads<3>(), WG_BN, WG_STAGES, true},
+        {FLASH_PREFILL_WGMMA_M2, fp_wgmma_kernel<HD, 2>, wg_threads<2>(), WG_BN, WG_STAGES, false},
+        {FLASH_PREFILL_WGMMA_M1, fp_wgmma_kernel<HD, 1>, wg_threads<1>(), WG_BN, WG_STAGES, false},
+        {FLASH_PREFILL_WGMMA_M0, fp_wgmma_kernel<HD, 0>, wg_threads<0>(), WG_BN, WG_STAGES, false},
+    };
+    for (const WgVariant &v : table)
+        if (v.impl == impl) return &v;
+    return NULL;
+}
+
 template <int HD>
 cudaError_t launch(int impl, bf16 *out, const bf16 *q, const bf16 *k, const bf16 *v, int pos0, int T, int n_heads,
                    int n_kv, int ctx, cudaStream_t st) {
@@ -694,38 +724,20 @@ cudaError_t launch(int impl, bf16 *out, const bf16 *q, const bf16 *k, const bf16
     const float sl2 = (float)(1.4426950408889634 / sqrt((double)HD));
     const dim3 grid((unsigned)(n_qtiles * n_kv));
     if (impl != FLASH_PREFILL_MMA) {
-        const bool n160 = impl == FLASH_PREFILL_WGMMA_N160;
-        const int smem = n160 ? wg_smem_bytes<HD, 160, 2>() : wg_smem_bytes<HD>();
+        const WgVariant *w = wg_variant<HD>(impl == FLASH_PREFILL_AUTO ? FLASH_PREFILL_WGMMA : impl);
+        if (!w) return cudaErrorInvalidValue;
         CUtensorMap tmk, tmv;
         memset(&tmk, 0, sizeof tmk), memset(&tmv, 0, sizeof tmv);
-        if (impl == FLASH_PREFILL_WGMMA || impl == FLASH_PREFILL_AUTO || impl == FLASH_PREFILL_WGMMA_M3 ||
-            impl == FLASH_PREFILL_WGMMA_M4 || impl == FLASH_PREFILL_WGMMA_M5 ||
-            impl == FLASH_PREFILL_WGMMA_M6 || n160) { // the modes that copy by TMA
-            const int box = n160 ? 160 : WG_BN;
-            cudaError_t e = kv_tensor_map(&tmk, k, HD, pos0 + T, n_kv, ctx, box);
-            if (e == cudaSuccess) e = kv_tensor_map(&tmv, v, HD, pos0 + T, n_kv, ctx, box);
+        if (w->tma) {
+            cudaError_t e = kv_tensor_map(&tmk, k, HD, pos0 + T, n_kv, ctx, w->bn);
+            if (e == cudaSuccess) e = kv_tensor_map(&tmv, v, HD, pos0 + T, n_kv, ctx, w->bn);
             if (e != cudaSuccess && impl != FLASH_PREFILL_AUTO) return e;
-            if (impl == FLASH_PREFILL_AUTO) // no encoder from the driver: copies by the threads
-                impl = e == cudaSuccess ? FLASH_PREFILL_WGMMA : FLASH_PREFILL_WGMMA_M0;
+            if (e != cudaSuccess) w = wg_variant<HD>(FLASH_PREFILL_WGMMA_M0); // AUTO, no encoder from the driver: copies by the threads
         }
-        typedef void (*Kern)(bf16 *, const bf16 *, const bf16 *, const bf16 *, int, int, int, int, int, int, int, int, float,
-                             const CUtensorMap, const CUtensorMap);
-        Kern kern = fp_wgmma_kernel<HD, 7>;
-        int threads = wg_threads<7>();
-        switch (impl) {
-        case FLASH_PREFILL_WGMMA_M0: kern = fp_wgmma_kernel<HD, 0>, threads = wg_threads<0>(); break;
-        case FLASH_PREFILL_WGMMA_M1: kern = fp_wgmma_kernel<HD, 1>, threads = wg_threads<1>(); break;
-        case FLASH_PREFILL_WGMMA_M2: kern = fp_wgmma_kernel<HD, 2>, threads = wg_threads<2>(); break;
-        case FLASH_PREFILL_WGMMA_M3: kern = fp_wgmma_kernel<HD, 3>, threads = wg_threads<3>(); break;
-        case FLASH_PREFILL_WGMMA_M4: kern = fp_wgmma_kernel<HD, 4>, threads = wg_threads<4>(); break;
-        case FLASH_PREFILL_WGMMA_N160: kern = fp_wgmma_kernel<HD, 5, 160, 2>, threads = wg_threads<5>(); break;
-        case FLASH_PREFILL_WGMMA_M5: kern = fp_wgmma_kernel<HD, 5>, threads = wg_threads<5>(); break;
-        case FLASH_PREFILL_WGMMA_M6: kern = fp_wgmma_kernel<HD, 6>, threads = wg_threads<6>(); break;
-        default: break; // FLASH_PREFILL_WGMMA: MODE 7
-        }
-        cudaError_t e = cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+        const int smem = wg_smem_bytes(HD, w->bn, w->st);
+        cudaError_t e = cudaFuncSetAttribute(w->kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
         if (e != cudaSuccess) return e;
-        kern<<<grid, threads, smem, st>>>(out, q, k, v, pos0, T, n_heads, n_kv, ctx, G, nq, n_qtiles, sl2, tmk, tmv);
+        w->kern<<<grid, w->threads, smem, st>>>(out, q, k, v, pos0, T, n_heads, n_kv, ctx, G, nq, n_qtiles, sl2, tmk, tmv);
     } else {
         const int smem = mma_smem_bytes<HD>();
         cudaError_t e = cudaFuncSetAttribute(fp_mma_kernel<HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
@@ -747,9 +759,7 @@ extern "C" cudaError_t flash_prefill_impl(int impl, bf16 *out, const bf16 *q, co
         return cudaErrorInvalidValue;
     if (impl == FLASH_PREFILL_AUTO) impl = wgmma_usable(stream) ? FLASH_PREFILL_AUTO : FLASH_PREFILL_MMA; // AUTO: launch() picks
     else if (impl == FLASH_PREFILL_MMA) {
-    } else if (impl == FLASH_PREFILL_WGMMA || impl == FLASH_PREFILL_WGMMA_M1 || impl == FLASH_PREFILL_WGMMA_M2 ||
-               impl == FLASH_PREFILL_WGMMA_M0 || impl == FLASH_PREFILL_WGMMA_M3 || impl == FLASH_PREFILL_WGMMA_M4 ||
-               impl == FLASH_PREFILL_WGMMA_N160 || impl == FLASH_PREFILL_WGMMA_M5 || impl == FLASH_PREFILL_WGMMA_M6) {
+    } else if (wg_variant<128>(impl)) {
         if (!wgmma_usable(stream)) return cudaErrorInvalidDeviceFunction;
     } else
         return cudaErrorInvalidValue;
