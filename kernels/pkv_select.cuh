@@ -227,17 +227,22 @@ template <int B> static __device__ __forceinline__ void load_piece(uint32_t (&wd
 // 32 banks once, so a warp's lookups into one subspace never conflict (bytes: 64 words, two
 // a bank, mostly 2-way conflicts), and rotating the word left by 4 (e >> 5) brings the entry
 // to the top nibble, where one shift (fused with the add) extracts it.
-// Score of one piece: the sum of its subspaces' bonuses (row: the table of its first one).
+// Score of one piece: the sum of its subspaces' bonuses. row: the shared-memory address of the table
+// of its first subspace, 256-byte aligned, so that PRMT puts an id's byte offset (e & 31) * 4 into
+// the address's low byte in one instruction and the subspace's row comes as the load's immediate
+// offset: per id a PRMT, the load, a shift of the rotation (none for an id word's first), the
+// rotate and a shift-add (ptxas made ~9 of the C++ indexing: a byte extract, an add, the load, ...).
 // Per id word w (4 ids): A holds the 4 byte offsets (e & 31) * 4, M the 4 rotations
 // (e >> 5) * 4 in the low 5 bits of each byte (funnel shifts use the amount mod 32).
-template <int WORDS> static __device__ __forceinline__ unsigned piece_score(const uint32_t (&wd)[WORDS], const uint32_t *row) {
+template <int WORDS> static __device__ __forceinline__ unsigned piece_score(const uint32_t (&wd)[WORDS], uint32_t row) {
     unsigned s = 0;
 #pragma unroll
     for (int q = 0; q < WORDS; q++) {
         uint32_t w = wd[q], A = (w << 2) & 0x7c7c7c7cu, M = (w >> 3) & 0x1c1c1c1cu;
 #pragma unroll
         for (int j = 0; j < 4; j++) {
-            uint32_t word = *(const uint32_t *)((const char *)(row + (4 * q + j) * 32) + ((A >> (8 * j)) & 0xffu));
+            const uint32_t addr = __byte_perm(A, row, 0x7650 + j); // row's upper bytes, A's byte j
+            const uint32_t word = ((const uint32_t *)__cvta_shared_to_generic(addr))[(4 * q + j) * 32];
             s += __funnelshift_l(word, word, M >> (8 * j)) >> 28;
         }
     }

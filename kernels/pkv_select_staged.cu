@@ -100,7 +100,7 @@ template <int B> static __global__ void __launch_bounds__(SEL_THREADS, 6) pkv_vo
     constexpr int NB = 6 * B + 1, NW = SEL_THREADS / 32, PPS = VP::PPS, UNR = VP::UNR;
     constexpr int HSTR = ((NB + 31) & ~31) + 16; // one histogram copy
     static_assert(NB < HIST_BLK && NB < SEL_THREADS, "score bins");
-    __shared__ uint32_t tbl[B * 32];
+    __shared__ __align__(256) uint32_t tbl[B * 32]; // 256-byte aligned: piece_score's addresses
     __shared__ int wh[2 * NW * HSTR];
     __shared__ int red[32];
     int h = blockIdx.y, j = blockIdx.x, t = threadIdx.x, lane = t & 31, warp = t >> 5;
@@ -135,7 +135,7 @@ template <int B> static __global__ void __launch_bounds__(SEL_THREADS, 6) pkv_vo
     uint8_t *sc = a.score + (size_t)h * a.capp;
     int *hw = wh + (2 * warp + (lane >> 4)) * HSTR;
     // B = 32: odd lanes hold the second half of a slot (subspaces 16..31). p0 stays even.
-    const uint32_t *row = tbl + (PPS == 2 ? (lane & 1) * 16 * 32 : 0);
+    const uint32_t row = (uint32_t)__cvta_generic_to_shared(tbl + (PPS == 2 ? (lane & 1) * 16 * 32 : 0));
     // The loop bound is uniform over the warp (the shuffle needs every lane).
     for (unsigned p0 = plo + warp * 32 * UNR; p0 < phi; p0 += NW * 32 * UNR) {
         uint32_t wd[UNR][VP::WORDS];
