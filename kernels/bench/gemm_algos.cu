@@ -1,7 +1,7 @@
 // The prefill's GEMM shapes under each algorithm cuBLASLt's heuristic offers, beside
 // cublasGemmEx's default (what kernels/layer.cu calls): TFLOP/s, median of N after warm-up.
-// Build (here, no GPU needed): nvcc -O3 -std=c++17 -arch=sm_90 -o gemm_algos kernels/bench/gemm_algos.cu -lcublasLt -lcublas
-// Run: gemm_algos [T] [model: qwen3-8b | llama3.1-8b]
+// Built by kernels/prepare_device.sh into .dev/gemm_algos (no GPU needed to build).
+// Run: .dev/gemm_algos [T] [qwen3-8b | llama3.1-8b] (results: tests/bench/GPU.md, session 23)
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
@@ -62,7 +62,14 @@ template <class F> static float time_ms(F f, int reps) {
 }
 
 int main(int argc, char **argv) {
-    const int T = argc > 1 ? atoi(argv[1]) : 4096;
+    char *end = NULL;
+    const long Tl = argc > 1 ? strtol(argv[1], &end, 10) : 4096;
+    if ((argc > 1 && (end == argv[1] || *end)) || Tl < 1 || Tl > 65536 ||
+        (argc > 2 && strcmp(argv[2], "qwen3-8b") && strcmp(argv[2], "llama3.1-8b")) || argc > 3) {
+        fprintf(stderr, "usage: %s [T: 1..65536, default 4096] [qwen3-8b | llama3.1-8b]\n", argv[0]);
+        return 2;
+    }
+    const int T = (int)Tl;
     const bool llama = argc > 2 && !strcmp(argv[2], "llama3.1-8b");
     const int dim = 4096, q = 4096, kv = 1024, hidden = llama ? 14336 : 12288;
     const Shape shapes[] = {{"QKV", dim, q + 2 * kv, 0, 0}, {"W_o +", q, dim, 1, 0}, {"gate/up fp32", dim, 2 * hidden, 0, 0},
