@@ -584,9 +584,7 @@ static void hint_chat(const Tokenizer *tok, const Options *o, const int *prompt,
 static void open_prompt_session(Generation *g, SessionHeader *sh) {
     const Options *o = g->o;
     char serr[SESSION_ERR_LEN];
-    if (session_open(o->load_session, g->m, &o->attn, sh, serr) != 0 ||
-        session_check_path(sh, g->m->be->create != NULL, o->load_session, serr) != 0)
-        die("%s", serr);
+    if (session_open(o->load_session, g->m, &o->attn, g->m->be->create != NULL, sh, serr) != 0) die("%s", serr);
     if (sh->kind != SESSION_PROMPT) die("session '%s' is a chat's (/save): resume it with --chat", o->load_session);
     g->n_saved = sh->n_tokens;
     int *all = malloc(((size_t)g->n_saved + g->n_prompt) * sizeof(int));
@@ -1121,7 +1119,7 @@ static void chat_load(Chat *c, const SessionHeader *h, const char *path) {
 // --chat --load-session: the session's header, checked before the state is sized for it.
 static void open_chat_session(const Model *m, const Options *o, SessionHeader *sh) {
     char serr[SESSION_ERR_LEN];
-    if (session_open(o->load_session, m, &o->attn, sh, serr) != 0 || session_check_path(sh, m->be->create != NULL, o->load_session, serr) != 0)
+    if (session_open(o->load_session, m, &o->attn, m->be->create != NULL, sh, serr) != 0)
         die("%s", serr);
     if (sh->kind != SESSION_CHAT) die("session '%s' is a prompt's (--save-session): resume it without --chat", o->load_session);
     if (o->system || o->prompt || o->prompt_file) die("--load-session brings its own conversation: no --system, -p or -f with it");

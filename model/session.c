@@ -379,7 +379,18 @@ int session_save(const char *path, const Model *m, const RunState *s, const Attn
     return 0;
 }
 
-int session_check_header(const SessionHeader *h, uint64_t file_size, uint64_t model_id, const Config *c, const AttnConfig *a, char *err) {
+// Why the session cannot be read by the path `gpu` loads it with (its K/V format is the other's),
+// without the file's name; 0 when it can.
+static int path_refusal(const SessionHeader *h, int gpu, char *err) {
+    if (gpu && h->kv_format != SESSION_KV_GPU)
+        return fail(err, "saved by the CPU path (fp32 K/V): load it with --device cpu (the GPU reads sessions saved on the GPU)");
+    if (!gpu && h->kv_format != SESSION_KV_CPU_F32)
+        return fail(err, "saved by the GPU path (bf16 K/V): load it on the GPU (the CPU reads sessions saved on the CPU)");
+    return 0;
+}
+
+int session_check_header(const SessionHeader *h, uint64_t file_size, uint64_t model_id, const Config *c, const AttnConfig *a, int gpu,
+                         char *err) {
     if (memcmp(h->magic, SESSION_MAGIC, 8) != 0) return fail(err, "not a session file (no %s magic)", SESSION_MAGIC);
     if (h->version != SESSION_VERSION || h->header_size != sizeof *h)
         return fail(err, "session format %u (header %u bytes) is not this runner's (%d, %zu bytes)", h->version, h->header_size,
@@ -390,13 +401,16 @@ int session_check_header(const SessionHeader *h, uint64_t file_size, uint64_t mo
                     h->config.vocab_size, memcmp(&h->config, c, sizeof *c) == 0 ? ", other weights" : "");
     if (h->kv_format != SESSION_KV_CPU_F32 && h->kv_format != SESSION_KV_GPU)
         return fail(err, "session K/V format %u is not one this runner reads", h->kv_format);
+    // The path before the settings: each path has its own default dense crossover, so the other
+    // path's session differs in them too, and that is not what the user can change.
+    if (gpu >= 0 && path_refusal(h, gpu, err)) return -1;
     SessionHeader want = *h;
     put_attn(&want, a);
     if (memcmp(&want, h, sizeof want) != 0)
         return fail(err, "the session was made under other attention settings (--attn %s, --topk %d, --sink %d, --local %d, --update %d, "
-                    "--kv-store-dtype %s): give the same ones",
+                    "--kv-store-dtype %s, --dense-below %d): give the same ones",
                     attn_method_name(h->attn_method) ? attn_method_name(h->attn_method) : "?", h->topk, h->sink, h->local, h->update,
-                    h->zone_fp8 ? "fp8" : "bf16");
+                    h->zone_fp8 ? "fp8" : "bf16", h->dense_min);
     if (h->n_tokens < 1 || h->prefill_len < 0 || h->prefill_len > h->n_tokens || h->n_tokens > (1 << 30) || h->fp8_end < 0 ||
         h->fp8_end > h->n_tokens || (h->kind != SESSION_PROMPT && h->kind != SESSION_CHAT) || h->chat_bytes > (1ull << 40) ||
         (h->kind == SESSION_PROMPT && h->chat_bytes))
@@ -413,14 +427,14 @@ int session_check_header(const SessionHeader *h, uint64_t file_size, uint64_t mo
     return 0;
 }
 
-int session_open(const char *path, const Model *m, const AttnConfig *a, SessionHeader *h, char *err) {
+int session_open(const char *path, const Model *m, const AttnConfig *a, int gpu, SessionHeader *h, char *err) {
     FILE *f = fopen(path, "rb");
     if (!f) return fail(err, "cannot open session '%.256s': %s", path, strerror(errno));
     struct stat st;
     int got = fstat(fileno(f), &st) == 0 && fread(h, 1, sizeof *h, f) == sizeof *h;
     fclose(f);
     if (!got) return fail(err, "session '%.256s': too short for a session header", path);
-    if (session_check_header(h, (uint64_t)st.st_size, session_model_id(m), &m->c, a, err) != 0) {
+    if (session_check_header(h, (uint64_t)st.st_size, session_model_id(m), &m->c, a, gpu, err) != 0) {
         char why[SESSION_ERR_LEN];
         memcpy(why, err, sizeof why);
         return fail(err, "session '%.200s': %.300s", path, why);
@@ -429,10 +443,8 @@ int session_open(const char *path, const Model *m, const AttnConfig *a, SessionH
 }
 
 int session_check_path(const SessionHeader *h, int gpu, const char *path, char *err) {
-    if (gpu && h->kv_format != SESSION_KV_GPU)
-        return fail(err, "session '%.256s' was saved by the CPU path (fp32 K/V): load it with --device cpu (the GPU reads sessions saved on the GPU)", path);
-    if (!gpu && h->kv_format != SESSION_KV_CPU_F32)
-        return fail(err, "session '%.256s' was saved by the GPU path (bf16 K/V): load it on the GPU (the CPU reads sessions saved on the CPU)", path);
+    char why[SESSION_ERR_LEN];
+    if (path_refusal(h, gpu, why)) return fail(err, "session '%.256s' was %.300s", path, why);
     return 0;
 }
 

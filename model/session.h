@@ -110,12 +110,14 @@ typedef struct {
 int session_save(const char *path, const Model *m, const RunState *s, const AttnConfig *a, const int *tokens, int n, const SessionExtra *x,
                  char *err);
 
-// Reads and checks the header of path against the model and the attention settings (and the
-// file's size); fills h. 0, or -1 with a one-line err.
-int session_open(const char *path, const Model *m, const AttnConfig *a, SessionHeader *h, char *err);
+// Reads and checks the header of path against the model, the path that loads it (gpu: 1 the GPU's,
+// 0 the CPU's, -1 either) and the attention settings (and the file's size); fills h. 0, or -1
+// with a one-line err.
+int session_open(const char *path, const Model *m, const AttnConfig *a, int gpu, SessionHeader *h, char *err);
 // The header's own checks, given the model's identity and configuration (what session_open
 // runs after reading it; the fuzz harness calls it on any bytes).
-int session_check_header(const SessionHeader *h, uint64_t file_size, uint64_t model_id, const Config *c, const AttnConfig *a, char *err);
+int session_check_header(const SessionHeader *h, uint64_t file_size, uint64_t model_id, const Config *c, const AttnConfig *a, int gpu,
+                         char *err);
 
 // Whether the session's format is the path's that loads it (gpu: a whole-pass backend's state):
 // 0, or -1 with a one-line err saying which path to load it with.

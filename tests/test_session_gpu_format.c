@@ -99,7 +99,7 @@ int main(void) {
         check(rc == 0, "%s: saved (%llu bytes of K/V in %s) %s", cases[ci].name, (unsigned long long)saver.bytes,
               saver.small ? "small calls" : "one call", err);
         SessionHeader h;
-        rc = session_open(path, &m, &a, &h, err);
+        rc = session_open(path, &m, &a, 1, &h, err);
         check(rc == 0 && h.kv_format == SESSION_KV_GPU && h.kv_bytes == saver.bytes &&
                   h.file_size == session_bytes(c, &a, SESSION_KV_GPU, n, n, 0),
               "%s: the header checks and counts the section %s", cases[ci].name, rc ? err : "");
@@ -118,6 +118,18 @@ int main(void) {
                   (unsigned long long)at[k], (unsigned long long)h.file_size, err);
             flip(path, at[k]);
         }
+        // Opened for the CPU path it is refused as the GPU's, also where the settings differ as well
+        // (each path has its own default dense crossover: the path is what to say).
+        SessionHeader h2;
+        rc = session_open(path, &m, &a, 0, &h2, err);
+        check(rc != 0 && strstr(err, "saved by the GPU path"), "%s: opened for the CPU path: %s", cases[ci].name, err);
+        AttnConfig other = a;
+        other.dense_min += 1000;
+        rc = session_open(path, &m, &other, 0, &h2, err);
+        check(rc != 0 && strstr(err, "saved by the GPU path"), "%s: the path said before other settings: %s", cases[ci].name, err);
+        rc = session_open(path, &m, &other, 1, &h2, err);
+        check(rc != 0 && strstr(err, "other attention settings") && strstr(err, "--dense-below"), "%s: other settings, named: %s",
+              cases[ci].name, err);
         // The other path's state refuses it, and a CPU session is refused by a GPU state.
         RunState cpu;
         memset(&cpu, 0, sizeof cpu);

@@ -108,7 +108,7 @@ static int restore_score(const Model *m, int method, const char *path, const int
     SessionHeader h;
     float *saved = malloc(m->c.vocab_size * sizeof(float));
     void *chat = NULL;
-    int rc = saved && session_open(path, m, &a, &h, serr) == 0 && session_read(path, &h, &s, tokens, saved, &chat, serr) == 0 ? 0 : -1;
+    int rc = saved && session_open(path, m, &a, 0, &h, serr) == 0 && session_read(path, &h, &s, tokens, saved, &chat, serr) == 0 ? 0 : -1;
     if (rc != 0) printf("FAIL restore: %s\n", serr);
     s.attn = policy(m, method);
     if (rc == 0 && s.attn) attn_policy_resume(s.attn, P, h.fp8_end);

@@ -43,7 +43,7 @@ static int try_read(const char *path, const Model *m, const AttnConfig *a, int *
                     size_t want_bytes) {
     SessionHeader h;
     char err[SESSION_ERR_LEN];
-    if (session_open(path, m, a, &h, err) != 0) return fuzz_check_err(err), 0;
+    if (session_open(path, m, a, -1, &h, err) != 0) return fuzz_check_err(err), 0;
     *out = small_state(&m->c, h.n_tokens);
     void *conv = NULL;
     if (session_read(path, &h, out, tokens, logits, &conv, err) == 0) {
@@ -73,7 +73,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         memset(&s, 0, sizeof s);
         SessionHeader h;
         char err[SESSION_ERR_LEN];
-        if (session_open(path, &m, &a, &h, err) != 0) fuzz_check_err(err);
+        if (session_open(path, &m, &a, -1, &h, err) != 0) fuzz_check_err(err);
         else if (h.n_tokens > 64) abort(); // the checks bound it by the file's size
         else try_read(path, &m, &a, tokens, logits, &s, NULL, 0);
         free(s.key_cache), free(s.value_cache);
