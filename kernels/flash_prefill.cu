@@ -27,7 +27,7 @@
 // Measured on an H100 (kernels/bench/flash_prefill.md, tests/bench/GPU.md): Qwen3-8B shapes, whole
 // 128K prompt, kernel 1 620-662 TFLOP/s (MODE 7 below; MODE 3, thread 0 of the consumers issuing
 // the copies: 504-515; MODE 0, the threads' cp.async copies: 452), kernel 2 306 TFLOP/s.
-// Why one file of ~670 lines: the wgmma and mma.sync kernels share the swizzled tile layout, its
+// Why one file of ~780 lines: the wgmma and mma.sync kernels share the swizzled tile layout, its
 // loaders and the online-softmax epilogue below; apart, the two would drift.
 #include "flash_prefill.h"
 #include "flash_common.cuh"
@@ -690,8 +690,9 @@ typedef void (*WgKern)(bf16 *, const bf16 *, const bf16 *, const bf16 *, int, in
                        const CUtensorMap);
 
 // Every variant of the wgmma kernel, in one place: its kernel, threads, keys a tile, ring depth, and
-// whether its K/V tiles come by TMA (tensor maps made at launch). FLASH_PREFILL_AUTO takes the
-// first; the others are kept to measure side by side (variants.h says what each is).
+// whether its K/V tiles come by TMA (tensor maps made at launch). FLASH_PREFILL_AUTO takes
+// FLASH_PREFILL_WGMMA's (M0's where the driver has no tensor-map encoder); the others are kept to
+// measure side by side (variants.h says what each is).
 struct WgVariant {
     int impl;
     WgKern kern;

@@ -91,18 +91,13 @@ if want models; then
         if [ "$g" = "$c" ] && [ $(echo "$g" | wc -w) -eq 32 ]; then
             echo "ok   $d greedy 32 tokens GPU == CPU"
         elif python3 - "$prompt" "$g" "$c" "$D/run" /tmp/$d.bin <<'PY'
-import subprocess, sys
+import sys
+sys.path.insert(0, "tests")
+from greedy_part import cpu_lead
 prompt, g, c, run, model = sys.argv[1].split(), sys.argv[2].split(), sys.argv[3].split(), sys.argv[4], sys.argv[5]
 if len(g) != 32 or len(c) != 32:
     sys.exit(1)
-i = next(j for j in range(32) if g[j] != c[j])
-nll = {}
-for tok in (c[i], g[i]):
-    with open("/tmp/part.ids", "w") as f:
-        f.write(" ".join(prompt + c[:i] + [tok]))
-    out = subprocess.run([run, model, "--score", "/tmp/part.ids", "--ids", "--device", "cpu"], capture_output=True, text=True).stdout
-    nll[tok] = float([l for l in out.splitlines() if l[0].isdigit()][-1].split()[2])
-margin = nll[g[i]] - nll[c[i]]
+i, margin = cpu_lead(run, model, prompt, c, g)
 print(f"     greedy paths part at step {i}: the CPU's token led the GPU's by {margin:.3f} nats on the CPU (a near-tie below 1)")
 sys.exit(0 if margin < 1.0 else 1)
 PY
@@ -121,7 +116,9 @@ if want smollm2; then
     md5sum $G
     timeout 120 $D/export $G /tmp/smol.bin > /dev/null 2>&1 || { echo "FAIL export SmolLM2"; status=1; }
     python3 - <<'PY' || status=1
-import json, subprocess
+import json, subprocess, sys
+sys.path.insert(0, "tests")
+from greedy_part import cpu_lead
 ref = json.load(open("tests/data/smollm2_ref.json"))
 bad = 0
 for p in ref["prompts"]:
@@ -145,14 +142,8 @@ for p in ref["prompts"]:
     # bf16).
     tie = ""
     if not same_cpu and len(out["gpu"]) == 64 and len(out["cpu"]) == 64:
-        i = next(j for j in range(64) if out["gpu"][j] != out["cpu"][j])
-        nll = {}
-        for tok in (out["cpu"][i], out["gpu"][i]):
-            open("/tmp/part.ids", "w").write(" ".join(map(str, p["prompt_ids"] + out["cpu"][:i] + [tok])))
-            sc = subprocess.run([".dev/run", "/tmp/smol.bin", "--score", "/tmp/part.ids", "--ids", "--device", "cpu"], capture_output=True,
-                                text=True, timeout=120, env={"OMP_NUM_THREADS": "8", "LD_LIBRARY_PATH": ".dev/lib:/usr/local/cuda/lib64"}).stdout
-            nll[tok] = float([l for l in sc.splitlines() if l[:1].isdigit()][-1].split()[2])
-        margin = nll[out["gpu"][i]] - nll[out["cpu"][i]]
+        i, margin = cpu_lead(".dev/run", "/tmp/smol.bin", p["prompt_ids"], out["cpu"], out["gpu"],
+                             env={"OMP_NUM_THREADS": "8", "LD_LIBRARY_PATH": ".dev/lib:/usr/local/cuda/lib64"})
         tie = f" (they part at step {i}: the CPU's token led the GPU's by {margin:.4f} nats on the CPU)"
         same_cpu = margin < 0.1
     bad += not (same_ref and same_cpu)
@@ -189,21 +180,17 @@ if want quant; then
             # choice must be a near-tie on the CPU (within 0.5 nats; activations are bf16 before
             # their int8 quantization on the GPU, fp32 on the CPU), not a wrong step.
             python3 - "$IDS" /tmp/sq.greedy.gpu /tmp/sq.greedy.cpu "$D/run" /tmp/smol-$qt.bin "$qt" <<'PY' || status=1
-import subprocess, sys
+import sys
+sys.path.insert(0, "tests")
+from greedy_part import cpu_lead
 prompt, g, c = sys.argv[1].split(), open(sys.argv[2]).read().split(), open(sys.argv[3]).read().split()
 run, model, qt = sys.argv[4], sys.argv[5], sys.argv[6]
-n = next((i for i, (x, y) in enumerate(zip(g, c)) if x != y), min(len(g), len(c)))
-if n == len(g) == len(c) == 64:
-    print(f"ok   {qt}: greedy GPU == CPU for all 64 tokens"); sys.exit(0)
 if len(g) != 64 or len(c) != 64:
     print(f"FAIL {qt}: greedy produced {len(g)} (GPU) / {len(c)} (CPU) tokens"); sys.exit(1)
-nll = {}
-for tok in (c[n], g[n]):
-    with open("/tmp/part.ids", "w") as f:
-        f.write(" ".join(prompt + c[:n] + [tok]))
-    out = subprocess.run([run, model, "--score", "/tmp/part.ids", "--ids", "--device", "cpu"], capture_output=True, text=True).stdout
-    nll[tok] = float([l for l in out.splitlines() if l[:1].isdigit()][-1].split()[2])
-margin = nll[g[n]] - nll[c[n]]
+part = cpu_lead(run, model, prompt, c, g)
+if part is None:
+    print(f"ok   {qt}: greedy GPU == CPU for all 64 tokens"); sys.exit(0)
+n, margin = part
 ok = margin < 0.5
 print(f"{'ok  ' if ok else 'FAIL'} {qt}: greedy GPU == CPU for {n} of 64 tokens, then a near-tie: the CPU's token led the GPU's by {margin:.3f} nats on the CPU (bound 0.5)")
 sys.exit(0 if ok else 1)

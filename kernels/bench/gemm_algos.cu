@@ -2,6 +2,8 @@
 // cublasGemmEx's default (what kernels/layer.cu calls): TFLOP/s, median of N after warm-up.
 // Built by kernels/prepare_device.sh into .dev/gemm_algos (no GPU needed to build).
 // Run: .dev/gemm_algos [T] [qwen3-8b | llama3.1-8b] (results: tests/bench/GPU.md, session 23)
+#include "../cuda_common.h" // CU_CHECK
+
 #include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
@@ -13,14 +15,6 @@
 #include <string.h>
 #include <vector>
 
-#define CK(x)                                                                                                                              \
-    do {                                                                                                                                   \
-        cudaError_t e_ = (x);                                                                                                              \
-        if (e_ != cudaSuccess) {                                                                                                           \
-            fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_));                                                   \
-            exit(1);                                                                                                                       \
-        }                                                                                                                                  \
-    } while (0)
 #define BK(x)                                                                                                                              \
     do {                                                                                                                                   \
         cublasStatus_t s_ = (x);                                                                                                           \
@@ -42,22 +36,22 @@ static __global__ void fill(__nv_bfloat16 *p, size_t n, unsigned seed) {
 
 template <class F> static float time_ms(F f, int reps) {
     cudaEvent_t a, b;
-    CK(cudaEventCreate(&a));
-    CK(cudaEventCreate(&b));
+    CU_CHECK(cudaEventCreate(&a));
+    CU_CHECK(cudaEventCreate(&b));
     for (int i = 0; i < 3; i++) f();
     std::vector<float> t;
     for (int i = 0; i < reps; i++) {
-        CK(cudaEventRecord(a));
+        CU_CHECK(cudaEventRecord(a));
         f();
-        CK(cudaEventRecord(b));
-        CK(cudaEventSynchronize(b));
+        CU_CHECK(cudaEventRecord(b));
+        CU_CHECK(cudaEventSynchronize(b));
         float ms;
-        CK(cudaEventElapsedTime(&ms, a, b));
+        CU_CHECK(cudaEventElapsedTime(&ms, a, b));
         t.push_back(ms);
     }
     std::sort(t.begin(), t.end());
-    CK(cudaEventDestroy(a));
-    CK(cudaEventDestroy(b));
+    CU_CHECK(cudaEventDestroy(a));
+    CU_CHECK(cudaEventDestroy(b));
     return t[t.size() / 2];
 }
 
@@ -79,19 +73,19 @@ int main(int argc, char **argv) {
     float *y;
     void *ws;
     const size_t ws_bytes = 64 << 20;
-    CK(cudaMalloc(&W, maxw * 2));
-    CK(cudaMalloc(&x, maxx * 2));
-    CK(cudaMalloc(&y, maxy * 4));
-    CK(cudaMalloc(&ws, ws_bytes));
+    CU_CHECK(cudaMalloc(&W, maxw * 2));
+    CU_CHECK(cudaMalloc(&x, maxx * 2));
+    CU_CHECK(cudaMalloc(&y, maxy * 4));
+    CU_CHECK(cudaMalloc(&ws, ws_bytes));
     fill<<<(unsigned)((maxw + 255) / 256), 256>>>(W, maxw, 1);
     fill<<<(unsigned)((maxx + 255) / 256), 256>>>(x, maxx, 2);
-    CK(cudaMemset(y, 0, maxy * 4));
+    CU_CHECK(cudaMemset(y, 0, maxy * 4));
     cublasHandle_t h;
     cublasLtHandle_t lt;
     BK(cublasCreate(&h));
     BK(cublasLtCreate(&lt));
     cudaDeviceProp prop;
-    CK(cudaGetDeviceProperties(&prop, 0));
+    CU_CHECK(cudaGetDeviceProperties(&prop, 0));
     printf("device %s, T %d, %s shapes; TFLOP/s, median of 20\n", prop.name, T, llama ? "Llama-3.1-8B" : "Qwen3-8B");
     for (const Shape &s : shapes) {
         const double flop = 2.0 * T * s.n * s.d;
