@@ -82,7 +82,7 @@ static cudaError_t attn_chunk(GpuState *g, uint32_t l, void *arg) {
 // Logits land in h_step, or (sample) the sampler picks the next id from them into h_out.
 static cudaError_t enqueue_decode(GpuState *g, int pkv, int sample) {
     const Config *c = &g->c;
-    CU_TRY(embed_stats(g->x, g->xb, g->sumsq_a, g->embd, g->d_tokens, c->dim, g->st));
+    CU_TRY(embed_stats(g->x, g->xb, g->sumsq_a, g->embd, g->d_tokens, c->dim, g->tp.fused ? g->tp.count : NULL, g->st));
     CU_TRY(rope_table(g->rope_cs, g->inv_freq, g->d_pos, c->head_dim / 2, g->st));
     CU_TRY(gpu_layers(g, g->x, 1, LAYER_DECODE, pkv ? attn_decode_pkv : attn_decode_dense, NULL));
     CU_TRY(gpu_logits(g, g->x, 1));

@@ -75,9 +75,45 @@ struct NormLink {
     float eps;
 };
 
-template <int EPI, bool NORM_IN, bool STATS>
+// TpSum's 8-byte entries: the value's bits and the call's number, stored and read whole.
+__device__ __forceinline__ void st_entry(uint2 *p, uint2 v) {
+    asm volatile("st.volatile.global.v2.u32 [%0], {%1, %2};" ::"l"(p), "r"(v.x), "r"(v.y) : "memory");
+}
+__device__ __forceinline__ uint2 ld_entry(const uint2 *p) {
+    uint2 v;
+    asm volatile("ld.volatile.global.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p) : "memory");
+    return v;
+}
+
+// Row `row`'s sum over the ranks (TpSum in kernels.h): v, this rank's part, goes to every peer;
+// the peers' parts are read from this rank's slots as they land; the sum in rank order.
+__device__ __forceinline__ float tp_row_sum(const TpSum &tp, int row, float v, unsigned e) {
+    const size_t par = (size_t)(e & 1) * tp.n;
+    for (int q = 0; q < tp.n; q++)
+        if (q != tp.rank) st_entry((uint2 *)tp.slot[q] + (par + tp.rank) * TP_SUM_ROWS + row, make_uint2(__float_as_uint(v), e));
+    const uint2 *mine = (const uint2 *)tp.slot[tp.rank];
+    float a = 0.0f;
+    for (int q = 0; q < tp.n; q++) {
+        float w = v;
+        if (q != tp.rank) {
+            const uint2 *src = mine + (par + q) * TP_SUM_ROWS + row;
+            uint2 l = ld_entry(src);
+            long spins = 0;
+            while (l.y != e) {
+                // A lost peer: a launch error after ~a minute, not a hang (as tp_oneshot.cu).
+                if (++spins > (1L << 26)) asm volatile("st.global.u32 [%0], 1;" ::"l"(0ull) : "memory");
+                l = ld_entry(src);
+            }
+            w = __uint_as_float(l.x);
+        }
+        a = q == 0 ? w : a + w;
+    }
+    return a;
+}
+
+template <int EPI, bool NORM_IN, bool STATS, bool TP = false>
 __global__ void __launch_bounds__(ROW_WARPS * 32) gemv_row_kernel(void *y, const bf16 *W, const bf16 *x, int n, int d,
-                                                                  NormLink nl) {
+                                                                  NormLink nl, TpSum tp) {
     constexpr int R = EPI == GEMV_SWIGLU ? 2 : 1; // rows per warp
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int unit = blockIdx.x * ROW_WARPS + warp;
@@ -153,7 +189,11 @@ __global__ void __launch_bounds__(ROW_WARPS * 32) gemv_row_kernel(void *y, const
             if (EPI == GEMV_SWIGLU) ((bf16 *)y)[unit] = __float2bfloat16(s[0] / (1.0f + __expf(-s[0])) * s[R - 1]);
             else if (EPI == GEMV_STORE) ((float *)y)[unit] = s[0];
             else {
-                yv = ((float *)y)[unit] + s[0];
+                yv = !TP || tp.add ? ((float *)y)[unit] + s[0] : s[0];
+                if (TP) { // the call's number: the step's count was written before this kernel's wait
+                    float sum = tp_row_sum(tp, unit, yv, *tp.count * tp.per_step + tp.call);
+                    if (!tp.own_only) yv = sum;
+                }
                 ((float *)y)[unit] = yv;
                 if (STATS) nl.y_bf16[unit] = __float2bfloat16(yv);
             }
@@ -172,11 +212,11 @@ __global__ void __launch_bounds__(ROW_WARPS * 32) gemv_row_kernel(void *y, const
     }
 }
 
-template <int EPI, bool NORM_IN, bool STATS>
-static cudaError_t launch_row(void *y, const bf16 *W, const bf16 *x, int n, int d, NormLink nl, cudaStream_t st) {
+template <int EPI, bool NORM_IN, bool STATS, bool TP = false>
+static cudaError_t launch_row(void *y, const bf16 *W, const bf16 *x, int n, int d, NormLink nl, cudaStream_t st, TpSum tp = TpSum{}) {
     int units = EPI == GEMV_SWIGLU ? d / 2 : d;
     int blocks = (units + ROW_WARPS - 1) / ROW_WARPS;
-    return launch_pdl(gemv_row_kernel<EPI, NORM_IN, STATS>, blocks, ROW_WARPS * 32, 0, st, y, W, x, n, d, nl);
+    return launch_pdl(gemv_row_kernel<EPI, NORM_IN, STATS, TP>, blocks, ROW_WARPS * 32, 0, st, y, W, x, n, d, nl, tp);
 }
 
 extern "C" cudaError_t gemv_bf16_rowwarp(void *y, const bf16 *W, const bf16 *x, int n, int d, int epilogue, cudaStream_t st) {
@@ -195,6 +235,13 @@ extern "C" cudaError_t gemv_bf16_add_stats(float *y, const bf16 *W, const bf16 *
                                            float *sumsq, cudaStream_t st) {
     NormLink nl = {y_bf16, sumsq, NULL, 0, 0.0f};
     return launch_row<GEMV_ADD, false, true>(y, W, x, n, d, nl, st);
+}
+
+extern "C" cudaError_t gemv_bf16_add_stats_tp(float *y, const bf16 *W, const bf16 *x, int n, int d, bf16 *y_bf16, float *sumsq, TpSum tp,
+                                              cudaStream_t st) {
+    if (d > TP_SUM_ROWS || tp.n < 1 || tp.n > TP_SUM_RANKS || tp.per_step % 2) return cudaErrorInvalidValue;
+    NormLink nl = {y_bf16, sumsq, NULL, 0, 0.0f};
+    return launch_row<GEMV_ADD, false, true, true>(y, W, x, n, d, nl, st, tp);
 }
 
 extern "C" cudaError_t gemv_bf16_normed(void *y, const bf16 *W, const bf16 *x, int n, int d, int epilogue,

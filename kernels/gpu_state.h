@@ -90,10 +90,16 @@ typedef struct {
 // this rank's call count. on == 0: NCCL for every sum.
 #define TP_MAX_RANKS 16
 #define TP_ONESHOT_MAX 16384 // floats: the decode residual (dim) at most
+// fused: the sums ride on the residual GEMVs instead (gemv_bf16_add_stats_tp, TpSum in kernels.h;
+// bf16 layer weights; PKV_TP_FUSED=0: the one-shot kernel): rows[q] rank q's slots, count this
+// rank's step count.
 typedef struct {
     uint4 *in[TP_MAX_RANKS];
     unsigned *epoch;
     int on;
+    void *rows[TP_MAX_RANKS];
+    unsigned *count;
+    int fused;
 } TpPeers;
 
 struct GpuState {
@@ -178,6 +184,9 @@ void tp_oneshot_link(GpuState *const *all, int n);
 void tp_oneshot_free(GpuState *g);
 int tp_oneshot_fits(const GpuState *g, size_t n);
 cudaError_t tp_oneshot(GpuState *g, float *x, size_t n, bf16 *xb, float *sumsq);
+// The fused sum's link for this rank (tp.fused): call = its place in the step (2 l after W_o, 2 l + 1
+// after W_down).
+TpSum tp_sum_link(const GpuState *g, unsigned call, int own_only);
 
 // ---- the layer sequence (layer.cu) ----
 

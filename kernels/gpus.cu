@@ -528,55 +528,94 @@ extern "C" cudaError_t gpu_pkv_stream(void *dev, double keep, double ret, char *
 extern "C" int gpu_count(void *dev) { return ((Gpus *)dev)->n; }
 
 // What a decode step spends communicating: its all-reduces (two a layer, dim floats each) and
-// its logits' gather, alone in a graph of their own, replayed `reps` times; the median ms.
+// its logits' gather, alone in a graph of their own, replayed `reps` times; the median ms. With
+// the sums fused into the residual GEMVs (tp.fused) they have no time of their own: the step's
+// residual GEMVs with their sums (and the gather) against the same GEMVs without.
 extern "C" const char *gpu_comm_kind(void *dev) {
     Gpus *G = (Gpus *)dev;
-    return G->n > 1 && ((GpuState *)G->g[0])->tp.on ? "one-shot all-reduces over peer access (PKV_TP_ONESHOT=0: NCCL's), gather by NCCL" : "NCCL";
+    const GpuState *g = (const GpuState *)G->g[0];
+    if (G->n == 1 || !g->tp.on) return "NCCL";
+    return g->tp.fused ? "sums fused into the residual GEMVs over peer access (PKV_TP_FUSED=0: one-shot kernels), gather by NCCL"
+                       : "one-shot all-reduces over peer access (PKV_TP_ONESHOT=0: NCCL's), gather by NCCL";
+}
+
+// Rank r's graph of what enqueue(g) puts on its stream, replayed reps times after 3: rank 0's
+// times in t.
+template <typename F> static cudaError_t time_graph(GpuState *g, int r, int reps, float *t, F enqueue) {
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    cudaEvent_t a, b;
+    CU_TRY(cudaEventCreate(&a));
+    CU_TRY(cudaEventCreate(&b));
+    CU_TRY(cudaStreamBeginCapture(g->st, cudaStreamCaptureModeThreadLocal));
+    cudaError_t e = enqueue(g);
+    cudaError_t e2 = cudaStreamEndCapture(g->st, &graph);
+    CU_TRY(e);
+    CU_TRY(e2);
+    CU_TRY(cudaGraphInstantiate(&exec, graph, 0));
+    cudaGraphDestroy(graph);
+    for (int i = -3; i < reps && e == cudaSuccess; i++) {
+        float ms = 0;
+        e = cudaEventRecord(a, g->st);
+        if (e == cudaSuccess) e = cudaGraphLaunch(exec, g->st);
+        if (e == cudaSuccess) e = cudaEventRecord(b, g->st);
+        if (e == cudaSuccess) e = cudaEventSynchronize(b);
+        if (e == cudaSuccess) e = cudaEventElapsedTime(&ms, a, b);
+        if (r == 0 && i >= 0) t[i] = ms;
+    }
+    cudaGraphExecDestroy(exec);
+    cudaEventDestroy(a), cudaEventDestroy(b);
+    return e;
+}
+
+static float median(float *t, int n) {
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
+            float x = t[j];
+            t[j] = t[j - 1], t[j - 1] = x;
+        }
+    return t[n / 2];
+}
+
+// The step's residual GEMVs (the embedding step first: it counts the steps), with the ranks'
+// sums fused (sum != 0) or without.
+static cudaError_t residual_gemvs(GpuState *g, int sum) {
+    const Config *c = &g->c;
+    CU_TRY(embed_stats(g->x, g->xb, g->sumsq_a, g->embd, g->d_tokens, c->dim, sum ? g->tp.count : NULL, g->st));
+    int q_dim = c->n_heads * c->head_dim;
+    for (uint32_t l = 0; l < c->n_layers; l++) {
+        const GpuLayer *w = &g->layers[l];
+        if (sum) {
+            CU_TRY(gemv_bf16_add_stats_tp(g->x, w->wo, g->att, q_dim, c->dim, g->xb, g->sumsq_b, tp_sum_link(g, 2 * l, 0), g->st));
+            CU_TRY(gemv_bf16_add_stats_tp(g->x, w->wdown, g->hb, c->hidden_dim, c->dim, g->xb, g->sumsq_a, tp_sum_link(g, 2 * l + 1, 0), g->st));
+        } else {
+            CU_TRY(gemv_bf16_add_stats(g->x, w->wo, g->att, q_dim, c->dim, g->xb, g->sumsq_b, g->st));
+            CU_TRY(gemv_bf16_add_stats(g->x, w->wdown, g->hb, c->hidden_dim, c->dim, g->xb, g->sumsq_a, g->st));
+        }
+    }
+    return sum ? tp_all_gather(g, g->logits, (size_t)g->vocab_n) : cudaSuccess;
 }
 
 extern "C" cudaError_t gpu_comm_time(void *dev, int reps, double *median_ms) {
     Gpus *G = (Gpus *)dev;
     *median_ms = 0;
     if (G->n == 1) return cudaSuccess;
-    float *t = (float *)malloc(sizeof(float) * (size_t)reps);
+    float *t = (float *)malloc(sizeof(float) * 2 * (size_t)reps);
     if (!t) return cudaErrorMemoryAllocation;
+    int fused = ((GpuState *)G->g[0])->tp.fused;
     int rc = each(G, [&](int r) -> int {
         GpuState *g = (GpuState *)G->g[r];
-        cudaGraph_t graph;
-        cudaGraphExec_t exec;
-        cudaEvent_t a, b;
-        CU_TRY(cudaEventCreate(&a));
-        CU_TRY(cudaEventCreate(&b));
-        CU_TRY(cudaStreamBeginCapture(g->st, cudaStreamCaptureModeThreadLocal));
-        cudaError_t e = cudaSuccess;
-        for (uint32_t l = 0; l < 2 * g->c.n_layers && e == cudaSuccess; l++) e = tp_all_reduce_stats(g, g->x, g->c.dim, g->xb, g->sumsq_b);
-        if (e == cudaSuccess) e = tp_all_gather(g, g->logits, (size_t)g->vocab_n);
-        cudaError_t e2 = cudaStreamEndCapture(g->st, &graph);
-        CU_TRY(e);
-        CU_TRY(e2);
-        CU_TRY(cudaGraphInstantiate(&exec, graph, 0));
-        cudaGraphDestroy(graph);
-        for (int i = -3; i < reps && e == cudaSuccess; i++) {
-            float ms = 0;
-            e = cudaEventRecord(a, g->st);
-            if (e == cudaSuccess) e = cudaGraphLaunch(exec, g->st);
-            if (e == cudaSuccess) e = cudaEventRecord(b, g->st);
-            if (e == cudaSuccess) e = cudaEventSynchronize(b);
-            if (e == cudaSuccess) e = cudaEventElapsedTime(&ms, a, b);
-            if (r == 0 && i >= 0) t[i] = ms;
+        if (fused) {
+            CU_TRY(time_graph(g, r, reps, t, [](GpuState *g) { return residual_gemvs(g, 1); }));
+            return (int)time_graph(g, r, reps, t + reps, [](GpuState *g) { return residual_gemvs(g, 0); });
         }
-        cudaGraphExecDestroy(exec);
-        cudaEventDestroy(a), cudaEventDestroy(b);
-        return (int)e;
+        return (int)time_graph(g, r, reps, t, [](GpuState *g) {
+            cudaError_t e = cudaSuccess;
+            for (uint32_t l = 0; l < 2 * g->c.n_layers && e == cudaSuccess; l++) e = tp_all_reduce_stats(g, g->x, g->c.dim, g->xb, g->sumsq_b);
+            return e == cudaSuccess ? tp_all_gather(g, g->logits, (size_t)g->vocab_n) : e;
+        });
     });
-    if (!rc) {
-        for (int i = 1; i < reps; i++)
-            for (int j = i; j > 0 && t[j] < t[j - 1]; j--) {
-                float x = t[j];
-                t[j] = t[j - 1], t[j - 1] = x;
-            }
-        *median_ms = t[reps / 2];
-    }
+    if (!rc) *median_ms = median(t, reps) - (fused ? median(t + reps, reps) : 0.0f);
     free(t);
     return (cudaError_t)rc;
 }

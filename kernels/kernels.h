@@ -34,12 +34,33 @@ cudaError_t gemv_bf16_add_stats(float *y, const bf16 *W, const bf16 *x, int n, i
                                 cudaStream_t st);
 cudaError_t gemv_bf16_normed(void *y, const bf16 *W, const bf16 *x, int n, int d, int epilogue, const float *sumsq,
                              int n_sumsq, float eps, cudaStream_t st);
+// Tensor parallel decode over peer access: the residual's sum over the ranks fused into the GEMV
+// that makes each rank's part (gemv_bf16_add_stats_tp). Each warp, its row computed, stores it
+// beside the call's number into every peer's slot (8 bytes in one store, NCCL's LL protocol) and
+// polls its own slots for the peers' values of the row; the N parts are summed in rank order, so
+// every rank writes the same bits. The call's number is count * per_step + call: count is the
+// step's number (embed_stats adds one), call this sum's place in the step; consecutive calls
+// alternate the parity of the slots they use, so per_step must be even.
+#define TP_SUM_RANKS 16
+#define TP_SUM_ROWS 16384 // a slot's entries: the decode residual (dim) at most
+typedef struct {
+    void *slot[TP_SUM_RANKS]; // rank q's receive slots (uint2 entries): 2 parities x n ranks x TP_SUM_ROWS
+    const unsigned *count;    // this rank's step count
+    unsigned call, per_step;
+    int rank, n;
+    int add;      // y's old value is added to this rank's part (rank 0: the residual)
+    int own_only; // planted error for the checks: the sum made, but this rank's own part kept
+} TpSum;
+// y (d) = the ranks' sum of W·x (+ y on the rank with add), y_bf16 and sumsq as gemv_bf16_add_stats.
+cudaError_t gemv_bf16_add_stats_tp(float *y, const bf16 *W, const bf16 *x, int n, int d, bf16 *y_bf16, float *sumsq, TpSum tp,
+                                   cudaStream_t st);
 // W (rows, cols) bf16: column c *= g[c].
 cudaError_t scale_columns(bf16 *W, size_t rows, int cols, const float *g, cudaStream_t st);
 
 // Decode: x (dim) fp32 = row of E for *token, x_bf16 = bf16(x), *sumsq = sum of x² (the stats
-// gemv_bf16_normed reads, as one sum).
-cudaError_t embed_stats(float *x, bf16 *x_bf16, float *sumsq, const bf16 *E, const int *token, int dim, cudaStream_t st);
+// gemv_bf16_normed reads, as one sum); count (the TpSum step count; NULL: none) += 1.
+cudaError_t embed_stats(float *x, bf16 *x_bf16, float *sumsq, const bf16 *E, const int *token, int dim, unsigned *count,
+                        cudaStream_t st);
 // The residual x (dim) after the ranks' all-reduce: its bf16 copy and sum of squares, as embed_stats.
 cudaError_t residual_stats(const float *x, bf16 *x_bf16, float *sumsq, int dim, cudaStream_t st);
 

@@ -64,7 +64,11 @@ static cudaError_t dec_normed(GpuState *g, void *y, const bf16 *W, const QMat *q
     return gemv_bf16_normed(y, W, g->xb, n, d, epi, sumsq, n_sumsq, eps, g->st);
 }
 
-static cudaError_t dec_add_stats(GpuState *g, const bf16 *W, const QMat *q, const bf16 *x, int n, int d, float *sumsq, int skip_sum = 0) {
+// With the sums fused into the GEMVs (tp.fused: bf16 weights, peer access), call is the sum's
+// place in the step; else the GEMV, then the all-reduce kernel with the stats.
+static cudaError_t dec_add_stats(GpuState *g, const bf16 *W, const QMat *q, const bf16 *x, int n, int d, float *sumsq, unsigned call,
+                                 int skip_sum = 0) {
+    if (g->tp.fused) return gemv_bf16_add_stats_tp(g->x, W, x, n, d, g->xb, sumsq, tp_sum_link(g, call, skip_sum), g->st);
     if (g->shard.n > 1) { // the parts summed over the ranks, then the stats of the sum
         int epi = adds_residual(g) ? GEMV_ADD : GEMV_STORE;
         if (q->dt) CU_TRY(gemv_q(g->x, q, x, epi, g->st));
@@ -78,7 +82,7 @@ static cudaError_t dec_add_stats(GpuState *g, const bf16 *W, const QMat *q, cons
 
 // The sums of squares a residual update left for the normed GEMV after it: the GEMV's per-block
 // sums, or one (residual_stats after an all-reduce; embed_stats before layer 0).
-static int residual_sums(const GpuState *g) { return g->shard.n > 1 ? 1 : gemv_sumsq_count(g->c.dim); }
+static int residual_sums(const GpuState *g) { return g->shard.n > 1 && !g->tp.fused ? 1 : gemv_sumsq_count(g->c.dim); }
 
 cudaError_t layer_qkv(GpuState *g, uint32_t l, float *x, int T, LayerMode mode) {
     const Config *c = &g->c;
@@ -97,9 +101,9 @@ cudaError_t layer_out_mlp(GpuState *g, uint32_t l, float *x, int T, LayerMode mo
     const GpuLayer *w = &g->layers[l];
     int dim = c->dim, hidden = c->hidden_dim, q_dim = c->n_heads * c->head_dim;
     if (mode == LAYER_DECODE) { // x is g->x: the decode GEMVs' residual
-        CU_TRY(dec_add_stats(g, w->wo, &w->qo, g->att, q_dim, dim, g->sumsq_b));
+        CU_TRY(dec_add_stats(g, w->wo, &w->qo, g->att, q_dim, dim, g->sumsq_b, 2 * l));
         CU_TRY(dec_normed(g, g->hb, w->wgu, &w->qgu, w->ffn_norm, dim, 2 * hidden, GEMV_SWIGLU, g->sumsq_b, residual_sums(g)));
-        return dec_add_stats(g, w->wdown, &w->qdown, g->hb, hidden, dim, g->sumsq_a, tp_mutant(g, l));
+        return dec_add_stats(g, w->wdown, &w->qdown, g->hb, hidden, dim, g->sumsq_a, 2 * l + 1, tp_mutant(g, l));
     }
     CU_TRY(gpu_gemm_w(g, x, g->att, w->wo, &w->qo, NULL, T, q_dim, dim, adds_residual(g)));
     CU_TRY(tp_all_reduce(g, x, (size_t)T * dim));

@@ -81,7 +81,7 @@ __global__ void embed_kernel(float *x, const bf16 *E, const int *tokens, int dim
 }
 
 __global__ void __launch_bounds__(NORM_THREADS) embed_stats_kernel(float *x, bf16 *xb, float *sumsq, const bf16 *E,
-                                                                  const int *token, int dim) {
+                                                                  const int *token, int dim, unsigned *count) {
     __shared__ float red[32];
     pdl_release();
     pdl_wait();
@@ -100,12 +100,15 @@ __global__ void __launch_bounds__(NORM_THREADS) embed_stats_kernel(float *x, bf1
             }
     }
     ss = block_sum(ss, red);
-    if (tid == 0) *sumsq = ss;
+    if (tid == 0) {
+        *sumsq = ss;
+        if (count) *count += 1; // the step's sums over the GPUs read it after their pdl_wait
+    }
 }
 
-extern "C" cudaError_t embed_stats(float *x, bf16 *xb, float *sumsq, const bf16 *E, const int *token, int dim,
+extern "C" cudaError_t embed_stats(float *x, bf16 *xb, float *sumsq, const bf16 *E, const int *token, int dim, unsigned *count,
                                    cudaStream_t st) {
-    return launch_pdl(embed_stats_kernel, 1, NORM_THREADS, 0, st, x, xb, sumsq, E, token, dim);
+    return launch_pdl(embed_stats_kernel, 1, NORM_THREADS, 0, st, x, xb, sumsq, E, token, dim, count);
 }
 
 // After the ranks' all-reduce of the residual (tensor parallel decode): its bf16 copy and its sum of

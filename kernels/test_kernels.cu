@@ -237,7 +237,7 @@ static void test_embed_stats(int vocab, int dim) {
     CU_CHECK(cudaMalloc(&x, dim * 4));
     CU_CHECK(cudaMalloc(&xb, dim * 2));
     CU_CHECK(cudaMalloc(&sum, 4));
-    CU_CHECK(embed_stats(x, xb, sum, E, dt, dim, 0));
+    CU_CHECK(embed_stats(x, xb, sum, E, dt, dim, NULL, 0));
     std::vector<float> gx(dim);
     float gs;
     CU_CHECK(cudaMemcpy(gx.data(), x, dim * 4, cudaMemcpyDeviceToHost));
@@ -554,6 +554,107 @@ static void bench_attn_decode(double bw) {
     }
 }
 
+// The residual's sum over two GPUs fused into the GEMV (gemv_bf16_add_stats_tp): each rank computes
+// its columns' part of W·h, rank 0 adding the old residual, and the parts are summed over peer
+// access. Both ranks must hold the same bits, the sum must match the CPU's whole product, and
+// the planted error (each rank keeping its own part) must fail the same check. Four calls: the
+// slots' two parities, each used twice.
+static void test_tp_sum(int n1, int dim) {
+    int ndev = 0, ab = 0, ba = 0;
+    if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 2 || cudaDeviceCanAccessPeer(&ab, 0, 1) != cudaSuccess ||
+        cudaDeviceCanAccessPeer(&ba, 1, 0) != cudaSuccess || !ab || !ba) {
+        cudaGetLastError();
+        printf("skip gemv add+stats summed over two GPUs: no two GPUs with peer access here (not counted)\n");
+        return;
+    }
+    const int N = 2, part = n1 / N, n_sums = gemv_sumsq_count(dim);
+    std::vector<float> wf, hf, y0(dim), ref(dim);
+    std::vector<uint16_t> wb, hb;
+    rand_bf16(wf, wb, (size_t)dim * n1, 0.05f);
+    rand_bf16(hf, hb, n1, 1.0f);
+    for (int i = 0; i < dim; i++) y0[i] = 2.0f * frand();
+    backend_cpu.matmul(ref.data(), hf.data(), wb.data(), DTYPE_BF16, 1, n1, dim);
+    for (int i = 0; i < dim; i++) ref[i] += y0[i];
+    bf16 *W[N], *h[N], *yb[N];
+    float *y[N], *sums[N];
+    void *slots[N];
+    unsigned *count[N];
+    size_t slot_bytes = (size_t)2 * N * TP_SUM_ROWS * 8;
+    for (int r = 0; r < N; r++) {
+        CU_CHECK(cudaSetDevice(r));
+        cudaError_t pe = cudaDeviceEnablePeerAccess(1 - r, 0);
+        if (pe != cudaSuccess && pe != cudaErrorPeerAccessAlreadyEnabled) CU_CHECK(pe);
+        cudaGetLastError();
+        std::vector<uint16_t> ws((size_t)dim * part), hs(hb.begin() + r * part, hb.begin() + (r + 1) * part);
+        for (int i = 0; i < dim; i++) memcpy(&ws[(size_t)i * part], &wb[(size_t)i * n1 + r * part], part * 2);
+        W[r] = (bf16 *)to_dev(ws), h[r] = (bf16 *)to_dev(hs), y[r] = to_dev(y0);
+        CU_CHECK(cudaMalloc(&yb[r], dim * 2));
+        CU_CHECK(cudaMalloc(&sums[r], n_sums * 4));
+        CU_CHECK(cudaMalloc(&slots[r], slot_bytes));
+        CU_CHECK(cudaMemset(slots[r], 0, slot_bytes));
+        CU_CHECK(cudaMalloc(&count[r], 4));
+    }
+    for (int k = 0; k < 5; k++) {
+        int planted = k == 4;
+        unsigned cnt = 1 + k / 2;
+        for (int r = 0; r < N; r++) {
+            CU_CHECK(cudaSetDevice(r));
+            CU_CHECK(cudaMemcpy(count[r], &cnt, 4, cudaMemcpyHostToDevice));
+            if (r == 0) CU_CHECK(cudaMemcpy(y[r], y0.data(), dim * 4, cudaMemcpyHostToDevice));
+            else CU_CHECK(cudaMemset(y[r], 0xff, dim * 4)); // the other ranks' old values are not read
+            CU_CHECK(cudaMemset(yb[r], 0xff, dim * 2));
+            CU_CHECK(cudaMemset(sums[r], 0xff, n_sums * 4));
+        }
+        for (int r = 0; r < N; r++) { // both launched before either is waited for
+            CU_CHECK(cudaSetDevice(r));
+            TpSum tp;
+            memset(&tp, 0, sizeof tp);
+            for (int q = 0; q < N; q++) tp.slot[q] = slots[q];
+            tp.count = count[r], tp.call = k % 2, tp.per_step = 2, tp.rank = r, tp.n = N, tp.add = r == 0, tp.own_only = planted;
+            CU_CHECK(gemv_bf16_add_stats_tp(y[r], W[r], h[r], part, dim, yb[r], sums[r], tp, 0));
+        }
+        std::vector<float> got[N], gs(n_sums), want_s(n_sums);
+        for (int r = 0; r < N; r++) {
+            CU_CHECK(cudaSetDevice(r));
+            CU_CHECK(cudaDeviceSynchronize());
+            got[r].resize(dim);
+            CU_CHECK(cudaMemcpy(got[r].data(), y[r], dim * 4, cudaMemcpyDeviceToHost));
+        }
+        char what[128];
+        if (planted) {
+            double err = rel_err(got[0].data(), ref.data(), dim);
+            snprintf(what, sizeof what, "  planted: each rank's own part kept is caught (err %.1e)", err);
+            check(what, err > TOL_ACC ? 0.0 : 1.0, 0.0);
+            continue;
+        }
+        size_t differ = 0;
+        for (int i = 0; i < dim; i++) differ += memcmp(&got[0][i], &got[1][i], 4) != 0;
+        snprintf(what, sizeof what, "gemv add+stats summed over 2 GPUs n=%d d=%d call %d: ranks' bits differ", n1, dim, k);
+        check(what, (double)differ, 0.0);
+        snprintf(what, sizeof what, "  the sum against the whole product");
+        check(what, rel_err(got[1].data(), ref.data(), dim), TOL_ACC);
+        std::vector<float> gb = bf16_dev_to_f32(yb[1], dim);
+        size_t bad = 0;
+        for (int i = 0; i < dim; i++) bad += gb[i] != bf16_to_f32(f32_to_bf16(got[1][i]));
+        snprintf(what, sizeof what, "  its bf16 copy: values not bf16(y)");
+        check(what, (double)bad, 0.0);
+        CU_CHECK(cudaMemcpy(gs.data(), sums[1], n_sums * 4, cudaMemcpyDeviceToHost));
+        int rows = (dim + n_sums - 1) / n_sums; // a block's rows
+        for (int b = 0; b < n_sums; b++) {
+            double s = 0;
+            for (int i = rows * b; i < rows * (b + 1) && i < dim; i++) s += (double)got[1][i] * got[1][i];
+            want_s[b] = (float)s;
+        }
+        snprintf(what, sizeof what, "  its sums of squares by blocks of rows");
+        check(what, rel_err(gs.data(), want_s.data(), n_sums), TOL_EMB);
+    }
+    for (int r = 0; r < N; r++) {
+        CU_CHECK(cudaSetDevice(r));
+        cudaFree(W[r]), cudaFree(h[r]), cudaFree(y[r]), cudaFree(yb[r]), cudaFree(sums[r]), cudaFree(slots[r]), cudaFree(count[r]);
+    }
+    CU_CHECK(cudaSetDevice(0));
+}
+
 int main(void) {
     cudaDeviceProp prop;
     CU_CHECK(cudaGetDeviceProperties(&prop, 0));
@@ -575,6 +676,9 @@ int main(void) {
     test_norm_link(8192, 9000, 512, GEMV_SWIGLU);
     test_embed_stats(1000, 4096);
     test_embed_stats(49152, 576);
+    test_tp_sum(4096, 4096);
+    test_tp_sum(14336, 4096);
+    test_tp_sum(8192, 8192);
     test_rmsnorm(1, 576);
     test_rmsnorm(7, 4096);
     test_rmsnorm(33, 8192);

@@ -19,6 +19,8 @@
 #include "pdl.h"
 #include "residual_sumsq.cuh"
 
+static_assert(TP_MAX_RANKS == TP_SUM_RANKS, "one bound on the ranks");
+
 #define TP_THREADS SUMSQ_THREADS // the sum of squares in residual_stats' order
 #define TP_LINES (TP_ONESHOT_MAX / 2) // 16-byte lines a slot
 
@@ -115,24 +117,50 @@ cudaError_t tp_oneshot_alloc(GpuState *g) {
         if (e != cudaSuccess) cudaGetLastError(); // not left for a later check to find
         if (e != cudaSuccess && e != cudaErrorPeerAccessAlreadyEnabled) return cudaSuccess;
     }
-    size_t slots = (size_t)2 * g->shard.n * TP_LINES * sizeof(uint4);
+    // The one-shot kernel's slots, then the fused sums' (TpSum), then the two counts.
+    size_t slots = (size_t)2 * g->shard.n * TP_LINES * sizeof(uint4), rows = (size_t)2 * g->shard.n * TP_SUM_ROWS * sizeof(uint2);
     char *p;
-    CU_TRY(cudaMalloc(&p, slots + 256));
-    CU_TRY(cudaMemset(p, 0, slots + 256)); // call numbers start at 1: no line matches before it is written
-    CU_TRY(cudaDeviceSynchronize());      // zeroed before the rank's (non-blocking) stream first reads it
+    CU_TRY(cudaMalloc(&p, slots + rows + 256));
+    CU_TRY(cudaMemset(p, 0, slots + rows + 256)); // call numbers start at 1: no line matches before it is written
+    CU_TRY(cudaDeviceSynchronize());             // zeroed before the rank's (non-blocking) stream first reads it
     g->tp_base = p;
     g->tp.in[g->shard.rank] = (uint4 *)p;
-    g->tp.epoch = (unsigned *)(p + slots); // this rank's own count
+    g->tp.rows[g->shard.rank] = p + slots;
+    g->tp.epoch = (unsigned *)(p + slots + rows); // this rank's own counts
+    g->tp.count = g->tp.epoch + 1;
     return cudaSuccess;
+}
+
+// The fused sums need every residual GEMV in bf16 (a quantized one has no fused form, and the
+// calls' parity must alternate over the step).
+static int all_bf16_residuals(const GpuState *g) {
+    for (uint32_t l = 0; l < g->c.n_layers; l++)
+        if (g->layers[l].qo.dt || g->layers[l].qdown.dt) return 0;
+    return g->c.dim <= TP_SUM_ROWS;
 }
 
 void tp_oneshot_link(GpuState *const *all, int n) {
     for (int r = 0; r < n; r++)
         if (!all[r]->tp_base) return; // some rank has no peer access: NCCL everywhere
+    const char *v = getenv("PKV_TP_FUSED");
+    int fused = !(v && !strcmp(v, "0"));
+    for (int r = 0; r < n; r++) fused = fused && all_bf16_residuals(all[r]);
     for (int r = 0; r < n; r++) {
-        for (int q = 0; q < n; q++) all[r]->tp.in[q] = all[q]->tp.in[q];
+        for (int q = 0; q < n; q++) all[r]->tp.in[q] = all[q]->tp.in[q], all[r]->tp.rows[q] = all[q]->tp.rows[q];
         all[r]->tp.on = 1;
+        all[r]->tp.fused = fused;
     }
+}
+
+TpSum tp_sum_link(const GpuState *g, unsigned call, int own_only) {
+    TpSum t;
+    memset(&t, 0, sizeof t);
+    for (int q = 0; q < g->shard.n; q++) t.slot[q] = g->tp.rows[q];
+    t.count = g->tp.count;
+    t.call = call, t.per_step = 2 * g->c.n_layers;
+    t.rank = g->shard.rank, t.n = g->shard.n;
+    t.add = g->shard.rank == 0, t.own_only = own_only;
+    return t;
 }
 
 void tp_oneshot_free(GpuState *g) {
