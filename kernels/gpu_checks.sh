@@ -696,8 +696,11 @@ fi
 if want tp; then
     # --gpus 2 (tensor parallel over NCCL) against one GPU, same binary, same weights: the two
     # differ only in the order fp32 partial sums meet (W_o's and W_down's two halves summed by the
-    # all-reduce instead of in one GEMV / GEMM), so scores agree to within what that moves after
-    # bf16 rounding of the activations, and greedy ids agree.
+    # all-reduce instead of in one GEMV / GEMM, each half's GEMM of its own shape), so scores agree
+    # to within what that moves after bf16 rounding of the activations, and greedy ids agree. The
+    # bound on the worst position, 0.1 nats, is the spread measured across machines: under 0.05 on
+    # two H100s, 0.066 at one of tiny-llama31's 149 positions on two H200s (mean 0.0016; the same
+    # with NCCL's sums: the prefill's GEMMs); the planted mutant below moves it by ~12.
     echo "=== tp: --gpus 2 vs one GPU"
     [ "$(nvidia-smi -L | grep -c GPU)" -ge 2 ] || { echo "FAIL tp needs 2 GPUs"; status=1; }
     $D/run --synthetic qwen3-0.6b --ids -p "1 2 3" -n 4 --gpus 3 > /dev/null 2> /tmp/tp3.err; rc=$?
@@ -710,10 +713,10 @@ if want tp; then
             $D/run /tmp/$d.bin --score tests/data/$src/ids.txt --ids --device gpu --gpus $n > /tmp/$d.tp$n 2>"$OUT/$d.tp$n.err" ||
                 { echo "FAIL $d --score --gpus $n:"; cat "$OUT/$d.tp$n.err"; status=1; }
         done
-        python3 tests/compare_scores.py /tmp/$d.tp2 /tmp/$d.tp1 ${TP_TOL:-0.05} || status=1
+        python3 tests/compare_scores.py /tmp/$d.tp2 /tmp/$d.tp1 ${TP_TOL:-0.1} || status=1
         if [ $d = tiny-llama31 ]; then # a planted error: the last layer's W_down halves not summed
             PKV_TP_MUTANT=1 $D/run /tmp/$d.bin --score tests/data/$src/ids.txt --ids --device gpu --gpus 2 > /tmp/$d.tpm 2>/dev/null
-            python3 tests/compare_scores.py /tmp/$d.tpm /tmp/$d.tp1 ${TP_TOL:-0.05} > /tmp/tpm.out && { echo "FAIL the planted all-reduce mutant passed: $(cat /tmp/tpm.out)"; status=1; } ||
+            python3 tests/compare_scores.py /tmp/$d.tpm /tmp/$d.tp1 ${TP_TOL:-0.1} > /tmp/tpm.out && { echo "FAIL the planted all-reduce mutant passed: $(cat /tmp/tpm.out)"; status=1; } ||
                 echo "ok   a planted mutant (last W_down not summed) fails the check: $(cut -c1-120 /tmp/tpm.out)"
         fi
         prompt=$(head -c 40 tests/data/$src/ids.txt | awk '{NF=10; print}')
