@@ -229,7 +229,7 @@ __global__ void __launch_bounds__(PA_THREADS) pkv_attend_kernel(bf16 *out, const
     __shared__ float st_m[NS][G], st_l[NS][G];
     __shared__ __align__(16) float st_o[NS][G][HD];
     __shared__ int is_last;
-    __shared__ float mw[G][PA_MAX_SPLITS], Lsum[G]; // the merge: each split's weight, each head's sum
+    __shared__ float mw[G][PA_MAX_SPLITS], lw[G][PA_MAX_SPLITS], Lsum[G]; // the merge: each split's m (then weight) and l, each head's sum
     int h = blockIdx.x, split = blockIdx.y, n_splits = gridDim.y;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, part = lane % LPK, stream = warp * SPW + lane / LPK;
     int pos = *d_pos, zone_end = meta[0];
@@ -363,11 +363,13 @@ __global__ void __launch_bounds__(PA_THREADS) pkv_attend_kernel(bf16 *out, const
     __syncthreads();
     if (!is_last) return;
     __threadfence();
-    // The merge is on the step's critical path: load every split's (m, l) at once, then each
+    // The merge is on the step's critical path: load every split's (m, l) at once (one L2 round
+    // trip; a head's thread reading its l's one by one made n_splits of them, ~5 us), then each
     // output element's n_splits values with independent loads -- a few L2 round trips in all.
     for (int e = threadIdx.x; e < G * n_splits; e += PA_THREADS) {
         int g = e / n_splits, sp = e % n_splits;
-        mw[g][sp] = __ldcg(pbase + ((size_t)g * n_splits + sp) * PSTRIDE + HD);
+        float2 ml = __ldcg((const float2 *)(pbase + ((size_t)g * n_splits + sp) * PSTRIDE + HD));
+        mw[g][sp] = ml.x, lw[g][sp] = ml.y;
     }
     __syncthreads();
     if (threadIdx.x < G) {
@@ -376,7 +378,7 @@ __global__ void __launch_bounds__(PA_THREADS) pkv_attend_kernel(bf16 *out, const
         for (int sp = 0; sp < n_splits; sp++) M = fmaxf(M, mw[g][sp]);
         for (int sp = 0; sp < n_splits; sp++) {
             float w = mw[g][sp] == -INFINITY ? 0.0f : exp2f(mw[g][sp] - M); // a split with no rows weighs 0
-            L += w * __ldcg(pbase + ((size_t)g * n_splits + sp) * PSTRIDE + HD + 1);
+            L += w * lw[g][sp];
             mw[g][sp] = w;
         }
         Lsum[g] = L;
