@@ -82,12 +82,14 @@ typedef struct {
     int *upd;
 } PkvBench;
 
-// --gpus N: what a step's communication between the GPUs takes alone.
+// --gpus N: what a step's communication between the GPUs takes alone (with the sums fused into
+// the GEMVs: what they add to them, gpu_comm_time).
 static void bench_comm(void *g, uint32_t n_layers) {
     double ms = 0;
     if (gpu_comm_time(g, 50, &ms) == cudaSuccess)
         printf("communication a step (%d GPUs, %s): %u all-reduces of the residual (with the next norm's stats) + the logits' gather, "
-               "alone %.3f ms (median of 50)\n", gpu_count(g), gpu_comm_kind(g), 2 * n_layers, ms);
+               "%s %.3f ms (median of 50)\n", gpu_count(g), gpu_comm_kind(g), 2 * n_layers,
+               strstr(gpu_comm_kind(g), "fused") ? "over the GEMVs alone" : "alone", ms);
     else printf("communication a step: cannot time it\n");
 }
 

@@ -14,6 +14,10 @@
 // each rank; every rank makes the same calls in the same order) uses parity e & 1: a rank can be
 // one call ahead of a peer still reading call e - 1's slot, never two (to start call e + 1 it
 // needs that peer's part of call e, written after the peer's call e - 1 ended).
+//
+// The same buffer holds the slots of the sums fused into the residual GEMVs (TpSum in kernels.h,
+// gemv_bf16_add_stats_tp in gemv.cu: the default with bf16 weights, PKV_TP_FUSED=0 leaves it for
+// this kernel) and their step count: allocated, linked and described here, used by the GEMV.
 #include "gpu_state.h"
 #include "kernels.h"
 #include "pdl.h"
