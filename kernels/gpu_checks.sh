@@ -736,22 +736,27 @@ if want tp; then
             timeout 200 $D/run --synthetic qwen3-0.6b --score /tmp/ids3k.txt --ids --attn $a --gpus $n > /tmp/synsc.$a.$n 2>>"$OUT/syn.$a.$n.err" ||
                 { echo "FAIL synthetic --score --attn $a --gpus $n"; status=1; }
         done
+        # The decode step's sums three ways: fused into the residual GEMVs (the default with peer
+        # access and bf16 weights), the one-shot all-reduce kernel (PKV_TP_FUSED=0: tp_oneshot.cu)
+        # and NCCL's (PKV_TP_ONESHOT=0). All sum two parts, a + b; the last two also the norm's sum
+        # of squares in one order (residual_sumsq.cuh), so the same bits: ids identical under either
+        # attention. Fused, the sum of squares comes in the one-GPU order, a last-bit change of the
+        # rms at most: ids equal with full attention, reported under ParisKV (below).
+        PKV_TP_FUSED=0 timeout 200 $D/run --synthetic qwen3-0.6b --ids -f /tmp/ids3k.txt -n 48 --temp 0 --ignore-eos --attn $a --gpus 2 > /tmp/syn.$a.os 2>/dev/null
+        PKV_TP_ONESHOT=0 timeout 200 $D/run --synthetic qwen3-0.6b --ids -f /tmp/ids3k.txt -n 48 --temp 0 --ignore-eos --attn $a --gpus 2 > /tmp/syn.$a.nccl 2>/dev/null
+        cmp -s /tmp/syn.$a.os /tmp/syn.$a.nccl && [ -s /tmp/syn.$a.os ] && echo "ok   qwen3-0.6b shape, 3,000 ids, --attn $a --gpus 2: 48 greedy ids, one-shot all-reduce == NCCL's" ||
+            { echo "FAIL qwen3-0.6b --attn $a --gpus 2 one-shot vs NCCL: $(head -c 200 /tmp/syn.$a.os) vs $(head -c 200 /tmp/syn.$a.nccl)"; status=1; }
         if [ $a = full ]; then
             cmp -s /tmp/syn.$a.1 /tmp/syn.$a.2 && [ -s /tmp/syn.$a.1 ] && echo "ok   qwen3-0.6b shape, 3,000 ids, --attn $a: 48 greedy ids --gpus 2 == one GPU" ||
                 { echo "FAIL qwen3-0.6b --attn $a greedy --gpus 2: $(head -c 200 /tmp/syn.$a.2) vs $(head -c 200 /tmp/syn.$a.1)"; status=1; }
+            cmp -s /tmp/syn.$a.2 /tmp/syn.$a.os && [ -s /tmp/syn.$a.os ] && echo "ok   48 greedy ids with the sums fused into the GEMVs == with the one-shot kernel" ||
+                { echo "FAIL fused vs one-shot sums: $(head -c 200 /tmp/syn.$a.2) vs $(head -c 200 /tmp/syn.$a.os)"; status=1; }
         else
-            # After a 3,000-token prefill the two differ by the GEMMs' rounding (cuBLAS picks per
-            # shape and card), which a selection's threshold can turn into another top-k: the
-            # greedy paths may part (on two H200s at 16 of 48; on two H100s they did not). Exact
-            # here: two GPUs with the one-shot all-reduce kernel against two with NCCL's (a + b
-            # either way, and the norm's sum of squares in one order: kernels/residual_sumsq.cuh);
-            # the sums fused into the GEMVs (the default) give the same x but sum its squares in the
-            # one-GPU order, so they are reported. One GPU's selections are compared in the
-            # generation below, where no GEMM runs.
-            PKV_TP_FUSED=0 timeout 200 $D/run --synthetic qwen3-0.6b --ids -f /tmp/ids3k.txt -n 48 --temp 0 --ignore-eos --attn $a --gpus 2 > /tmp/syn.$a.os 2>/dev/null
-            PKV_TP_ONESHOT=0 timeout 200 $D/run --synthetic qwen3-0.6b --ids -f /tmp/ids3k.txt -n 48 --temp 0 --ignore-eos --attn $a --gpus 2 > /tmp/syn.$a.nccl 2>/dev/null
-            cmp -s /tmp/syn.$a.os /tmp/syn.$a.nccl && [ -s /tmp/syn.$a.os ] && echo "ok   qwen3-0.6b shape, 3,000 ids, --attn $a --gpus 2: 48 greedy ids, one-shot all-reduce == NCCL's" ||
-                { echo "FAIL qwen3-0.6b --attn $a --gpus 2 one-shot vs NCCL: $(head -c 200 /tmp/syn.$a.os) vs $(head -c 200 /tmp/syn.$a.nccl)"; status=1; }
+            # After a 3,000-token prefill one GPU and two differ by the GEMMs' rounding (cuBLAS picks
+            # per shape and card), which a selection's threshold can turn into another top-k: the
+            # greedy paths may part (on two H200s at 16 of 48; on two H100s they did not), so they
+            # are reported; one GPU's selections are compared in the generation below, where no
+            # GEMM runs.
             echo "     --gpus 2 (sums fused) against one GPU: $(ids_agree /tmp/syn.$a.1 /tmp/syn.$a.2) of 48 greedy ids equal before the paths part; against the one-shot kernel: $(ids_agree /tmp/syn.$a.os /tmp/syn.$a.2)"
         fi
         # Random weights of this scale give logits hundreds of nats apart (mean NLL ~91), so a changed
@@ -786,17 +791,6 @@ if want tp; then
     # Sampling: the same --seed gives the same tokens on 2 GPUs run twice (both ranks pick one id).
     for k in 1 2; do $D/run --synthetic qwen3-0.6b --ids -f /tmp/ids3k.txt -n 48 --temp 0.8 --top-p 0.95 --seed 5 --gpus 2 > /tmp/tps.$k 2>/dev/null || echo "FAIL sampled run $k"; done
     cmp -s /tmp/tps.1 /tmp/tps.2 && [ -s /tmp/tps.1 ] && echo "ok   sampled --seed 5 --gpus 2 repeats exactly" || { echo "FAIL sampled --gpus 2 does not repeat"; status=1; }
-    # The decode step's sums three ways: fused into the residual GEMVs (the default with peer access
-    # and bf16 weights), the one-shot all-reduce kernel (PKV_TP_FUSED=0: tp_oneshot.cu) and NCCL's
-    # (PKV_TP_ONESHOT=0). All sum two parts, a + b; the last two also the stats in one order
-    # (residual_sumsq.cuh), so the same bits: ids identical. Fused, the norm's sum of squares comes
-    # in the one-GPU order, a last-bit change of the rms at most: ids equal as one GPU's are.
-    PKV_TP_FUSED=0 timeout 200 $D/run --synthetic qwen3-0.6b --ids -f /tmp/ids3k.txt -n 48 --temp 0 --ignore-eos --attn full --gpus 2 > /tmp/syn.os 2>/dev/null
-    PKV_TP_ONESHOT=0 timeout 200 $D/run --synthetic qwen3-0.6b --ids -f /tmp/ids3k.txt -n 48 --temp 0 --ignore-eos --attn full --gpus 2 > /tmp/syn.nccl 2>/dev/null
-    cmp -s /tmp/syn.os /tmp/syn.nccl && [ -s /tmp/syn.nccl ] && echo "ok   48 greedy ids with the one-shot all-reduce == with NCCL's" ||
-        { echo "FAIL one-shot vs NCCL all-reduce: $(head -c 200 /tmp/syn.os) vs $(head -c 200 /tmp/syn.nccl)"; status=1; }
-    cmp -s /tmp/syn.full.2 /tmp/syn.os && [ -s /tmp/syn.os ] && echo "ok   48 greedy ids with the sums fused into the GEMVs == with the one-shot kernel" ||
-        { echo "FAIL fused vs one-shot sums: $(head -c 200 /tmp/syn.full.2) vs $(head -c 200 /tmp/syn.os)"; status=1; }
 fi
 if want tpbench; then
     # One GPU beside two in the same call: dense decode at 4K, ParisKV with the host store.
