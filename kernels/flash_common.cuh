@@ -10,6 +10,8 @@
 #include <cudaTypedefs.h>
 #include <stdint.h>
 
+#include "spin_limit.cuh"
+
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define FP_HAVE_WGMMA 1
 #else
@@ -56,9 +58,7 @@ __device__ __forceinline__ void mbar_wait(uint64_t *b, int parity) {
                      : "=r"(ok)
                      : "r"(a), "r"(parity)
                      : "memory");
-        // A deadlock becomes a launch error (a store to address 0), not a hang. Not __trap(): with a
-        // trap here ptxas keeps the whole kernel within its entry budget, setmaxnreg.inc ignored.
-        if (++spins > (1L << 26)) asm volatile("st.global.u32 [%0], 1;" ::"l"(0ull) : "memory");
+        spin_limit(&spins); // a deadlock becomes a launch error, not a hang
     } while (!ok);
 }
 // Arrives on the barrier (counted in its expected count) once all earlier cp.async of this thread land.

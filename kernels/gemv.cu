@@ -6,6 +6,7 @@
 #include "cuda_common.h"
 #include "kernels.h"
 #include "pdl.h"
+#include "spin_limit.cuh"
 #include "variants.h"
 
 #define GEMV_WARPS 8
@@ -100,8 +101,7 @@ __device__ __forceinline__ float tp_row_sum(const TpSum &tp, int row, float v, u
             uint2 l = ld_entry(src);
             long spins = 0;
             while (l.y != e) {
-                // A lost peer: a launch error after ~a minute, not a hang (as tp_oneshot.cu).
-                if (++spins > (1L << 26)) asm volatile("st.global.u32 [%0], 1;" ::"l"(0ull) : "memory");
+                spin_limit(&spins); // a lost peer: a launch error, not a hang
                 l = ld_entry(src);
             }
             w = __uint_as_float(l.x);
@@ -136,6 +136,9 @@ __global__ void __launch_bounds__(ROW_WARPS * 32) gemv_row_kernel(void *y, const
         for (int r = 0; r < R; r++) wv[r][u] = active && c < chunks ? __ldcs(w[r] + c) : make_uint4(0, 0, 0, 0);
     }
     pdl_wait();
+    // The call's number (TpSum): the step's count was written before this kernel's wait; read
+    // now, so that its L2 round trip overlaps the row's dot product, not the exchange after it.
+    const unsigned call_no = TP ? *tp.count * tp.per_step + tp.call : 0u;
     __shared__ float red[ROW_WARPS];
     float inv_rms = 1.0f;
     if (NORM_IN) { // the block sums the producer's sums of squares (all loads in flight at once)
@@ -190,8 +193,8 @@ __global__ void __launch_bounds__(ROW_WARPS * 32) gemv_row_kernel(void *y, const
             else if (EPI == GEMV_STORE) ((float *)y)[unit] = s[0];
             else {
                 yv = !TP || tp.add ? ((float *)y)[unit] + s[0] : s[0];
-                if (TP) { // the call's number: the step's count was written before this kernel's wait
-                    float sum = tp_row_sum(tp, unit, yv, *tp.count * tp.per_step + tp.call);
+                if (TP) {
+                    float sum = tp_row_sum(tp, unit, yv, call_no);
                     if (!tp.own_only) yv = sum;
                 }
                 ((float *)y)[unit] = yv;

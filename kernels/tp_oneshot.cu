@@ -22,6 +22,7 @@
 #include "kernels.h"
 #include "pdl.h"
 #include "residual_sumsq.cuh"
+#include "spin_limit.cuh"
 
 static_assert(TP_MAX_RANKS == TP_SUM_RANKS, "one bound on the ranks");
 
@@ -76,9 +77,7 @@ __global__ void __launch_bounds__(TP_THREADS) tp_oneshot_kernel(float *x, int n,
                 uint4 l = ld_line(src);
                 long spins = 0;
                 while (l.y != e || l.w != e) {
-                    // A lost peer: a launch error after ~a minute, not a hang -- a store to address 0, as the
-                    // prefill kernels' mbar_wait (a __trap would hold a kernel with setmaxnreg to its entry budget).
-                    if (++spins > (1L << 26)) asm volatile("st.global.u32 [%0], 1;" ::"l"(0ull) : "memory");
+                    spin_limit(&spins); // a lost peer: a launch error, not a hang
                     l = ld_line(src);
                 }
                 w = make_float2(__uint_as_float(l.x), __uint_as_float(l.z));
