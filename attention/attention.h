@@ -88,7 +88,7 @@ typedef struct AttnConfig {
                      // or fp32 (CPU): rows are quantized as they enter the zone; the index and the attention read
                      // the stored values. The CPU path rewrites those rows of its cache in place (the reference).
     int cache_rows;  // GPU, zone in the host store: lines of the zone row cache per layer and KV head (a power of
-                     // two; 0: off; -1: chosen from topk), rows recently selected kept in GPU memory
+                     // two up to ATTN_CACHE_ROWS_MAX; 0: off; -1: the default), rows recently selected kept in GPU memory
     int profile;     // --profile: measure where ParisKV's work goes (CPU: the selection's step-to-step overlap;
                      // GPU: the row cache's hits), reported when the run ends
 } AttnConfig;
@@ -132,10 +132,13 @@ long attn_policy_overlap(const AttnPolicy *p, int layer, int kv_head, double *me
 // the layers' means and of the (layer, KV head) means; and the hit rate the GPU's zone row cache
 // (cache_rows lines; the default for -1) would have had on these selections, simulated.
 void attn_policy_report(const AttnPolicy *p, FILE *f);
-// The GPU zone row cache's default lines per layer and KV head: 8 topk rounded up to a power of
-// two in [1024, 16384] -- room for the rows a few dozen steps bring in at a 60% overlap, and few
-// collisions between one step's rows.
-int attn_cache_rows_default(int topk);
+// The GPU zone row cache's default lines per layer and KV head: 16384 -- measured on an H200
+// (tests/bench/GPU.md, session 25), Qwen3-8B 128K, k = 100: 1024 lines hit 0.77 of the locality
+// stream's rows, 4096 0.83, 16384 0.84 (the step 1.9% shorter than at 1024), 32768 no more and a
+// slower step (the attention's line table, an int a line in shared memory, takes 128 KB a block).
+// The caller halves it while it takes more than its share of GPU memory.
+#define ATTN_CACHE_ROWS_MAX 32768 // the line table in the attention's shared memory: 128 KB
+int attn_cache_rows_default(void);
 // That simulation so far: zone rows it read from the cache (*hits) and in all; returns its lines
 // (0: none, without --profile or with cache_rows 0).
 int attn_policy_cache_sim(const AttnPolicy *p, double *hits, double *rows);

@@ -129,7 +129,7 @@ static int check_runnable(const Config *c, int ctx, const AttnConfig *attn, int 
 // while it would take more than 1/16 of the free memory.
 static int row_cache_lines(const Config *c, const AttnConfig *a, size_t free_b) {
     if (a->cache_rows >= 0) return a->cache_rows;
-    int n = attn_cache_rows_default(a->topk);
+    int n = attn_cache_rows_default();
     while (n > 256 && pkv_row_cache_bytes(c->n_layers, c->n_kv_heads, c->head_dim, a->zone_fp8, n) > free_b / 16) n /= 2;
     return n;
 }

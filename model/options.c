@@ -171,9 +171,9 @@ static const OptSpec OPTIONS[] = {
     {"--kv-store-dtype", CHOICE(attn.zone_fp8, "bf16", "fp8"), VALUES(0, 1), GIVEN(policy_set), .usage = "--kv-store-dtype T",
      .help = "the retrieval zone's K/V as bf16 (default) or fp8 (e4m3 with a\nscale per row: half the host memory and PCIe bytes; GPU: "
              "host store\nonly; the CPU path rounds those rows the same way)"},
-    {"--pkv-cache-rows", CUSTOM(set_cache_rows), .lo = 0, .hi = 1 << 16, .usage = "--pkv-cache-rows N",
+    {"--pkv-cache-rows", CUSTOM(set_cache_rows), .lo = 0, .hi = ATTN_CACHE_ROWS_MAX, .usage = "--pkv-cache-rows N",
      .help = "GPU, zone in the host store: keep recently selected zone rows in GPU\nmemory, N rows per layer and KV head (a power of "
-             "two; 0: off; default:\n8 topk rounded up, 1024 to 16384), printed at load"},
+             "two up to 32768;\n0: off; default: 16384, fewer where GPU memory is short),\nprinted at load"},
     {"--profile", FLAG(attn.profile, 1), .usage = "--profile",
      .help = "at the end, where ParisKV's work went: CPU, how much of each decode\nstep's top-k the step before selected too; GPU, "
              "the row cache's hit rate"},
