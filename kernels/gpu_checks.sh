@@ -619,14 +619,16 @@ if want timeline; then
     # a 128K-token prompt of random ids on Qwen3-8B's shape, every kernel's start and end recorded
     # by CUPTI (kernels/bench/kernel_timeline.c; tracing adds ~15% to the step), then each layer
     # laid out from its first selection kernel (kernels/bench/kernel_timeline.py). TL_MODEL,
-    # TL_CTX, TL_ARGS change the run.
+    # TL_CTX, TL_ARGS change the run; TL_ATTN=full lays out dense decode instead (from its
+    # attention kernel: the per-kernel overhead both steps pay, issue 24).
     if [ ! -f $D/libkt.so ]; then echo "FAIL timeline: no .dev/libkt.so (the build machine's toolkit had no CUPTI)"; status=1; else
         N=${TL_CTX:-131072}
         random_ids 7 150000 $N > /tmp/ids$N.txt
-        CUDA_INJECTION64_PATH=$PWD/$D/libkt.so KT_OUT=$OUT/timeline.csv timeout 400 $D/run --synthetic ${TL_MODEL:-qwen3-8b} --attn pariskv \
-            --kv-store host ${TL_ARGS:-} --ids -f /tmp/ids$N.txt --ctx $((N + 128)) -n 64 --temp 0 --ignore-eos 2>&1 >/dev/null |
+        if [ "${TL_ATTN:-pariskv}" = full ]; then TA="--attn full"; TM=attn_decode_kernel; else TA="--attn pariskv --kv-store host"; TM=pkv_bonus_kernel; fi
+        CUDA_INJECTION64_PATH=$PWD/$D/libkt.so KT_OUT=$OUT/timeline.csv timeout 400 $D/run --synthetic ${TL_MODEL:-qwen3-8b} $TA \
+            ${TL_ARGS:-} --ids -f /tmp/ids$N.txt --ctx $((N + 128)) -n 64 --temp 0 --ignore-eos 2>&1 >/dev/null |
             grep -v "^warning" | tail -n 1 || status=1
-        python3 kernels/bench/kernel_timeline.py $OUT/timeline.csv | tee $OUT/timeline.txt || status=1
+        python3 kernels/bench/kernel_timeline.py $OUT/timeline.csv $TM | tee $OUT/timeline.txt || status=1
         gzip -f $OUT/timeline.csv
     fi
 fi
