@@ -82,17 +82,14 @@ __device__ void rc_claims(const GpuKV &kv, const PkvRowCache &rc, int layer, int
     const int mask = rc.n - 1;
     const int *tag = rc.tags + ((size_t)layer * kv.n_kv + h) * rc.n;
     if (threadIdx.x == 0) cnt[0] = cnt[1] = 0;
-    // The thread's first row and its line's tag are read at once, the tag's round trip under the
-    // two passes over the table (at k <= the block size, every row's).
-    const int r0 = threadIdx.x, s0 = r0 < n ? sel[r0] : 0, tag0 = r0 < n ? tag[s0 & mask] : 0;
-    for (int r = threadIdx.x; r < n; r += blockDim.x) atomicExch(&tab[(r == r0 ? s0 : sel[r]) & mask], RC_NONE); // rows may share a line
+    for (int r = threadIdx.x; r < n; r += blockDim.x) atomicExch(&tab[sel[r] & mask], RC_NONE); // rows may share a line
     __syncthreads();
-    for (int r = threadIdx.x; r < n; r += blockDim.x) atomicMin(&tab[(r == r0 ? s0 : sel[r]) & mask], r);
+    for (int r = threadIdx.x; r < n; r += blockDim.x) atomicMin(&tab[sel[r] & mask], r);
     __syncthreads();
     unsigned hits = 0, misses = 0;
     for (int r = threadIdx.x; r < n; r += blockDim.x) {
-        int s = r == r0 ? s0 : sel[r];
-        bool hit = (r == r0 ? tag0 : tag[s & mask]) == s; // one slot per tag: at most one row of a line hits
+        int s = sel[r];
+        bool hit = tag[s & mask] == s; // one slot per tag: at most one row of a line hits
         if (hit) tab[s & mask] = r | RC_HIT;
         if (r % n_splits == split) {
             if (hit) hits++;
