@@ -117,8 +117,8 @@ typedef cudaError_t (*GemvFn)(void *, const bf16 *, const bf16 *, int, int, int,
 static const struct {
     const char *name;
     GemvFn fn;
-} gemv_variants[] = {{"staged", gemv_bf16_staged}, {"rowwarp", gemv_bf16_rowwarp}};
-#define N_GEMV_VARIANTS 2
+} gemv_variants[] = {{"staged", gemv_bf16_staged}, {"rowwarp", gemv_bf16_rowwarp}, {"rowwarp2", gemv_bf16_rowwarp2}};
+#define N_GEMV_VARIANTS 3
 
 struct GemvArgs {
     void *y;
@@ -256,8 +256,8 @@ static void test_gemv(int n, int d, int epi) {
 static void bench_gemv(cublasHandle_t blas, double bw) {
     int shapes[][2] = {{4096, 6144}, {4096, 4096}, {4096, 28672}, {14336, 4096}, {4096, 24576}, {12288, 4096},
                        {4096, 128256}, {4096, 151936}, {576, 960}, {1536, 576}};
-    printf("\n%-22s | %9s %6s | %9s %6s | %9s %6s | %s\n", "GEMV bf16 (n -> d)", "staged us", "TB/s", "rowwarp", "TB/s",
-           "cuBLAS us", "TB/s", "floor us");
+    printf("\n%-22s | %9s %6s | %9s %6s | %9s %6s | %9s %6s | %s\n", "GEMV bf16 (n -> d)", "staged us", "TB/s", "rowwarp", "TB/s",
+           "rowwarp2", "TB/s", "cuBLAS us", "TB/s", "floor us");
     for (auto &s : shapes) {
         int n = s[0], d = s[1];
         size_t bytes = (size_t)n * d * 2;

@@ -12,9 +12,11 @@
 extern "C" {
 #endif
 
-// gemv_bf16's (gemv.cu): rowwarp is the one it calls; staged lost on every shape measured.
+// gemv_bf16's (gemv.cu): rowwarp2 (two rows a warp) is the one it calls: faster than rowwarp (one) on the
+// 8B shapes, level on the LM heads and SmolLM2's; staged lost on every shape (tests/bench/GPU.md, session 26).
 cudaError_t gemv_bf16_staged(void *y, const bf16 *W, const bf16 *x, int n, int d, int epilogue, cudaStream_t st);
 cudaError_t gemv_bf16_rowwarp(void *y, const bf16 *W, const bf16 *x, int n, int d, int epilogue, cudaStream_t st);
+cudaError_t gemv_bf16_rowwarp2(void *y, const bf16 *W, const bf16 *x, int n, int d, int epilogue, cudaStream_t st);
 
 // The tests' and benchmark's side-by-side variants of gemv_q (with y_bf16 and sumsq, ADD is
 // gemv_q_add_stats), blocks of 0: 8 warps, 1: 16 (two rows a warp either way); -1 the launch's
