@@ -121,7 +121,7 @@ __device__ __forceinline__ float tp_row_sum(const TpSum &tp, int row, float v, u
 // ROW_WARPS / RPW warps, so that a block still covers ROW_WARPS rows (the sums of squares stay one
 // a 4 rows). Two rows a warp put twice the weight bytes in flight per warp, and per SM (96
 // registers: 20 warps of 8 KB, against 32 of 4 KB), the first batch included, which is asked for
-// before the wait: Llama-3.1-8B's step at 4K 4.378 -> 4.297 ms on an H200 (tests/bench/GPU.md,
+// before the wait: Llama-3.1-8B's step at 4K 4.41 -> 4.31 ms on an H200 (tests/bench/GPU.md,
 // session 26). The tensor-parallel residual GEMV keeps one row a warp (gemv_bf16_add_stats_tp).
 // SwiGLU keeps one gate/up pair a warp (two pairs with half the loads each measured the same).
 template <int EPI, bool NORM_IN, bool STATS, bool TP = false, int RPW = 1>
