@@ -129,7 +129,7 @@ __global__ void __launch_bounds__(ROW_WARPS / RPW * 32)
     gemv_row_kernel(void *y, const bf16 *W, const bf16 *x, int n, int d, NormLink nl, TpSum tp) {
     static_assert(RPW == 1 || (RPW == 2 && EPI != GEMV_SWIGLU), "RPW");
     constexpr int R = EPI == GEMV_SWIGLU ? 2 : RPW; // rows per warp
-    constexpr int WARPS = ROW_WARPS / RPW, UNR = ROW_UNROLL;
+    constexpr int WARPS = ROW_WARPS / RPW;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     int unit = blockIdx.x * WARPS + warp;
     bool active = unit * R < d; // (RPW > 1: the launch makes sure d is a multiple of RPW)
@@ -143,9 +143,9 @@ __global__ void __launch_bounds__(ROW_WARPS / RPW * 32)
     // before waiting on the previous kernel: weights are read-only, and their loads then
     // overlap that kernel's tail.
     pdl_release();
-    uint4 wv[R][UNR];
+    uint4 wv[R][ROW_UNROLL];
 #pragma unroll
-    for (int u = 0; u < UNR; u++) {
+    for (int u = 0; u < ROW_UNROLL; u++) {
         int c = u * 32 + lane;
 #pragma unroll
         for (int r = 0; r < R; r++) wv[r][u] = active && c < chunks ? __ldcs(w[r] + c) : make_uint4(0, 0, 0, 0);
@@ -184,20 +184,20 @@ __global__ void __launch_bounds__(ROW_WARPS / RPW * 32)
 #pragma unroll
         for (int r = 0; r < R; r++) s[r] = 0.0f;
         for (int c0 = 0;;) {
-            uint4 xx[UNR];
+            uint4 xx[ROW_UNROLL];
 #pragma unroll
-            for (int u = 0; u < UNR; u++) {
+            for (int u = 0; u < ROW_UNROLL; u++) {
                 int c = c0 + u * 32 + lane;
                 xx[u] = c < chunks ? __ldg(xv + c) : make_uint4(0, 0, 0, 0);
             }
 #pragma unroll
-            for (int u = 0; u < UNR; u++)
+            for (int u = 0; u < ROW_UNROLL; u++)
 #pragma unroll
                 for (int r = 0; r < R; r++) s[r] += dot8(wv[r][u], xx[u]);
-            c0 += 32 * UNR;
+            c0 += 32 * ROW_UNROLL;
             if (c0 >= chunks) break;
 #pragma unroll
-            for (int u = 0; u < UNR; u++) {
+            for (int u = 0; u < ROW_UNROLL; u++) {
                 int c = c0 + u * 32 + lane;
 #pragma unroll
                 for (int r = 0; r < R; r++) wv[r][u] = c < chunks ? __ldcs(w[r] + c) : make_uint4(0, 0, 0, 0);
