@@ -222,33 +222,76 @@ template <int B> static __device__ __forceinline__ void load_piece(uint32_t (&wd
     }
 }
 
-// The bonus tables in shared memory, 4 bits an entry (bonuses are 0..6): subspace b's entry e
-// sits in word b * 32 + (e & 31), nibble 7 - (e >> 5). A subspace's 256 entries then fill the
-// 32 banks once, so a warp's lookups into one subspace never conflict (bytes: 64 words, two
-// a bank, mostly 2-way conflicts), and rotating the word left by 4 (e >> 5) brings the entry
-// to the top nibble, where one shift (fused with the add) extracts it.
-// Score of one piece: the sum of its subspaces' bonuses. row: the shared-memory address of the table
-// of its first subspace, 256-byte aligned, so that PRMT puts an id's byte offset (e & 31) * 4 into
-// the address's low byte in one instruction and the subspace's row comes as the load's immediate
-// offset: per id a PRMT, the load, a shift of the rotation (none for an id word's first), the
-// rotate and a shift-add (ptxas made ~9 of the C++ indexing: a byte extract, an add, the load, ...).
-// Per id word w (4 ids): A holds the 4 byte offsets (e & 31) * 4, M the 4 rotations
-// (e >> 5) * 4 in the low 5 bits of each byte (funnel shifts use the amount mod 32).
-template <int WORDS> static __device__ __forceinline__ unsigned piece_score(const uint32_t (&wd)[WORDS], uint32_t row) {
+// The bonus tables in shared memory, in two formats that load different pipes (the vote is
+// bound by its integer issue: ncu, the ALU pipe 79% busy at 1M with nibbles only):
+// - nibbles: a subspace's 256 entries in 32 words (4 bits an entry; bonuses are 0..6), entry e
+//   in word e & 31, nibble 7 - (e >> 5). They fill the 32 banks once, so a warp's lookups into
+//   one subspace never conflict; rotating the word left by 4 (e >> 5) brings the entry to the
+//   top nibble, where a shift fused with the add extracts it. Per id ~4.4 integer instructions
+//   (the byte offset (e & 31) * 4 and the rotation from the id word, the rotate, the add).
+// - bytes: 256 bytes, entry e at byte e. The load gives the entry: per id a PRMT and half an
+//   add, but 64 words take two a bank, so a warp's load mostly costs two shared-memory passes.
+// Of each 8 subspaces the first VoteTables::BYTES8 = 4 are bytes, which balances the integer pipe
+// against the shared-memory pipe: the vote at 1M (H200) 54.0 us with nibbles only, 42.1-42.3 with
+// 4 bytes of 8, 42.6-43.0 with 5, 43.2 with 6, 46.3-46.5 with bytes only (tests/bench/GPU.md,
+// session 27).
+// The tables of a group of up to 16 subspaces (B = 32: two groups, a lane's half of the slot
+// uses one): the byte tables first, in subspace order, 256 bytes each, then the nibble tables,
+// 128 bytes each. Offsets are compile-time, so each lookup's table is the load's immediate.
+template <int B> struct VoteTables {
+    static constexpr int BYTES8 = 4, G = B < 16 ? B : 16;
+    __host__ __device__ static constexpr bool is_byte(int i) { return (i & 7) < BYTES8; }
+    __host__ __device__ static constexpr int bytes_before(int i) { return (i >> 3) * BYTES8 + ((i & 7) < BYTES8 ? (i & 7) : BYTES8); }
+    static constexpr int NBYTE = bytes_before(G);
+    __host__ __device__ static constexpr int offset(int i) { return is_byte(i) ? 256 * bytes_before(i) : 256 * NBYTE + 128 * (i - bytes_before(i)); }
+    static constexpr int GROUP = 256 * NBYTE + 128 * (G - NBYTE); // bytes of a group: a multiple of 256
+    static constexpr int WORDS = GROUP / 4 * (B / G);             // of all groups
+    static_assert(B == G || GROUP % 256 == 0, "the second group's tables 256-byte aligned");
+};
+
+// Score of one piece: the sum of its subspaces' bonuses. row: the shared-memory address of its
+// group's tables, 256-byte aligned, so that PRMT puts an id's byte offset into the address's low
+// byte in one instruction (the id itself for a byte table, (e & 31) * 4 for a nibble table) and
+// the table comes as the load's immediate offset. Per id word w (4 ids): A holds the 4 word
+// offsets (e & 31) * 4, M the 4 rotations (e >> 5) * 4 in the low 5 bits of each byte (funnel
+// shifts use the amount mod 32).
+template <typename VT, int WORDS> static __device__ __forceinline__ unsigned piece_score(const uint32_t (&wd)[WORDS], uint32_t row) {
     unsigned s = 0;
 #pragma unroll
     for (int q = 0; q < WORDS; q++) {
         uint32_t w = wd[q], A = (w << 2) & 0x7c7c7c7cu, M = (w >> 3) & 0x1c1c1c1cu;
 #pragma unroll
         for (int j = 0; j < 4; j++) {
-            const uint32_t addr = __byte_perm(A, row, 0x7650 + j); // row's upper bytes, A's byte j
-            const uint32_t word = ((const uint32_t *)__cvta_shared_to_generic(addr))[(4 * q + j) * 32];
-            s += __funnelshift_l(word, word, M >> (8 * j)) >> 28;
+            const int i = 4 * q + j, off = VT::offset(i);
+            if (VT::is_byte(i)) {
+                const uint32_t addr = __byte_perm(w, row, 0x7650 + j); // row's upper bytes, the id
+                s += ((const uint8_t *)__cvta_shared_to_generic(addr))[off];
+            } else {
+                const uint32_t addr = __byte_perm(A, row, 0x7650 + j); // row's upper bytes, A's byte j
+                const uint32_t word = *(const uint32_t *)((const uint8_t *)__cvta_shared_to_generic(addr) + off);
+                s += __funnelshift_l(word, word, M >> (8 * j)) >> 28;
+            }
         }
     }
     return s;
 }
 
+// The vote's tables of head h's bonuses bs (B x 256 bytes) into tbl (VT::WORDS words); every
+// thread of the block calls it.
+template <typename VT, int B> static __device__ void vote_tables(uint32_t *tbl, const uint8_t *bs) {
+    constexpr int PER = VT::G * 64; // word tasks a group: 64 a subspace (a nibble table's 32 take 8 bytes each)
+    for (int task = threadIdx.x; task < (B / VT::G) * PER; task += blockDim.x) {
+        const int g = task / PER, i = (task % PER) >> 6, c = task & 63, b = g * VT::G + i;
+        uint32_t *t = tbl + (g * VT::GROUP + VT::offset(i)) / 4;
+        if (VT::is_byte(i)) t[c] = *(const uint32_t *)(bs + b * 256 + 4 * c) & 0x0f0f0f0fu; // entries e = 4c .. 4c + 3
+        else if (c < 32) {
+            uint32_t v = 0;
+#pragma unroll
+            for (int m = 0; m < 8; m++) v |= (uint32_t)(bs[b * 256 + c + 32 * m] & 15) << (4 * (7 - m));
+            t[c] = v;
+        }
+    }
+}
 
 // The calibrated estimate of one candidate, L = B / 4 lanes of it: each lane decodes 4
 // subspaces (16 bytes of codes, 8 of w) into their w_b <v_b, qt_b>, and the sum over b runs

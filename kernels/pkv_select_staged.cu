@@ -9,7 +9,8 @@
 //                                       counts); zeroes this step's histograms
 //   pkv_vote_kernel    (P, n_kv) x 256  scores of block j's slot range [j S, (j+1) S): the ids
 //                                       streamed with coalesced 16-byte loads, the bonus
-//                                       tables as 4-bit entries in shared memory; a score
+//                                       tables in shared memory (half bytes, half 4-bit
+//                                       entries: VoteTables); a score
 //                                       histogram per head (global) and per block (kept as
 //                                       "scores >= s" so later blocks find their offsets)
 //   pkv_cand_rerank_kernel (R, n_kv) x 256
@@ -97,10 +98,11 @@ static __global__ void __launch_bounds__(SEL_THREADS) pkv_bonus_kernel(PkvSelArg
 // 6 blocks per SM (40 registers; 8 would spill): 96 KB of ids in flight per SM at B >= 16.
 template <int B> static __global__ void __launch_bounds__(SEL_THREADS, 6) pkv_vote_kernel(PkvSelArgs a) {
     using VP = VotePiece<B>;
+    using VT = VoteTables<B>;
     constexpr int NB = 6 * B + 1, NW = SEL_THREADS / 32, PPS = VP::PPS, UNR = VP::UNR;
     constexpr int HSTR = ((NB + 31) & ~31) + 16; // one histogram copy
     static_assert(NB < HIST_BLK && NB < SEL_THREADS, "score bins");
-    __shared__ __align__(256) uint32_t tbl[B * 32]; // 256-byte aligned: piece_score's addresses
+    __shared__ __align__(256) uint32_t tbl[VT::WORDS]; // 256-byte aligned: piece_score's addresses
     __shared__ int wh[2 * NW * HSTR];
     __shared__ int red[32];
     int h = blockIdx.y, j = blockIdx.x, t = threadIdx.x, lane = t & 31, warp = t >> 5;
@@ -121,13 +123,7 @@ template <int B> static __global__ void __launch_bounds__(SEL_THREADS, 6) pkv_vo
     pdl_wait();
     if (n <= a.k) return;
     const uint8_t *bs = a.bonus + (size_t)h * B * 256;
-    for (int i = t; i < B * 32; i += SEL_THREADS) {
-        int b = i >> 5, c = i & 31;
-        uint32_t v = 0;
-#pragma unroll
-        for (int m = 0; m < 8; m++) v |= (uint32_t)(bs[b * 256 + c + 32 * m] & 15) << (4 * (7 - m));
-        tbl[i] = v;
-    }
+    vote_tables<VT, B>(tbl, bs);
     __syncthreads();
     int S = block_slots(n, a.P), lo = min(j * S, n), hi = min(lo + S, n);
     unsigned plo = (unsigned)lo * PPS, phi = (unsigned)hi * PPS; // pieces: up to 2^31 at B = 32
@@ -135,7 +131,7 @@ template <int B> static __global__ void __launch_bounds__(SEL_THREADS, 6) pkv_vo
     uint8_t *sc = a.score + (size_t)h * a.capp;
     int *hw = wh + (2 * warp + (lane >> 4)) * HSTR;
     // B = 32: odd lanes hold the second half of a slot (subspaces 16..31). p0 stays even.
-    const uint32_t row = (uint32_t)__cvta_generic_to_shared(tbl + (PPS == 2 ? (lane & 1) * 16 * 32 : 0));
+    const uint32_t row = (uint32_t)__cvta_generic_to_shared(tbl + (PPS == 2 ? (lane & 1) * VT::GROUP / 4 : 0));
     // The loop bound is uniform over the warp (the shuffle needs every lane).
     for (unsigned p0 = plo + warp * 32 * UNR; p0 < phi; p0 += NW * 32 * UNR) {
         uint32_t wd[UNR][VP::WORDS];
@@ -149,7 +145,7 @@ template <int B> static __global__ void __launch_bounds__(SEL_THREADS, 6) pkv_vo
         }
 #pragma unroll
         for (int u = 0; u < UNR; u++) {
-            unsigned s = piece_score(wd[u], row);
+            unsigned s = piece_score<VT>(wd[u], row);
             if constexpr (PPS == 2) s += __shfl_xor_sync(0xffffffffu, s, 1);
             unsigned p = p0 + 32 * u + lane;
             if (p < phi && (PPS == 1 || !(lane & 1))) {
