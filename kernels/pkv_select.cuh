@@ -298,13 +298,21 @@ template <typename VT, int B> static __device__ void vote_tables(uint32_t *tbl, 
 // in order through the lanes, as pkv_estimate.
 template <int L>
 static __device__ __forceinline__ float estimate(uint4 cv, uint2 wv, const float (&q)[32], float qn, const float *lev) {
+    const uint32_t lev_s = (uint32_t)__cvta_generic_to_shared(lev); // 256-byte aligned
     const uint32_t cw[4] = {cv.x, cv.y, cv.z, cv.w}, ww[2] = {wv.x, wv.y};
     float p[4];
 #pragma unroll
     for (int k = 0; k < 4; k++) {
         float d = 0.0f;
 #pragma unroll
-        for (int j = 0; j < 8; j++) d = __fadd_rn(d, __fmul_rn(lev[(cw[k] >> (4 * j)) & 15], q[k * 8 + j]));
+        for (int j = 0; j < 8; j++) {
+            // Level (cw >> 4 j) & 15 of the 256-byte aligned table: PRMT puts its byte offset
+            // (the nibble x 4, from E for even j, O for odd) into the address's low byte.
+            const uint32_t E = (cw[k] << 2) & 0x3c3c3c3cu, O = (cw[k] >> 2) & 0x3c3c3c3cu;
+            const uint32_t addr = __byte_perm(j & 1 ? O : E, lev_s, 0x7650 + (j >> 1));
+            const float lv = *(const float *)__cvta_shared_to_generic(addr);
+            d = __fadd_rn(d, __fmul_rn(lv, q[k * 8 + j]));
+        }
         float wf = __half2float(__ushort_as_half((unsigned short)(ww[k >> 1] >> (16 * (k & 1)))));
         p[k] = __fmul_rn(wf, d);
     }

@@ -362,7 +362,7 @@ template <int PER> static __device__ void find_digit(const int *hist, int r, int
 // wrote: no grid-wide step between the two); the estimates' 12-bit histogram for the top-k.
 template <int B> static __global__ void __launch_bounds__(SEL_THREADS) pkv_cand_rerank_kernel(PkvSelArgs a) {
     __shared__ int h1[EST_BINS];
-    __shared__ float lev[16];
+    __shared__ __align__(256) float lev[16]; // estimate's addresses
     const int h = blockIdx.y, r = blockIdx.x;
     rerank_setup(h1, lev);
     int n, C; // the zone size, the query: final before the vote began (rerank_query)
@@ -404,7 +404,7 @@ static __global__ void __launch_bounds__(SEL_THREADS) pkv_compact_kernel(PkvSelA
 // up), fixed-size shares whatever the scores' spread; the histogram's nonzero bins to global.
 template <int B> static __global__ void __launch_bounds__(SEL_THREADS) pkv_rerank_kernel(PkvSelArgs a) {
     __shared__ int h1[EST_BINS];
-    __shared__ float lev[16];
+    __shared__ __align__(256) float lev[16]; // estimate's addresses
     int h = blockIdx.y, r = blockIdx.x;
     rerank_setup(h1, lev);
     int n, C;
