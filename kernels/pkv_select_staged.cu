@@ -604,7 +604,33 @@ static __global__ void __cluster_dims__(TOPK_CLUSTER, 1, 1) __launch_bounds__(TO
     }
     const float *est = a.est + (size_t)h * a.capp;
     const int32_t *hh = a.hist + (size_t)h * a.hist_stride;
-    int per = ((C + TOPK_CLUSTER - 1) / TOPK_CLUSTER + 15) & ~15, lo = min(j * per, C), hi = min(lo + per, C);
+    int per = ((C + TOPK_CLUSTER - 1) / TOPK_CLUSTER + 15) & ~15, lo = min(j * per, C), hi = min(lo + per, C), m = hi - lo;
+    // Up to TOPK_ONE_BLOCK candidates a block (C to 262,144: contexts to ~2.6M) the block's keys
+    // are read once into shared memory, and its passes read them there (each pass over L2 was a
+    // round trip of its own); past that, every pass reads the estimates from L2. The five-kernel
+    // selection keeps the L2 passes, so that test_pariskv_gpu's cluster cases check both.
+    extern __shared__ uint32_t keys[];
+    const bool in_smem = per <= TOPK_ONE_BLOCK && !a.five; // the same in every block of the cluster
+    if (in_smem) {
+        constexpr int NL = 8; // 16-byte loads in flight a thread
+        for (int i0 = 4 * t; i0 < m; i0 += 4 * NL * TOPK_THREADS) {
+            float4 e4[NL]; // est rows are padded to 16: a load that starts below hi stays in the row
+#pragma unroll
+            for (int v = 0; v < NL; v++) {
+                int i = i0 + 4 * v * TOPK_THREADS;
+                e4[v] = i < m ? *(const float4 *)(est + lo + i) : make_float4(0, 0, 0, 0);
+            }
+#pragma unroll
+            for (int v = 0; v < NL; v++) {
+                int i = i0 + 4 * v * TOPK_THREADS;
+                if (i < m) *(uint4 *)(keys + i) = make_uint4(fkey(e4[v].x), fkey(e4[v].y), fkey(e4[v].z), fkey(e4[v].w));
+            }
+        }
+    }
+    auto pass = [&](auto f) { // f(key) for each of the block's items, any order
+        if (in_smem) keys_pass(keys, 4 * t, m, 4 * TOPK_THREADS, [&](int, uint32_t key) { f(key); });
+        else est_pass(est, lo, hi, [&](int, uint32_t key) { f(key); });
+    };
     for (int i = t; i < EST_BINS; i += TOPK_THREADS) hist[i] = hh[HIST_EST + i];
     for (int i = t; i < 1024; i += TOPK_THREADS) h2[i] = 0, h3[i] = 0;
     __syncthreads();
@@ -613,7 +639,7 @@ static __global__ void __cluster_dims__(TOPK_CLUSTER, 1, 1) __launch_bounds__(TO
     find_digit<EST_PER>(hist, r, red, &s_d, &s_above, &s_in);
     const uint32_t d1 = s_d;
     r -= s_above;
-    est_pass(est, lo, hi, [&](int, uint32_t key) {
+    pass([&](uint32_t key) {
         if (key >> 20 > d1) gt++;
         else if (key >> 20 == d1) atomicAdd(&h2[(key >> 10) & 1023], 1);
     });
@@ -622,7 +648,7 @@ static __global__ void __cluster_dims__(TOPK_CLUSTER, 1, 1) __launch_bounds__(TO
     find_digit<DIG_PER>(hist, r, red, &s_d, &s_above, &s_in);
     const uint32_t p22 = d1 << 10 | (uint32_t)s_d; // the k-th key's first 22 bits
     r -= s_above;
-    est_pass(est, lo, hi, [&](int, uint32_t key) {
+    pass([&](uint32_t key) {
         if (key >> 20 != d1) return;
         if (key >> 10 > p22) gt++;
         else if (key >> 10 == p22) atomicAdd(&h3[key & 1023], 1);
@@ -642,7 +668,15 @@ static __global__ void __cluster_dims__(TOPK_CLUSTER, 1, 1) __launch_bounds__(TO
     int G0 = 0, E0 = 0;
     for (int q = 0; q < j; q++) G0 += *cl.map_shared_rank(&s_gt, q), E0 += *cl.map_shared_rank(&s_eq, q);
     int quota = max(0, r - E0); // ties this block may take, from its first
-    write_ordered(est, cand, sel + G0 + min(E0, r), lo, hi, T, quota, red64);
+    int *out = sel + G0 + min(E0, r);
+    if (in_smem) { // as topk_one_block's write: thread t takes a contiguous range of the block's items
+        const int pt = ((m + 4 * TOPK_THREADS - 1) / (4 * TOPK_THREADS)) * 4, tl = min(t * pt, m), th = min(tl + pt, m);
+        int g = 0, e = 0;
+        keys_pass(keys, tl, th, 4, [&](int, uint32_t key) { g += key > T, e += key == T; });
+        int ctot, ex = block_scan(g << 16 | e, red, &ctot); // both < 2^16: m <= TOPK_ONE_BLOCK
+        int G = ex >> 16, E = ex & 0xffff;
+        keys_pass(keys, tl, th, 4, [&](int i, uint32_t key) { place_item(key, T, quota, [&] { return cand[lo + i]; }, out, G, E); });
+    } else write_ordered(est, cand, out, lo, hi, T, quota, red64);
     if (j == 0 && t == 0) a.nsel[h] = k;
     cl.sync(); // peers may still read s_gt / s_eq
 }
