@@ -597,8 +597,8 @@ static __global__ void __cluster_dims__(TOPK_CLUSTER, 1, 1) __launch_bounds__(TO
     int *sel = a.sel + (size_t)h * a.kmax;
     const int *cand = a.cand + (size_t)h * a.capp;
     if (topk_takes_all(a, h, n, C, j * TOPK_THREADS + t, TOPK_CLUSTER * TOPK_THREADS)) return;
-    if (C <= TOPK_ONE_BLOCK) { // the whole cluster's decision (C is the same in every block)
-        extern __shared__ uint32_t keys[];
+    extern __shared__ uint32_t keys[]; // TOPK_SMEM: the one-block path's keys, or this block's
+    if (C <= TOPK_ONE_BLOCK) {         // the whole cluster's decision (C is the same in every block)
         if (j == 0) topk_one_block(a, h, C, keys, hist, h2, h3, red);
         return;
     }
@@ -609,7 +609,6 @@ static __global__ void __cluster_dims__(TOPK_CLUSTER, 1, 1) __launch_bounds__(TO
     // are read once into shared memory, and its passes read them there (each pass over L2 was a
     // round trip of its own); past that, every pass reads the estimates from L2. The five-kernel
     // selection keeps the L2 passes, so that test_pariskv_gpu's cluster cases check both.
-    extern __shared__ uint32_t keys[];
     const bool in_smem = per <= TOPK_ONE_BLOCK && !a.five; // the same in every block of the cluster
     if (in_smem) {
         constexpr int NL = 8; // 16-byte loads in flight a thread
