@@ -304,11 +304,11 @@ static __device__ __forceinline__ float estimate(uint4 cv, uint2 wv, const float
 #pragma unroll
     for (int k = 0; k < 4; k++) {
         float d = 0.0f;
+        // Level (cw >> 4 j) & 15 of the 256-byte aligned table: PRMT puts its byte offset (the
+        // nibble x 4, from E for even j, O for odd) into the address's low byte.
+        const uint32_t E = (cw[k] << 2) & 0x3c3c3c3cu, O = (cw[k] >> 2) & 0x3c3c3c3cu;
 #pragma unroll
         for (int j = 0; j < 8; j++) {
-            // Level (cw >> 4 j) & 15 of the 256-byte aligned table: PRMT puts its byte offset
-            // (the nibble x 4, from E for even j, O for odd) into the address's low byte.
-            const uint32_t E = (cw[k] << 2) & 0x3c3c3c3cu, O = (cw[k] >> 2) & 0x3c3c3c3cu;
             const uint32_t addr = __byte_perm(j & 1 ? O : E, lev_s, 0x7650 + (j >> 1));
             const float lv = *(const float *)__cvta_shared_to_generic(addr);
             d = __fadd_rn(d, __fmul_rn(lv, q[k * 8 + j]));
