@@ -483,6 +483,19 @@ template <typename F> static __device__ __forceinline__ void keys_pass(const uin
     }
 }
 
+// The ordered write from keys in shared memory (m <= TOPK_ONE_BLOCK of them, so both counts fit
+// 16 bits): thread t takes the items [t per, (t+1) per) in slot order (per a multiple of 4: 16-byte
+// reads); an item's place is the items above T before it + min(the ties before it, quota), from
+// one block scan of the threads' counts. out[place] = value(i) for the items taken.
+template <typename V> static __device__ void keys_write_ordered(const uint32_t *keys, int m, uint32_t T, int quota, int *out, int *red, V value) {
+    const int t = threadIdx.x, per = ((m + 4 * TOPK_THREADS - 1) / (4 * TOPK_THREADS)) * 4, lo = min(t * per, m), hi = min(lo + per, m);
+    int g = 0, e = 0;
+    keys_pass(keys, lo, hi, 4, [&](int, uint32_t key) { g += key > T, e += key == T; });
+    int tot, ex = block_scan(g << 16 | e, red, &tot);
+    int G = ex >> 16, E = ex & 0xffff;
+    keys_pass(keys, lo, hi, 4, [&](int i, uint32_t key) { place_item(key, T, quota, [&] { return value(i); }, out, G, E); });
+}
+
 // The top-k of a head's C <= TOPK_ONE_BLOCK estimates by one block (the cluster's first): the
 // same radix as the cluster's, the keys read once into shared memory (keys: the kernel's dynamic
 // shared memory, TOPK_ONE_BLOCK words), block barriers instead of cluster barriers. Session 13's
@@ -537,13 +550,8 @@ static __device__ void topk_one_block(const PkvSelArgs &a, int h, int C, uint32_
     // 16-byte reads). An item's place: the items above T before it + min(the ties before it,
     // quota), from one block scan of the threads' counts (both < 2^16: C <= 32768); the place
     // gets the item's index first, its slot after a barrier (one L2 round trip for all k).
-    const int per = ((C + 4 * TOPK_THREADS - 1) / (4 * TOPK_THREADS)) * 4, lo = min(t * per, C), hi = min(lo + per, C);
-    int g = 0, e = 0;
-    keys_pass(keys, lo, hi, 4, [&](int, uint32_t key) { g += key > T, e += key == T; });
-    int tot, ex = block_scan(g << 16 | e, red, &tot);
-    int G = ex >> 16, E = ex & 0xffff;
     int *out = a.sel + (size_t)h * a.kmax;
-    keys_pass(keys, lo, hi, 4, [&](int i, uint32_t key) { place_item(key, T, quota, [&] { return i; }, out, G, E); });
+    keys_write_ordered(keys, C, T, quota, out, red, [](int i) { return i; });
     __syncthreads(); // the indices written (a block's global writes are visible to it after a barrier)
     for (int p = t; p < a.k; p += TOPK_THREADS) out[p] = cand[out[p]];
     if (t == 0) a.nsel[h] = a.k;
@@ -668,14 +676,8 @@ static __global__ void __cluster_dims__(TOPK_CLUSTER, 1, 1) __launch_bounds__(TO
     for (int q = 0; q < j; q++) G0 += *cl.map_shared_rank(&s_gt, q), E0 += *cl.map_shared_rank(&s_eq, q);
     int quota = max(0, r - E0); // ties this block may take, from its first
     int *out = sel + G0 + min(E0, r);
-    if (in_smem) { // as topk_one_block's write: thread t takes a contiguous range of the block's items
-        const int pt = ((m + 4 * TOPK_THREADS - 1) / (4 * TOPK_THREADS)) * 4, tl = min(t * pt, m), th = min(tl + pt, m);
-        int g = 0, e = 0;
-        keys_pass(keys, tl, th, 4, [&](int, uint32_t key) { g += key > T, e += key == T; });
-        int ctot, ex = block_scan(g << 16 | e, red, &ctot); // both < 2^16: m <= TOPK_ONE_BLOCK
-        int G = ex >> 16, E = ex & 0xffff;
-        keys_pass(keys, tl, th, 4, [&](int i, uint32_t key) { place_item(key, T, quota, [&] { return cand[lo + i]; }, out, G, E); });
-    } else write_ordered(est, cand, out, lo, hi, T, quota, red64);
+    if (in_smem) keys_write_ordered(keys, m, T, quota, out, red, [&](int i) { return cand[lo + i]; });
+    else write_ordered(est, cand, out, lo, hi, T, quota, red64);
     if (j == 0 && t == 0) a.nsel[h] = k;
     cl.sync(); // peers may still read s_gt / s_eq
 }
