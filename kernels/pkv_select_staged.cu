@@ -546,10 +546,8 @@ static __device__ void topk_one_block(const PkvSelArgs &a, int h, int C, uint32_
     find_digit<DIG_PER>(h3, r, red, &s_d, &s_above, &s_in);
     const uint32_t T = p22 << 10 | (uint32_t)s_d;
     const int quota = r - s_above; // of T's ties, the first quota in slot order are taken
-    // Thread t takes the items [lo, hi) = [t per, (t+1) per) in slot order (per a multiple of 4:
-    // 16-byte reads). An item's place: the items above T before it + min(the ties before it,
-    // quota), from one block scan of the threads' counts (both < 2^16: C <= 32768); the place
-    // gets the item's index first, its slot after a barrier (one L2 round trip for all k).
+    // The ordered write (keys_write_ordered) places each item's index first, its slot after a
+    // barrier (one L2 round trip for all k).
     int *out = a.sel + (size_t)h * a.kmax;
     keys_write_ordered(keys, C, T, quota, out, red, [](int i) { return i; });
     __syncthreads(); // the indices written (a block's global writes are visible to it after a barrier)
