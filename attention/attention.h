@@ -137,8 +137,10 @@ void attn_policy_report(const AttnPolicy *p, FILE *f);
 // stream's rows, 4096 0.83, 16384 0.84 (the step 1.9% shorter than at 1024), 32768 no more and a
 // slower step (the attention's line table, an int a line in shared memory, takes 128 KB a block).
 // The caller halves it while it takes more than its share of GPU memory.
-#define ATTN_CACHE_ROWS_MAX 32768 // the line table in the attention's shared memory: 128 KB
-int attn_cache_rows_default(void);
+#define ATTN_CACHE_ROWS_MAX (1 << 20) // beyond 16,384 lines the GPU resolves claims in a hash of the step's lines
+// The default lines for top-k k: 16,384, doubled up to 32 k (k <= 4,096): a line per slot of the
+// last several steps' top-k's, so rows that come back after a few steps are still there.
+int attn_cache_rows_default(int topk);
 // That simulation so far: zone rows it read from the cache (*hits) and in all; returns its lines
 // (0: none, without --profile or with cache_rows 0).
 int attn_policy_cache_sim(const AttnPolicy *p, double *hits, double *rows);

@@ -441,7 +441,11 @@ int attn_policy_cache_sim(const AttnPolicy *ap, double *hits, double *rows) {
     return P->sim_lines;
 }
 
-int attn_cache_rows_default(void) { return 16384; }
+int attn_cache_rows_default(int topk) {
+    int n = 16384;
+    while (topk <= 4096 && n < 32 * topk) n *= 2;
+    return n;
+}
 
 // --profile's cache simulation (Policy's run_sel ... sim_rows), sim_lines set. 0, or -1 with err filled.
 static int sim_alloc(Policy *P, char *err) {
@@ -460,7 +464,7 @@ static int sim_alloc(Policy *P, char *err) {
 // --profile's buffers (Policy's last_* ... sim_rows). 0, or -1 with err filled.
 static int profile_alloc(Policy *P, char *err) {
     size_t lh = (size_t)P->n_layers * P->n_kv_heads, kmax = (size_t)P->cfg.topk + 16;
-    P->sim_lines = P->cfg.cache_rows < 0 ? attn_cache_rows_default() : P->cfg.cache_rows;
+    P->sim_lines = P->cfg.cache_rows < 0 ? attn_cache_rows_default(P->cfg.topk) : P->cfg.cache_rows;
     if (P->sim_lines && sim_alloc(P, err) != 0) return -1;
     return !(P->last_sel = attn_calloc(lh * kmax, sizeof(int), "profile state", err)) ||
                    !(P->next_sel = attn_calloc(lh * kmax, sizeof(int), "profile state", err)) ||

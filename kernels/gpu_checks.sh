@@ -279,12 +279,13 @@ if want pkvcache; then
     # SmolLM2-shaped model, zone in the host store (bf16 and fp8) and a device cache small enough
     # for its ring to wrap, outputs with the cache (default size, and 64 rows: many collisions)
     # equal those without, bit for bit -- a generation (decode steps, graphs) and a score (chunks
-    # of ParisKV positions) -- and --profile prints the hit rate; then the bench's rows with the
+    # of ParisKV positions); 65,536 rows: the claims in the hash of the step's lines, past the
+    # direct table's 16,384 -- and --profile prints the hit rate; then the bench's rows with the
     # cache on and off, the selection's top-k and the locality stream.
     [ -f /dev/shm/smolrand.bin ] || { echo "FAIL pkvcache needs pkvrand first"; status=1; }
     random_ids 11 49152 5000 > /tmp/ids5k.txt
     for dt in bf16 fp8; do
-        for rows in 0 64 default; do
+        for rows in 0 64 default 65536; do
             a="--kv-store host --kv-store-dtype $dt --profile"; [ $rows = default ] || a="$a --pkv-cache-rows $rows"
             PKV_DEVICE_POSITIONS=2600 timeout 200 $D/run /dev/shm/smolrand.bin --ids -f /tmp/ids5k.txt -n 300 --temp 0 --ignore-eos $a \
                 > /tmp/cgen.$dt.$rows 2> "$OUT/cache-gen-$dt-$rows.err" || { echo "FAIL generation $a"; tail -n 3 "$OUT/cache-gen-$dt-$rows.err"; status=1; }
@@ -292,7 +293,7 @@ if want pkvcache; then
                 > /tmp/cscore.$dt.$rows 2> "$OUT/cache-score-$dt-$rows.err" || { echo "FAIL score $a"; tail -n 3 "$OUT/cache-score-$dt-$rows.err"; status=1; }
             echo "$dt, rows $rows: $(grep -h 'row cache' "$OUT/cache-gen-$dt-$rows.err" "$OUT/cache-score-$dt-$rows.err" | tr '\n' ' ')"
         done
-        for rows in 64 default; do
+        for rows in 64 default 65536; do
             cmp -s /tmp/cgen.$dt.0 /tmp/cgen.$dt.$rows && [ -s /tmp/cgen.$dt.0 ] &&
                 echo "ok   $dt store: 300 greedy tokens with the row cache ($rows rows) == without" ||
                 { echo "FAIL $dt store: the generation differs with the row cache ($rows rows)"; status=1; }

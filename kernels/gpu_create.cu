@@ -129,7 +129,7 @@ static int check_runnable(const Config *c, int ctx, const AttnConfig *attn, int 
 // while it would take more than 1/16 of the free memory.
 static int row_cache_lines(const Config *c, const AttnConfig *a, size_t free_b) {
     if (a->cache_rows >= 0) return a->cache_rows;
-    int n = attn_cache_rows_default();
+    int n = attn_cache_rows_default(a->topk);
     while (n > 256 && pkv_row_cache_bytes(c->n_layers, c->n_kv_heads, c->head_dim, a->zone_fp8, n) > free_b / 16) n /= 2;
     return n;
 }
@@ -150,6 +150,11 @@ static int plan_memory_in(const Model *m, const Config *c, int nranks, int ctx, 
         host = attn->store == KV_STORE_HOST || (attn->store == KV_STORE_AUTO && !fits_all) || attn->zone_fp8; // fp8: the host store's format
         if (host) {
             mp->lines = row_cache_lines(c, attn, free_b);
+            if (pkv_row_cache_hashed(mp->lines) && attn->topk > PKV_RC_HASH_KMAX) { // the claims' hash in shared memory
+                gpu_set_err(err, "--pkv-cache-rows %d (above %d) needs --topk %d or less, got %d", mp->lines, PKV_RC_DIRECT_MAX,
+                            PKV_RC_HASH_KMAX, attn->topk);
+                return -1;
+            }
             need_c = mp->lines ? pkv_row_cache_bytes(c->n_layers, c->n_kv_heads, c->head_dim, attn->zone_fp8, mp->lines) : 0;
             need_p += need_c; // counted with ParisKV's device memory, and named apart in the messages
             int least = pkv_min_positions(attn, chunk);
@@ -268,13 +273,13 @@ static cudaError_t alloc_row_cache(GpuState *g, int lines) {
     PkvRowCache *rc = &g->pkv.rc;
     size_t heads = (size_t)c->n_layers * c->n_kv_heads, row = host_store_row_bytes(c->head_dim, g->pkv.kv.fp8);
     cudaError_t e = cudaSuccess;
-    rc->n = lines;
+    rc->n = lines, rc->hashed = pkv_row_cache_hashed(lines);
     ALLOC(rc->lines, heads * lines * row);
     ALLOC(rc->tags, heads * lines * sizeof(int));
     ALLOC(rc->stats, c->n_layers * 2 * sizeof(unsigned long long));
     if (e == cudaSuccess) e = cudaMemset(rc->stats, 0, c->n_layers * 2 * sizeof(unsigned long long));
     if (e == cudaSuccess) e = pkv_row_cache_invalidate(*rc, c->n_layers, c->n_kv_heads, g->st);
-    if (e == cudaSuccess) e = pkv_attend_setup(*rc, c->n_heads, c->n_kv_heads, c->head_dim);
+    if (e == cudaSuccess) e = pkv_attend_setup(*rc, c->n_heads, c->n_kv_heads, c->head_dim, g->pkv.sc.kmax);
     return e;
 }
 

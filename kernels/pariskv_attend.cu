@@ -10,7 +10,8 @@
 // any, so that enough PCIe reads are in flight to cover their latency (~1-2 us). Streams are
 // combined in shared memory, each block writes (o, m, l), and the last block of a head merges.
 // With the row cache (pkv_attend_rc), each block first resolves which selected slots hit, which miss
-// writes its line, in a shared-memory table of the head's lines (pariskv_attend.h has the rule).
+// writes its line, in shared memory: a table of the head's lines, or a hash of the step's lines
+// where the cache has more than PKV_RC_DIRECT_MAX (pariskv_attend.h has the rule).
 #include "cuda_common.h"
 #include "pariskv_attend.h"
 #include "pdl.h"
@@ -72,25 +73,62 @@ extern "C" cudaError_t pkv_row_cache_invalidate(PkvRowCache rc, int n_layers, in
     return cudaMemsetAsync(rc.tags, 0xff, (size_t)n_layers * n_kv * rc.n * sizeof(int), st);
 }
 
+// The claims table in shared memory: direct (val[line]) or, with rc.hashed, open addressing on
+// the step's lines (key[i] the line of entry i, -1 empty; val[i] its claim; H entries, hbits = log2 H).
+struct RcTab {
+    int *val, *key; // key NULL: direct
+    int hbits;
+};
+
+__device__ __forceinline__ RcTab rc_tab_at(const PkvRowCache &rc, int kmax, int *smem) {
+    if (!rc.hashed) return RcTab{smem, nullptr, 0};
+    const int H = pkv_row_cache_hash_entries(kmax);
+    return RcTab{smem, smem + H, 31 - __clz(H)};
+}
+
+// The entry of a line the step's rows put in the table (it is there: no empty-key check).
+__device__ __forceinline__ int rc_entry(const RcTab &t, int line) {
+    if (!t.key) return line;
+    const int mask = (1 << t.hbits) - 1;
+    int i = (int)(((unsigned)line * 0x9E3779B1u) >> (32 - t.hbits)); // Fibonacci hashing: nearby lines spread
+    while (t.key[i] != line) i = (i + 1) & mask;
+    return i;
+}
+
 // The table of the head's lines for this step's selection sel[0, n), from the tags as the step
-// began: tab[line] = the first row on the line, or the row that hits it | RC_HIT. Every block
-// builds the same table for the rows it owns (other blocks' misses may write tags meanwhile, but
-// only on lines where this block's rows neither hit nor write: see pariskv_attend.h). Counts the
-// block's own rows (r % n_splits == split) as hits or misses into stats.
-__device__ void rc_claims(const GpuKV &kv, const PkvRowCache &rc, int layer, int h, const int *sel, int n, int split, int n_splits, int *tab) {
+// began: val[entry of line] = the first row on the line, or the row that hits it | RC_HIT. Every
+// block builds the same table for the rows it owns (other blocks' misses may write tags
+// meanwhile, but only on lines where this block's rows neither hit nor write: see
+// pariskv_attend.h). Counts the block's own rows (r % n_splits == split) as hits or misses into stats.
+__device__ void rc_claims(const GpuKV &kv, const PkvRowCache &rc, int layer, int h, const int *sel, int n, int split, int n_splits, const RcTab &t) {
     __shared__ unsigned cnt[2];
     const int mask = rc.n - 1;
     const int *tag = rc.tags + ((size_t)layer * kv.n_kv + h) * rc.n;
     if (threadIdx.x == 0) cnt[0] = cnt[1] = 0;
-    for (int r = threadIdx.x; r < n; r += blockDim.x) atomicExch(&tab[sel[r] & mask], RC_NONE); // rows may share a line
-    __syncthreads();
-    for (int r = threadIdx.x; r < n; r += blockDim.x) atomicMin(&tab[sel[r] & mask], r);
+    if (!t.key) { // direct: only the lines the rows fall on are reset (rows may share a line)
+        for (int r = threadIdx.x; r < n; r += blockDim.x) atomicExch(&t.val[sel[r] & mask], RC_NONE);
+        __syncthreads();
+        for (int r = threadIdx.x; r < n; r += blockDim.x) atomicMin(&t.val[sel[r] & mask], r);
+    } else { // hashed: all H entries cleared, then each row's line inserted (<= n of H / 2 taken)
+        const int H = 1 << t.hbits;
+        for (int i = threadIdx.x; i < H; i += blockDim.x) t.key[i] = -1, t.val[i] = RC_NONE;
+        __syncthreads();
+        for (int r = threadIdx.x; r < n; r += blockDim.x) {
+            int line = sel[r] & mask, i = (int)(((unsigned)line * 0x9E3779B1u) >> (32 - t.hbits));
+            for (;;) {
+                int k = atomicCAS(&t.key[i], -1, line);
+                if (k == -1 || k == line) break;
+                i = (i + 1) & (H - 1);
+            }
+            atomicMin(&t.val[i], r);
+        }
+    }
     __syncthreads();
     unsigned hits = 0, misses = 0;
     for (int r = threadIdx.x; r < n; r += blockDim.x) {
         int s = sel[r];
         bool hit = tag[s & mask] == s; // one slot per tag: at most one row of a line hits
-        if (hit) tab[s & mask] = r | RC_HIT;
+        if (hit) t.val[rc_entry(t, s & mask)] = r | RC_HIT;
         if (r % n_splits == split) {
             if (hit) hits++;
             else misses++;
@@ -105,10 +143,10 @@ __device__ void rc_claims(const GpuKV &kv, const PkvRowCache &rc, int layer, int
 
 // Row r (slot) of the selection: where to read it (the line on a hit, else the host row), and
 // the slot whose row this reader writes into its line afterwards (-1: none).
-__device__ __forceinline__ int rc_source(const GpuKV &kv, const PkvRowCache &rc, int layer, int h, int slot, int r, const int *tab, const char **row) {
+__device__ __forceinline__ int rc_source(const GpuKV &kv, const PkvRowCache &rc, int layer, int h, int slot, int r, const RcTab &t, const char **row) {
     *row = host_row(kv, layer, h, slot);
     if (!rc.n) return -1;
-    int line = slot & (rc.n - 1), e = tab[line];
+    int line = slot & (rc.n - 1), e = t.val[rc_entry(t, line)];
     if ((e & RC_NONE) != r) return -1; // another row of the line hits or writes it
     if (!(e & RC_HIT)) return slot;    // the line's first miss: it fills the line
     *row = rc.lines + (((size_t)layer * kv.n_kv + h) * rc.n + line) * row_bytes(kv);
@@ -319,13 +357,14 @@ __global__ void __launch_bounds__(PA_THREADS) pkv_attend_kernel(bf16 *out, const
     pdl_wait(); // the selection
     const int *hsel = sel + (size_t)h * kmax;
     int n_zone = nsel[h];
-    extern __shared__ int rc_tab[]; // the row cache's table: rc.n ints (attend_dyn_smem)
-    if (kv.host && rc.n) rc_claims(kv, rc, layer, h, hsel, n_zone, split, n_splits, rc_tab);
+    extern __shared__ int rc_smem[]; // the row cache's claims (attend_dyn_smem)
+    const RcTab tab = rc_tab_at(rc, kmax, rc_smem);
+    if (kv.host && rc.n) rc_claims(kv, rc, layer, h, hsel, n_zone, split, n_splits, tab);
     attend_rows(n_zone, kv.host && kv.fp8, [&](int r, const bf16 **kp, const bf16 **vp) {
         int slot = hsel[r], fill = -1;
         if (kv.host) {
             const char *row;
-            fill = rc_source(kv, rc, layer, h, slot, r, rc_tab, &row);
+            fill = rc_source(kv, rc, layer, h, slot, r, tab, &row);
             *kp = (const bf16 *)row, *vp = *kp + HD;
         } else {
             size_t o = cache_off(kv, layer, h, kv.sink + slot);
@@ -410,8 +449,12 @@ __global__ void __launch_bounds__(PA_THREADS) pkv_attend_kernel(bf16 *out, const
     if (threadIdx.x == 0) counters[h] = 0;
 }
 
-// Shared memory a block takes beyond its static arrays: the row cache's table.
-static size_t attend_dyn_smem(const GpuKV &kv, const PkvRowCache &rc) { return kv.host && rc.n > 0 ? (size_t)rc.n * sizeof(int) : 0; }
+// Shared memory a block takes beyond its static arrays: the row cache's claims (RcTab).
+static size_t claims_smem(const PkvRowCache &rc, int kmax) {
+    if (rc.n <= 0) return 0;
+    return rc.hashed ? 2 * (size_t)pkv_row_cache_hash_entries(kmax) * sizeof(int) : (size_t)rc.n * sizeof(int);
+}
+static size_t attend_dyn_smem(const GpuKV &kv, const PkvRowCache &rc, int kmax) { return kv.host ? claims_smem(rc, kmax) : 0; }
 
 // The instantiation for (G, hd), or NULL.
 typedef void (*AttendKernel)(bf16 *, const float *, const int *, const int *, int, GpuKV, PkvRowCache, int, const int *, const int *,
@@ -426,14 +469,14 @@ static AttendKernel attend_kernel(int G, int hd) {
     return NULL;
 }
 
-// Raises the kernel's limit on shared memory past the default 48 KiB when the table needs it;
+// Raises the kernel's limit on shared memory past the default 48 KiB when the claims need it;
 // never lowers it (another state may run the same kernel with a larger table).
-extern "C" cudaError_t pkv_attend_setup(PkvRowCache rc, int n_heads, int n_kv, int hd) {
+extern "C" cudaError_t pkv_attend_setup(PkvRowCache rc, int n_heads, int n_kv, int hd, int kmax) {
     AttendKernel k = attend_kernel(n_heads / n_kv, hd);
-    if (!k) return cudaErrorInvalidValue;
+    if (!k || (rc.hashed && (kmax < 1 || kmax > PKV_RC_HASH_KMAX))) return cudaErrorInvalidValue;
     cudaFuncAttributes fa;
     CU_TRY(cudaFuncGetAttributes(&fa, k));
-    int need = rc.n * (int)sizeof(int);
+    int need = (int)claims_smem(rc, kmax);
     return need > fa.maxDynamicSharedSizeBytes ? cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, need) : cudaSuccess;
 }
 
@@ -443,7 +486,7 @@ extern "C" cudaError_t pkv_attend_rc(bf16 *out, const float *q, const int *sel, 
     AttendKernel k = attend_kernel(n_heads / kv.n_kv, kv.hd);
     if (!k) return cudaErrorInvalidValue;
     dim3 grid(kv.n_kv, pkv_attend_splits(kv.n_kv));
-    return launch_pdl(k, grid, dim3(PA_THREADS), attend_dyn_smem(kv, rc), st, out, q, sel, nsel, kmax, kv, rc, layer, d_pos, meta, partial,
+    return launch_pdl(k, grid, dim3(PA_THREADS), attend_dyn_smem(kv, rc, kmax), st, out, q, sel, nsel, kmax, kv, rc, layer, d_pos, meta, partial,
                       counters);
 }
 

@@ -37,7 +37,26 @@ typedef struct {
     int *tags;                 // (n_layers, n_kv, n): the zone slot the line holds, -1: none
     unsigned long long *stats; // (n_layers, 2): zone rows read from the cache (hits) and from the host (misses)
     int n;                     // lines per (layer, KV head), a power of two; 0: no cache
+    int hashed;                // the step's claims in a hash of its lines (pkv_row_cache_hashed), not a table of n
 } PkvRowCache;
+
+// The attention resolves a step's claims in shared memory: a table of all n lines up to
+// PKV_RC_DIRECT_MAX lines (64 KB), beyond it an open-addressing hash of the lines the step's
+// rows fall on (2 x 4 bytes an entry, pkv_row_cache_hash_entries(kmax) of them), which needs
+// kmax <= PKV_RC_HASH_KMAX (128 KB).
+#define PKV_RC_DIRECT_MAX 16384
+#define PKV_RC_HASH_KMAX 8192
+#ifdef __CUDACC__
+#define PKV_RC_FN static inline __host__ __device__
+#else
+#define PKV_RC_FN static inline
+#endif
+PKV_RC_FN int pkv_row_cache_hashed(int n) { return n > PKV_RC_DIRECT_MAX; }
+PKV_RC_FN int pkv_row_cache_hash_entries(int kmax) { // a power of two >= 2 kmax: probes stay short
+    int e = 64;
+    while (e < 2 * kmax) e *= 2;
+    return e;
+}
 
 // The decode step's QKV post-processing: qkv ((n_heads + 2 n_kv) hd) fp32 from the projection;
 // q (n_heads, hd) fp32 = q with the optional q_norm and RoPE (rope_cs from rope_table()); the
@@ -62,7 +81,8 @@ cudaError_t pkv_attend(bf16 *out, const float *q, const int *sel, const int *nse
 // (a hit) and nobody writes it; with no hit, the first of them in the selection (a miss, read
 // from the host) writes its row into the line, then the tag; the others read the host. So no
 // line is written twice in a step or while it is read, and outputs are the same bytes with or
-// without the cache. Every block of a head resolves this in a shared-memory table of rc.n ints.
+// without the cache. Every block of a head resolves this in shared memory: a table of rc.n ints, or
+// with rc.hashed a hash of the step's lines (then kmax <= PKV_RC_HASH_KMAX).
 cudaError_t pkv_attend_rc(bf16 *out, const float *q, const int *sel, const int *nsel, int kmax, GpuKV kv, PkvRowCache rc, int layer,
                           const int *d_pos, const int *meta, int n_heads, float *partial, unsigned *counters, cudaStream_t st);
 
@@ -71,7 +91,7 @@ cudaError_t pkv_attend_rc(bf16 *out, const float *q, const int *sel, const int *
 // rc.n lines (its shared memory), once before any graph capture.
 size_t pkv_row_cache_bytes(int n_layers, int n_kv, int hd, int fp8, int n);
 cudaError_t pkv_row_cache_invalidate(PkvRowCache rc, int n_layers, int n_kv, cudaStream_t st);
-cudaError_t pkv_attend_setup(PkvRowCache rc, int n_heads, int n_kv, int hd);
+cudaError_t pkv_attend_setup(PkvRowCache rc, int n_heads, int n_kv, int hd, int kmax);
 
 // Copies positions [p0, p1) of every layer from the device cache to their host-store rows (the
 // prompt's rows after a prefill; positions written by dense steps). kv.host must be set.

@@ -2,8 +2,9 @@
 // overlap as real text's do (60-90% of a head's slots kept from one step to the next, the rest
 // new, some of them forced onto lines already taken): the output equals the cache-off output
 // bit for bit at every step, bf16 and fp8 stores; the tags, the hit and miss counters and the
-// lines' bytes equal a CPU simulation of the claim rule; an invalidation empties the cache; the
-// step replays from a CUDA graph with sizes read from device memory. Needs a GPU.
+// lines' bytes equal a CPU simulation of the claim rule, with the claims in the direct table and
+// in the hash of the step's lines; an invalidation empties the cache; the step replays from a
+// CUDA graph with sizes read from device memory. Needs a GPU.
 // PKV_TEST_QUICK=1: fewer steps (compute-sanitizer).
 #include <stdint.h>
 #include <stdio.h>
@@ -35,6 +36,7 @@ typedef struct {
     int fp8, hd, G, n_kv, lines; // lines: the cache's, per (layer, KV head)
     double keep;                 // share of a head's slots kept from the step before
     int graph;                   // the steps replayed from one captured graph
+    int hashed;                  // the claims in the hash of the step's lines even where the direct table fits
 } Case;
 
 // Everything one case runs on: the host store, the device cache (sink + window), the step's
@@ -95,13 +97,13 @@ static void setup(Rig *R, const Case &c) {
     CU_CHECK(cudaMemcpy(R->kv.kc, kvh.data(), cache * 2, cudaMemcpyHostToDevice));
     for (auto &x : kvh) x = bf16_bits(frand());
     CU_CHECK(cudaMemcpy(R->kv.vc, kvh.data(), cache * 2, cudaMemcpyHostToDevice));
-    R->rc.n = c.lines;
+    R->rc.n = c.lines, R->rc.hashed = c.hashed || pkv_row_cache_hashed(c.lines);
     CU_CHECK(cudaMalloc(&R->rc.lines, heads * c.lines * R->row));
     CU_CHECK(cudaMalloc(&R->rc.tags, heads * c.lines * sizeof(int)));
     CU_CHECK(cudaMalloc(&R->rc.stats, R->L * 2 * sizeof(unsigned long long)));
     CU_CHECK(cudaMemset(R->rc.stats, 0, R->L * 2 * sizeof(unsigned long long)));
     CU_CHECK(pkv_row_cache_invalidate(R->rc, R->L, c.n_kv, 0));
-    CU_CHECK(pkv_attend_setup(R->rc, R->n_heads, c.n_kv, c.hd));
+    CU_CHECK(pkv_attend_setup(R->rc, R->n_heads, c.n_kv, c.hd, R->kmax));
     R->tags.assign(heads * c.lines, -1);
     R->hm.assign(R->L * 2, 0);
     CU_CHECK(cudaMalloc(&R->q, (size_t)R->n_heads * c.hd * 4));
@@ -281,10 +283,14 @@ int main(void) {
         return 0;
     }
     const Case cases[] = {
-        {"bf16 hd 128, G 4, 2 KV heads, 256 lines (many collisions), keep 0.8", 0, 128, 4, 2, 256, 0.8, 0},
-        {"fp8 hd 128, G 8, 2 KV heads, 16384 lines (64 KiB table), keep 0.6, graph", 1, 128, 8, 2, 16384, 0.6, 1},
-        {"bf16 hd 64, G 1, 4 KV heads, 1024 lines, keep 0.9, graph", 0, 64, 1, 4, 1024, 0.9, 1},
-        {"fp8 hd 64, G 3, 8 KV heads, 128 lines, keep 0.7", 1, 64, 3, 8, 128, 0.7, 0},
+        {"bf16 hd 128, G 4, 2 KV heads, 256 lines (many collisions), keep 0.8", 0, 128, 4, 2, 256, 0.8, 0, 0},
+        {"fp8 hd 128, G 8, 2 KV heads, 16384 lines (64 KiB table), keep 0.6, graph", 1, 128, 8, 2, 16384, 0.6, 1, 0},
+        {"bf16 hd 64, G 1, 4 KV heads, 1024 lines, keep 0.9, graph", 0, 64, 1, 4, 1024, 0.9, 1, 0},
+        {"fp8 hd 64, G 3, 8 KV heads, 128 lines, keep 0.7", 1, 64, 3, 8, 128, 0.7, 0, 0},
+        // The claims' hash (past PKV_RC_DIRECT_MAX lines; forced at small sizes, where rows share lines).
+        {"hashed claims: bf16 hd 128, G 4, 2 KV heads, 256 lines (many collisions), keep 0.8", 0, 128, 4, 2, 256, 0.8, 0, 1},
+        {"hashed claims: fp8 hd 64, G 8, 4 KV heads, 64 lines (most rows share a line), keep 0.7, graph", 1, 64, 8, 4, 64, 0.7, 1, 1},
+        {"hashed claims: bf16 hd 128, G 8, 2 KV heads, 65536 lines, keep 0.6, graph", 0, 128, 8, 2, 65536, 0.6, 1, 0},
     };
     for (const Case &c : cases) run_case(c);
     printf("%d passed, %d failed\n", passed, failed);

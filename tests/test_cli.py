@@ -108,10 +108,10 @@ def main():
           err.strip().splitlines()[-1:])
     check("--threads 1 is fixed (not tuned)", "| threads 1\n" in err or err.rstrip().endswith("| threads 1"), err.strip().splitlines()[-1:])
     refused("--threads 0 is refused", run(model, "-p", "x", "--threads", "0"), "--threads needs an integer")
-    # The GPU row cache's line table lives in the attention kernel's shared memory: 32768 lines at most
-    # (65536 once passed the parser and failed the GPU setup with "invalid argument").
-    refused("--pkv-cache-rows 65536 is refused", run(model, "-p", "x", "--pkv-cache-rows", "65536"),
-            "--pkv-cache-rows needs an integer in [0, 32768]")
+    # The GPU row cache: 2^20 lines per layer and KV head at most (past 16,384 the attention resolves
+    # its claims in a hash of the step's lines; GPU memory is checked before the run).
+    refused("--pkv-cache-rows 2097152 is refused", run(model, "-p", "x", "--pkv-cache-rows", "2097152"),
+            "--pkv-cache-rows needs an integer in [0, 1048576]")
     refused("--pkv-cache-rows 3 is refused", run(model, "-p", "x", "--pkv-cache-rows", "3"), "--pkv-cache-rows needs 0 or a power of two")
 
     # --version, ./export --help on stdout.

@@ -74,6 +74,24 @@ int main(void) {
         check(r != 0 && strstr(err, "GPU memory:") && strstr(err, "--gpus N"), "70B at 1M on one H200 refused, --gpus named: %s", r ? err : "(planned)");
         model_free(&l70);
     } else check(0, "the synthetic llama3.1-70b shape");
+    // The row cache's default lines follow the top-k (attn_cache_rows_default: 32 k, at least
+    // 16,384); past 16,384 the claims' hash needs --topk <= 8,192.
+    AttnConfig host512 = attn_of(ATTN_PARISKV, KV_STORE_HOST, 0, 0);
+    r = plan("Llama-3.1-8B 512K, host store, k = 100, one H200", &llama, 1, 524288, &host512, 139.28, 139.80, &p, err, 0);
+    check(r == 0 && p.lines == 16384, "  row cache %d lines (16384)%s%s", p.lines, r ? ": " : "", r ? err : "");
+    host512.topk = 2048;
+    r = plan("Llama-3.1-8B 512K, host store, k = 2048, one H200", &llama, 1, 524288, &host512, 139.28, 139.80, &p, err, 0);
+    check(r == 0 && p.lines == 65536, "  row cache %d lines (65536)%s%s", p.lines, r ? ": " : "", r ? err : "");
+    r = plan("Llama-3.1-8B 512K, host store, k = 2048, 40 GiB free", &llama, 1, 524288, &host512, 40.0, 40.5, &p, err, 0);
+    check(r == 0 && p.lines < 65536 && (p.lines & (p.lines - 1)) == 0, "  row cache halved to %d lines where memory is short%s%s", p.lines,
+          r ? ": " : "", r ? err : "");
+    host512.topk = 10000, host512.cache_rows = 65536;
+    r = plan("Llama-3.1-8B 512K, k = 10000, 65536 lines", &llama, 1, 524288, &host512, 139.28, 139.80, &p, err, 1);
+    check(r != 0 && strstr(err, "--pkv-cache-rows 65536") && strstr(err, "--topk 8192"), "65,536 lines with k = 10,000 refused: %s",
+          r ? err : "(planned)");
+    host512.cache_rows = -1;
+    r = plan("Llama-3.1-8B 512K, host store, k = 10000 (default lines)", &llama, 1, 524288, &host512, 139.28, 139.80, &p, err, 0);
+    check(r == 0 && p.lines == 16384, "  row cache %d lines (16384: the direct table)%s%s", p.lines, r ? ": " : "", r ? err : "");
     AttnConfig auto128 = attn_of(ATTN_PARISKV, KV_STORE_AUTO, 0, 0);
     r = plan("Qwen3-8B 128K, ParisKV, store auto, one H100", &qwen, 1, 131072, &auto128, 79.10, 79.65, &p, err, 0);
     check(r == 0 && !p.host && p.dcap == 131072, "  the zone stays in GPU memory where it fits%s%s", r ? ": " : "", r ? err : "");

@@ -531,7 +531,7 @@ static void test_overlap_policy(void) {
           cnt[0], lo, hi);
     double ha, ra, hb, rb;
     int lines = attn_policy_cache_sim(pa, &ha, &ra);
-    check(lines == attn_cache_rows_default() && attn_policy_cache_sim(pb, &hb, &rb) == lines && ha == hb && ra == rb && ra > 0 && ha > 0,
+    check(lines == attn_cache_rows_default(c.topk) && attn_policy_cache_sim(pb, &hb, &rb) == lines && ha == hb && ra == rb && ra > 0 && ha > 0,
           "profile's row cache simulation (%d lines) reads the same rows from the cache, steps and chunks (%.0f of %.0f)", lines, ha, ra);
     attend(pa, &in, 0, 1, a); // a new sequence: its first decode step has nothing to compare with
     double m0;
