@@ -30,9 +30,11 @@ if [ -f "$CUDA_DIR/include/cupti.h" ] && ls "$CUDA_DIR"/lib64/libcupti.so.* > /d
 fi
 # The prefill GEMM shapes under every algorithm cuBLASLt offers (kernels/bench/gemm_algos.cu).
 nvcc -O3 -std=c++17 -arch=sm_90 -o .dev/gemm_algos kernels/bench/gemm_algos.cu -lcublasLt -lcublas && strip .dev/gemm_algos
+# Scattered row gathers from pinned host memory under three store layouts (kernels/bench/host_gather.cu).
+nvcc -O3 -std=c++17 -arch=sm_90 -o .dev/host_gather kernels/bench/host_gather.cu && strip .dev/host_gather
 touch -d '2000-01-01' run export   # the next plain `make` relinks the native build
 # What a device call carries (the working tree may travel 64 MiB at most): .devz, compressed;
 # gpu_checks.sh unpacks it into .dev there.
-mkdir -p .devz && (cd .dev && tar cf - BUILD run export test_* gemm_algos lib $(ls libkt.so 2>/dev/null) | xz -6 -T2 > ../.devz/dev.tar.xz)
+mkdir -p .devz && (cd .dev && tar cf - BUILD run export test_* gemm_algos host_gather lib $(ls libkt.so 2>/dev/null) | xz -6 -T2 > ../.devz/dev.tar.xz)
 grep -qs '^/.devz/' .git/info/exclude || echo '/.devz/' >> .git/info/exclude
 ls -la .dev .dev/lib
