@@ -70,7 +70,7 @@ static const char *unsupported_shape(const Config *c) {
 static size_t pkv_device_bytes(const Config *c, const AttnConfig *a, int ctx) {
     int cap = ctx - a->sink, nkv = c->n_kv_heads;
     return pkv_gpu_index_bytes(c->n_layers, nkv, c->head_dim, cap) + (size_t)nkv * cap * 12 +
-           (size_t)nkv * (a->topk + 64) * 8 + pkv_attend_scratch_floats(c->n_heads, nkv, c->head_dim) * 4 +
+           (size_t)nkv * (a->topk + 64) * 8 + pkv_attend_scratch_floats(c->n_heads, nkv, c->head_dim, a->topk) * 4 +
            (size_t)c->n_heads * c->head_dim * 4 + (4u << 20);
 }
 
@@ -297,7 +297,7 @@ static cudaError_t alloc_pkv(GpuState *g, const AttnConfig *attn, int host, int 
     if (e == cudaSuccess) e = pkv_gpu_scratch_alloc(&p->sc, &p->ix, attn->topk);
     if (e == cudaSuccess) e = cudaMemset(p->sc.nsel, 0, c->n_kv_heads * sizeof(int)); // read by timing runs without the selection
     ALLOC(p->q, q * 4);
-    ALLOC(p->partial, pkv_attend_scratch_floats(c->n_heads, c->n_kv_heads, hd) * 4);
+    ALLOC(p->partial, pkv_attend_scratch_floats(c->n_heads, c->n_kv_heads, hd, p->sc.kmax) * 4);
     ALLOC(p->counters, c->n_kv_heads * sizeof(unsigned));
     if (e == cudaSuccess) e = cudaMemset(p->counters, 0, c->n_kv_heads * sizeof(unsigned));
     ALLOC(p->d_meta, 2 * sizeof(int));

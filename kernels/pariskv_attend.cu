@@ -19,7 +19,7 @@
 
 #define PA_THREADS 128
 #define PA_WARPS (PA_THREADS / 32)
-#define PA_MAX_SPLITS 32
+#define PA_MAX_SPLITS 64
 #define PA_U 8 // rows per stream in flight
 #define LOG2E 1.4426950408889634f
 
@@ -31,14 +31,22 @@ static int sm_count(void) {
 }
 
 // One block an SM: a split then holds enough rows (~50 at k = 100) to keep a few dozen host
-// reads in flight, and the merge stays short.
-extern "C" int pkv_attend_splits(int n_kv) {
+// reads in flight, and the merge stays short. Where a split's top-k rows would take a stream more
+// than one batch of PA_U (k = 2048: 120 rows a split, two batches, the second issued only once the
+// first has arrived), more splits, up to two blocks an SM, so that one batch holds them all.
+extern "C" int pkv_attend_splits(int n_kv, int hd, int kmax) {
     int s = (sm_count() + n_kv - 1) / n_kv;
-    return s < 4 ? 4 : s > PA_MAX_SPLITS ? PA_MAX_SPLITS : s;
+    s = s < 4 ? 4 : s > PA_MAX_SPLITS / 2 ? PA_MAX_SPLITS / 2 : s;
+    const int batch = PA_WARPS * (32 / (hd / 8)) * PA_U; // rows a block has in flight: its streams x PA_U
+    if (kmax > s * batch) {
+        int want = (kmax + batch - 1) / batch;
+        s = want < 2 * s ? want : 2 * s;
+    }
+    return s;
 }
 
-extern "C" size_t pkv_attend_scratch_floats(int n_heads, int n_kv, int hd) {
-    return (size_t)n_heads * pkv_attend_splits(n_kv) * (hd + 4);
+extern "C" size_t pkv_attend_scratch_floats(int n_heads, int n_kv, int hd, int kmax) {
+    return (size_t)n_heads * pkv_attend_splits(n_kv, hd, kmax) * (hd + 4);
 }
 
 __device__ __forceinline__ int dev_slot(const GpuKV &kv, int p) {
@@ -485,7 +493,7 @@ extern "C" cudaError_t pkv_attend_rc(bf16 *out, const float *q, const int *sel, 
                                      cudaStream_t st) {
     AttendKernel k = attend_kernel(n_heads / kv.n_kv, kv.hd);
     if (!k) return cudaErrorInvalidValue;
-    dim3 grid(kv.n_kv, pkv_attend_splits(kv.n_kv));
+    dim3 grid(kv.n_kv, pkv_attend_splits(kv.n_kv, kv.hd, kmax));
     return launch_pdl(k, grid, dim3(PA_THREADS), attend_dyn_smem(kv, rc, kmax), st, out, q, sel, nsel, kmax, kv, rc, layer, d_pos, meta, partial,
                       counters);
 }

@@ -65,9 +65,10 @@ PKV_RC_FN int pkv_row_cache_hash_entries(int kmax) { // a power of two >= 2 kmax
 cudaError_t pkv_qkv_decode(float *q, const float *qkv, const float *q_norm, const float *k_norm, const float *rope_cs,
                            GpuKV kv, int layer, const int *d_pos, int n_heads, float eps, cudaStream_t st);
 
-// Splits per KV head of pkv_attend (fixed by the device), and its scratch in floats.
-int pkv_attend_splits(int n_kv);
-size_t pkv_attend_scratch_floats(int n_heads, int n_kv, int hd);
+// Splits per KV head of pkv_attend (fixed by the device, the head size and kmax), and its
+// scratch in floats.
+int pkv_attend_splits(int n_kv, int hd, int kmax);
+size_t pkv_attend_scratch_floats(int n_heads, int n_kv, int hd, int kmax);
 
 // out (n_heads, hd) bf16 = exact attention of q (n_heads, hd) fp32 over, per KV head h: the sink
 // positions, the zone slots sel[h * kmax .. + nsel[h]) (ascending, as pkv_gpu_select writes them:

@@ -327,7 +327,7 @@ static void test_attend(AttnCase c, int timed) {
     CU_CHECK(cudaMalloc(&d_meta, 8));
     CU_CHECK(cudaMalloc(&d_q, q.size() * 4));
     CU_CHECK(cudaMalloc(&d_out, q.size() * 2));
-    CU_CHECK(cudaMalloc(&partial, pkv_attend_scratch_floats(c.n_heads, c.n_kv, c.hd) * 4));
+    CU_CHECK(cudaMalloc(&partial, pkv_attend_scratch_floats(c.n_heads, c.n_kv, c.hd, kmax) * 4));
     CU_CHECK(cudaMalloc(&counters, c.n_kv * 4));
     CU_CHECK(cudaMemset(counters, 0, c.n_kv * 4));
     int meta[2] = {c.zone_end, n_zone};
@@ -342,7 +342,7 @@ static void test_attend(AttnCase c, int timed) {
     std::vector<uint16_t> out(q.size());
     CU_CHECK(cudaMemcpy(out.data(), d_out, out.size() * 2, cudaMemcpyDeviceToHost));
     // reference: rows in the kernel's list order, softmax in double; each output against its bound
-    int splits = pkv_attend_splits(c.n_kv), m_rows = 0;
+    int splits = pkv_attend_splits(c.n_kv, c.hd, kmax), m_rows = 0;
     double worst = 0, err_max = 0, mut[2] = {0, 0};
     std::vector<double> o(c.hd), tol(c.hd);
     for (int h = 0; h < c.n_kv; h++) {
@@ -569,7 +569,7 @@ static void time_big_store(int mode) {
     CU_CHECK(cudaMalloc(&d_meta, 8));
     CU_CHECK(cudaMalloc(&d_q, q.size() * 4));
     CU_CHECK(cudaMalloc(&d_out, q.size() * 2));
-    CU_CHECK(cudaMalloc(&partial, pkv_attend_scratch_floats(n_heads, n_kv, hd) * 4));
+    CU_CHECK(cudaMalloc(&partial, pkv_attend_scratch_floats(n_heads, n_kv, hd, k) * 4));
     CU_CHECK(cudaMalloc(&counters, n_kv * 4));
     CU_CHECK(cudaMemset(counters, 0, n_kv * 4));
     CU_CHECK(cudaMemcpy(d_nsel, nsel.data(), n_kv * 4, cudaMemcpyHostToDevice));

@@ -107,7 +107,7 @@ static void setup(Rig *R, const Case &c) {
     R->tags.assign(heads * c.lines, -1);
     R->hm.assign(R->L * 2, 0);
     CU_CHECK(cudaMalloc(&R->q, (size_t)R->n_heads * c.hd * 4));
-    CU_CHECK(cudaMalloc(&R->partial, pkv_attend_scratch_floats(R->n_heads, c.n_kv, c.hd) * 4));
+    CU_CHECK(cudaMalloc(&R->partial, pkv_attend_scratch_floats(R->n_heads, c.n_kv, c.hd, R->kmax) * 4));
     CU_CHECK(cudaMalloc(&R->sel, (size_t)c.n_kv * R->kmax * 4));
     CU_CHECK(cudaMalloc(&R->nsel, c.n_kv * 4));
     CU_CHECK(cudaMalloc(&R->counters, c.n_kv * 4));
