@@ -173,7 +173,8 @@ static const OptSpec OPTIONS[] = {
              "host store\nonly; the CPU path rounds those rows the same way)"},
     {"--pkv-cache-rows", CUSTOM(set_cache_rows), .lo = 0, .hi = ATTN_CACHE_ROWS_MAX, .usage = "--pkv-cache-rows N",
      .help = "GPU, zone in the host store: keep recently selected zone rows in GPU\nmemory, N rows per layer and KV head (a power of "
-             "two up to 32768;\n0: off; default: 16384, fewer where GPU memory is short),\nprinted at load"},
+             "two up to 1048576;\n0: off; default: 16384, or 32 x --topk past 512, fewer where GPU\nmemory is short), "
+             "printed at load"},
     {"--profile", FLAG(attn.profile, 1), .usage = "--profile",
      .help = "at the end, where ParisKV's work went: CPU, how much of each decode\nstep's top-k the step before selected too; GPU, "
              "the row cache's hit rate"},
