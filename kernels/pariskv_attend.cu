@@ -21,6 +21,9 @@
 #define PA_WARPS (PA_THREADS / 32)
 #define PA_MAX_SPLITS 64
 #define PA_U 8 // rows per stream in flight
+
+// Streams of a block: a stream is hd / 8 lanes, 16 bytes of a row's K and of its V a lane.
+__host__ __device__ constexpr int pa_streams(int hd) { return PA_WARPS * (32 / (hd / 8)); }
 #define LOG2E 1.4426950408889634f
 
 static int sm_count(void) {
@@ -37,7 +40,7 @@ static int sm_count(void) {
 extern "C" int pkv_attend_splits(int n_kv, int hd, int kmax) {
     int s = (sm_count() + n_kv - 1) / n_kv;
     s = s < 4 ? 4 : s > PA_MAX_SPLITS / 2 ? PA_MAX_SPLITS / 2 : s;
-    const int batch = PA_WARPS * (32 / (hd / 8)) * PA_U; // rows a block has in flight: its streams x PA_U
+    const int batch = pa_streams(hd) * PA_U; // rows a block has in flight
     if (kmax > s * batch) {
         int want = (kmax + batch - 1) / batch;
         s = want < 2 * s ? want : 2 * s;
@@ -94,11 +97,14 @@ __device__ __forceinline__ RcTab rc_tab_at(const PkvRowCache &rc, int kmax, int 
     return RcTab{smem, smem + H, 31 - __clz(H)};
 }
 
+// Where a line's probe starts in the hash (Fibonacci hashing: nearby lines spread).
+__device__ __forceinline__ int rc_home(const RcTab &t, int line) { return (int)(((unsigned)line * 0x9E3779B1u) >> (32 - t.hbits)); }
+
 // The entry of a line the step's rows put in the table (it is there: no empty-key check).
 __device__ __forceinline__ int rc_entry(const RcTab &t, int line) {
     if (!t.key) return line;
     const int mask = (1 << t.hbits) - 1;
-    int i = (int)(((unsigned)line * 0x9E3779B1u) >> (32 - t.hbits)); // Fibonacci hashing: nearby lines spread
+    int i = rc_home(t, line);
     while (t.key[i] != line) i = (i + 1) & mask;
     return i;
 }
@@ -122,7 +128,7 @@ __device__ void rc_claims(const GpuKV &kv, const PkvRowCache &rc, int layer, int
         for (int i = threadIdx.x; i < H; i += blockDim.x) t.key[i] = -1, t.val[i] = RC_NONE;
         __syncthreads();
         for (int r = threadIdx.x; r < n; r += blockDim.x) {
-            int line = sel[r] & mask, i = (int)(((unsigned)line * 0x9E3779B1u) >> (32 - t.hbits));
+            int line = sel[r] & mask, i = rc_home(t, line);
             for (;;) {
                 int k = atomicCAS(&t.key[i], -1, line);
                 if (k == -1 || k == line) break;
@@ -271,7 +277,7 @@ template <int G, int HD>
 __global__ void __launch_bounds__(PA_THREADS) pkv_attend_kernel(bf16 *out, const float *q, const int *sel, const int *nsel,
                                                                int kmax, GpuKV kv, PkvRowCache rc, int layer, const int *d_pos,
                                                                const int *meta, float *partial, unsigned *counters) {
-    constexpr int LPK = HD / 8, SPW = 32 / LPK, NS = PA_WARPS * SPW, PSTRIDE = HD + 4;
+    constexpr int LPK = HD / 8, SPW = 32 / LPK, NS = pa_streams(HD), PSTRIDE = HD + 4;
     __shared__ float st_m[NS][G], st_l[NS][G];
     __shared__ __align__(16) float st_o[NS][G][HD];
     __shared__ int is_last;
