@@ -20,6 +20,12 @@
 //    (position p holds key 2(p/4) + p%2 + 8((p/2)%2)): no shuffles in the loop.
 //  - The scales: a row's scores in tile j are S8 * sq * sk(j) / HD (its exp2 factor), and O is kept
 //    in units of the current tile's V scale (the rescale between tiles carries sv(j-1) / sv(j)).
+//  - The row sums come from the PV GEMM: each stage's V^T tile continues with a row of ones (and 7
+//    of zeros: N = HD + 8), so the tensor cores sum each tile's e4m3 weights, the same weights they
+//    multiply V by, and the softmax loses its 64 adds a tile and thread (SASS of the loop: 530 -> 470
+//    instructions a tile and warp; H200, 128K prompt: 749 -> 755 TFLOP/s at T 4096, tests/bench/GPU.md).
+//    Each tile's sums are taken into fp32 after its GEMM and the columns zeroed: accumulated across
+//    tiles by the tensor cores (whose fp8 accumulation truncates) they came out far off past ~30K keys.
 // Shared-memory rows are HD bytes: 128-byte swizzle at HD = 128, 64-byte swizzle at HD = 64 (the
 // tensor maps and the descriptors agree); V tiles' rows are 128 keys = 128 bytes.
 // Quantization: one pass over the tiles a call's rows touch (a tile's copy depends on its rows
@@ -44,7 +50,9 @@ constexpr int F8_STAGES = 4;    // K/V ring depth
 constexpr int F8_THREADS = 256; // 2 warpgroups
 constexpr float F8_MAX = 448.0f; // the largest finite e4m3
 
-template <int HD> constexpr int f8_smem_bytes() { return 1024 + F8_BM * HD + F8_STAGES * 2 * F8_BN * HD; }
+constexpr int F8_ONES = 8 * F8_BN; // bytes: the rows after each stage's V^T tile, its ones row and 7 zero rows (the row sums)
+template <int HD> __host__ __device__ constexpr int f8_stage_bytes() { return 2 * F8_BN * HD + F8_ONES; } // K tile, V^T tile, the ones rows
+template <int HD> __host__ __device__ constexpr int f8_smem_bytes() { return 1024 + F8_BM * HD + F8_STAGES * f8_stage_bytes<HD>(); }
 template <int HD> __host__ __device__ constexpr uint64_t f8_swizzle() { return HD == 128 ? 1 : 2; } // descriptor's mode: 128-byte, 64-byte
 template <int HD> __host__ __device__ constexpr uint32_t f8_sbo() { return 8 * HD; }                 // bytes between 8-row groups
 
@@ -193,6 +201,11 @@ __global__ void f8_quant_q_kernel(uint8_t *q8, float *qs, const bf16 *q, int nro
 
 // ---- the attention ----
 #if FP_HAVE_WGMMA
+// Sixteen bytes, four copies of w, to shared memory at addr.
+__device__ __forceinline__ void st_shared16(uint32_t addr, uint32_t w) {
+    asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(addr), "r"(w) : "memory");
+}
+
 // D(64x128, f32) (+)= A(64x32 e4m3, smem desc, K-major) * B(128x32 e4m3, smem desc, K-major)^T
 __device__ __forceinline__ void wgmma8_ss_n128(float (&d)[64], uint64_t da, uint64_t db, int scale_d) {
     asm volatile(
@@ -203,23 +216,23 @@ __device__ __forceinline__ void wgmma8_ss_n128(float (&d)[64], uint64_t da, uint
         : "l"(da), "l"(db), "r"(scale_d));
 }
 
-// D(64x128, f32) += A(64x32 e4m3, registers) * B(32x128 e4m3, smem desc, K-major: V transposed)
-__device__ __forceinline__ void wgmma8_rs_n128(float (&d)[64], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint64_t db) {
+// D(64x136, f32) += A(64x32 e4m3, registers) * B(32x136 e4m3, smem desc, K-major: V transposed, then its ones row)
+__device__ __forceinline__ void wgmma8_rs_n136(float (&d)[68], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint64_t db) {
     asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %73, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n136k32.f32.e4m3.e4m3 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67}, {%68, %69, %70, %71}, %72, p, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67])
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(db), "r"(1));
 }
 
-// D(64x64, f32) += A(64x32 e4m3, registers) * B(32x64 e4m3, smem desc, K-major: V transposed)
-__device__ __forceinline__ void wgmma8_rs_n64(float (&d)[32], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint64_t db) {
+// D(64x72, f32) += A(64x32 e4m3, registers) * B(32x72 e4m3, smem desc, K-major: V transposed, then its ones row)
+__device__ __forceinline__ void wgmma8_rs_n72(float (&d)[36], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint64_t db) {
     asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n64k32.f32.e4m3.e4m3 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %41, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n72k32.f32.e4m3.e4m3 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35}, {%36, %37, %38, %39}, %40, p, 1, 1;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35])
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(db), "r"(1));
 }
 
@@ -243,14 +256,14 @@ __global__ void __launch_bounds__(PW ? F8_THREADS + 128 : F8_THREADS, 1)
                     const float *__restrict__ sv, int pos0, int T, int n_heads, int n_kv, int capp, int G, int nq, int n_qtiles, float sl2,
                     const __grid_constant__ CUtensorMap tmk, const __grid_constant__ CUtensorMap tmv) {
 #if FP_HAVE_WGMMA
-    constexpr int QB = F8_BM * HD, KB = F8_BN * HD; // bytes: the Q tile, a K (and a V) tile
-    constexpr int NO = HD / 2;                      // O accumulators per thread
+    constexpr int QB = F8_BM * HD, KB = F8_BN * HD, SB = f8_stage_bytes<HD>(); // bytes: the Q tile, a K (and a V) tile, a stage
+    constexpr int NO = (HD + 8) / 2; // O accumulators per thread: HD / 2 of O, then 4 of the ones row's columns
     constexpr uint64_t SW = f8_swizzle<HD>();
     constexpr uint32_t SBO = f8_sbo<HD>();
     extern __shared__ uint8_t smem_raw[];
     __shared__ __align__(8) uint64_t bar_full[F8_STAGES], bar_empty[F8_STAGES], bar_q;
     const uint32_t sQ = (smem_u32(smem_raw) + 1023u) & ~1023u;
-    const uint32_t sKV = sQ + QB; // stage s: K at sKV + s*2*KB, V^T right after
+    const uint32_t sKV = sQ + QB; // stage s: K at sKV + s*SB, V^T right after, then the ones rows
 
     const int kvh = blockIdx.x % n_kv;
     const int qt = n_qtiles - 1 - (int)(blockIdx.x / n_kv); // the longest rows first
@@ -260,6 +273,16 @@ __global__ void __launch_bounds__(PW ? F8_THREADS + 128 : F8_THREADS, 1)
     const int n_tiles = (kv_len + F8_BN - 1) / F8_BN;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
 
+    // Each stage's V^T tile continues with a row of ones (e4m3 1.0 = 0x38) and 7 rows of zeros, which
+    // TMA never writes: the PV GEMM's last 8 columns, the first of which sums P, as the tensor cores
+    // see it, into the row sums (64 adds a tile and thread fewer). Generic-proxy writes, fenced for
+    // wgmma's async proxy before the barrier below.
+    for (int i = tid; i < F8_STAGES * F8_ONES / 16; i += blockDim.x) {
+        const int s = i / (F8_ONES / 16), c = i % (F8_ONES / 16); // 16-byte chunk c of stage s's ones rows
+        const uint32_t w = c < F8_BN / 16 ? 0x38383838u : 0u;
+        st_shared16(sKV + s * SB + 2 * KB + 16 * c, w);
+    }
+    fence_proxy_async();
     if (tid == 0) {
 #pragma unroll
         for (int s = 0; s < F8_STAGES; s++) mbar_init(&bar_full[s], 1), mbar_init(&bar_empty[s], F8_THREADS);
@@ -269,7 +292,7 @@ __global__ void __launch_bounds__(PW ? F8_THREADS + 128 : F8_THREADS, 1)
     __syncthreads();
     auto tma_tile = [&](int jt) { // thread 0, or the producer's thread (PW)
         const int s = jt % F8_STAGES;
-        const uint32_t kb = sKV + s * 2 * KB;
+        const uint32_t kb = sKV + s * SB;
         mbar_expect_tx(&bar_full[s], 2 * KB);
         tma_load_3d(kb, &tmk, 0, jt * F8_BN, kvh, &bar_full[s]);
         tma_load_3d(kb + KB, &tmv, jt * F8_BN, 0, kvh, &bar_full[s]);
@@ -308,6 +331,10 @@ __global__ void __launch_bounds__(PW ? F8_THREADS + 128 : F8_THREADS, 1)
     for (int i = 0; i < NO; i++) o[i] = 0.f;
     float sacc[64];
     uint32_t p[16];
+    // Row sums: each tile's from the PV GEMM's ones-row columns (o[HD / 2 ..], zeroed before each PV
+    // GEMM), added here in fp32. Carried across tiles in the accumulators, they lost the later
+    // tiles' small sums to the tensor cores' truncating fp8 accumulation (rows of 30K keys and more
+    // came out far off; test_flash_prefill).
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
 
     // Each GEMM's descriptors: one built for the tile, the others that plus a constant (1-2%
@@ -320,15 +347,16 @@ __global__ void __launch_bounds__(PW ? F8_THREADS + 128 : F8_THREADS, 1)
             wgmma8_ss_n128(sacc, dq0 + desc_step(kk * 32), dk0 + desc_step(kk * 32), kk > 0);
     };
     auto pv_gemm = [&](uint32_t vb) {
-        const uint64_t dv0 = desc_at(vb, 16, 1024, 1); // V^T rows: 128 keys, 128-byte swizzle
+        const uint64_t dv0 = desc_at(vb, 16, 1024, 1); // V^T rows and the ones rows: 128 keys, 128-byte swizzle
 #pragma unroll
         for (int kk = 0; kk < F8_BN / 32; kk++) {
             const uint64_t db = dv0 + desc_step(kk * 32);
-            if constexpr (HD == 128) wgmma8_rs_n128(o, p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3], db);
-            else wgmma8_rs_n64(o, p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3], db);
+            if constexpr (HD == 128) wgmma8_rs_n136(o, p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3], db);
+            else wgmma8_rs_n72(o, p[4 * kk], p[4 * kk + 1], p[4 * kk + 2], p[4 * kk + 3], db);
         }
     };
-    // Mask, running max (exp2 units), exponentials in place (x 256); the rescale factors.
+    // Mask, running max (exp2 units), exponentials in place (x 256); the rescale factors. The row
+    // sums come from the PV GEMM (the ones row).
     auto softmax = [&](int j, float fk, float &a0, float &a1) {
         const float c0 = cq0 * fk, c1 = cq1 * fk;
         if (j * F8_BN + F8_BN - 1 > wg_qp_min) {
@@ -365,19 +393,13 @@ __global__ void __launch_bounds__(PW ? F8_THREADS + 128 : F8_THREADS, 1)
         m0 = mn0;
         m1 = mn1;
         const float ms0 = mn0 - 8.0f, ms1 = mn1 - 8.0f; // weights x 2^8: at most 256 (e4m3 to 448)
-        float rsa[4] = {0.f, 0.f, 0.f, 0.f}, rsb[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
         for (int i = 0; i < 16; i++) {
             sacc[4 * i] = fast_exp2(fmaf(sacc[4 * i], c0, -ms0));
             sacc[4 * i + 1] = fast_exp2(fmaf(sacc[4 * i + 1], c0, -ms0));
             sacc[4 * i + 2] = fast_exp2(fmaf(sacc[4 * i + 2], c1, -ms1));
             sacc[4 * i + 3] = fast_exp2(fmaf(sacc[4 * i + 3], c1, -ms1));
-            rsa[i & 3] += sacc[4 * i] + sacc[4 * i + 1];
-            rsb[i & 3] += sacc[4 * i + 2] + sacc[4 * i + 3];
         }
-        const float rs0 = (rsa[0] + rsa[1]) + (rsa[2] + rsa[3]), rs1 = (rsb[0] + rsb[1]) + (rsb[2] + rsb[3]);
-        l0 = l0 * a0 + rs0;
-        l1 = l1 * a1 + rs1;
     };
     // P to e4m3 in the A operand's order: register 4kk + i holds keys 32kk + 16(i/2) + v8_key_of(4 tq ..
     // 4 tq + 3) of row r0 (i even) or r1 (i odd).
@@ -429,16 +451,16 @@ __global__ void __launch_bounds__(PW ? F8_THREADS + 128 : F8_THREADS, 1)
         mbar_wait(&bar_full[s], (j / F8_STAGES) & 1);
         turn_begin();
         wgmma_fence();
-        s_gemm(sKV + s * 2 * KB);         // S_j = Q K_j^T
+        s_gemm(sKV + s * SB);         // S_j = Q K_j^T
         wgmma_commit();
-        pv_gemm(sKV + sp * 2 * KB + KB);  // O += P_{j-1} V_{j-1}
+        pv_gemm(sKV + sp * SB + KB);  // O += P_{j-1} V_{j-1}, and the row sums
         wgmma_commit();
         turn_end(false);
         wgmma_wait<1>();
         fence_regs(sacc);
         float a0, a1;
         softmax(j, fk, a0, a1); // overlaps the PV GEMM
-        wgmma_wait_all_after(l0); // below the exponentials
+        wgmma_wait_all_after(sacc[63]); // below the exponentials (the last of them)
         fence_regs(o);
         mbar_arrive(&bar_empty[sp]);
         if (!PW && tid == 0 && j - 1 + F8_STAGES < n_tiles) {
@@ -448,11 +470,19 @@ __global__ void __launch_bounds__(PW ? F8_THREADS + 128 : F8_THREADS, 1)
         // O from tile j-1's V units to tile j's. __fdividef (2 ulp, no slow path: scales are
         // normal floats): its errors telescope with the other tiles' only as a random walk, ~1e-5
         // of O after 8,192 tiles, far inside the test's 2^-8 |ref|.
+        // Tile j-1's row sums (this thread's 2 of the ones-row columns a row: the ones row's own in
+        // the quad's first thread, zeros elsewhere) join l; the columns start at zero again.
+        l0 = (l0 + (o[HD / 2] + o[HD / 2 + 1])) * a0;
+        l1 = (l1 + (o[HD / 2 + 2] + o[HD / 2 + 3])) * a1;
+        // (times zero, not set to it: an accumulator assigned a constant made ptxas wait for every
+        // wgmma at its issue, C7514)
+#pragma unroll
+        for (int i = HD / 2; i < NO; i++) o[i] *= 0.f;
         const float vr = __fdividef(sv_prev, sv_j);
         sv_prev = sv_j;
         a0 *= vr, a1 *= vr;
 #pragma unroll
-        for (int i = 0; i < NO / 4; i++) {
+        for (int i = 0; i < HD / 8; i++) {
             o[4 * i] *= a0;
             o[4 * i + 1] *= a0;
             o[4 * i + 2] *= a1;
@@ -462,12 +492,14 @@ __global__ void __launch_bounds__(PW ? F8_THREADS + 128 : F8_THREADS, 1)
     }
     turn_begin();
     wgmma_fence();
-    pv_gemm(sKV + ((n_tiles - 1) % F8_STAGES) * 2 * KB + KB);
+    pv_gemm(sKV + ((n_tiles - 1) % F8_STAGES) * SB + KB);
     wgmma_commit();
     turn_end(true);
     wgmma_wait<0>();
     fence_regs(o);
 
+    l0 += o[HD / 2] + o[HD / 2 + 1]; // the last tile's
+    l1 += o[HD / 2 + 2] + o[HD / 2 + 3];
     l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
     l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
     l1 += __shfl_xor_sync(0xffffffffu, l1, 1);

@@ -29,11 +29,15 @@
 // reproduced bit for bit here; every other case reuses the copies a call before made of the rows
 // before pos0), so what is left
 // is the kernel's rounding of the weights P to e4m3 (3 mantissa bits: at most 2^-4 of a weight,
-// 2^-18 of the row's maximum weight below e4m3's normal range) and of the output to bf16. Bounds,
-// per element e: |out - ref| <= sum_p max((2^-4 + 2^-9) w_p, 2^-18) |v_pe| / l + 2^-8 |ref| + 1e-5 (w: the
-// weights before normalization by l, the row's maximum 1); and over the case, sum (out - ref)^2 <=
-// 3 (sum_e sum_p var_p v_pe^2 / l^2 + (2^-9 ref)^2 / 3), var_p = max(2^-3 w_p, 2^-17)^2 / 12 the
-// variance of a rounding error uniform over the weight's e4m3 spacing (at most 2^-3 w_p). Planted
+// 2^-18 of the row's maximum weight below e4m3's normal range) and of the output to bf16. The
+// kernel divides by the sum of the rounded weights (the PV GEMM's ones row), so its output is
+// sum_p P_p v_p / sum_p P_p with P_p = w_p + d_p, and out - ref = sum_p d_p (v_p - ref) / sum_p P_p.
+// Bounds, per element e, with a_p = max((2^-4 + 2^-9) w_p, 2^-18) the bound on |d_p| (w: the weights
+// before normalization by l, the row's maximum 1) and L = l - sum_p a_p <= sum_p P_p:
+// |out - ref| <= sum_p a_p |v_pe - ref_e| / L + 2^-8 |ref| + 1e-5; and over the case,
+// sum (out - ref)^2 <= 3 (sum_e sum_p var_p (v_pe - ref_e)^2 / L^2 + (2^-9 ref)^2 / 3),
+// var_p = max(2^-3 w_p, 2^-17)^2 / 12 the variance of a rounding error uniform over the weight's
+// e4m3 spacing (at most 2^-3 w_p). Planted
 // error: the same outputs against a reference without each row's diagonal key must fail the cases
 // whose rows are short enough for that key to matter (the small ones).
 #include "../offload/fp8.h"
@@ -188,20 +192,29 @@ static void *ref_worker(void *arg) {
             if (bm) bm[e] = 0, bv[e] = 0;
         }
         double sum = 0;
-        for (int p = 0; p < nk - (j->drop_diag ? 1 : 0); p++) {
+        const int np = nk - (j->drop_diag ? 1 : 0);
+        for (int p = 0; p < np; p++) {
             const double w = exp(s[p] - m);
             sum += w;
             const float *vr = V + (size_t)p * j->hd;
             for (int e = 0; e < j->hd; e++) o[e] += w * vr[e];
-            if (bm) {
+        }
+        for (int e = 0; e < j->hd; e++) o[e] = sum > 0 ? o[e] / sum : 0.0; // a row whose one key was dropped attends to nothing: 0
+        if (bm) { // the bounds of the top: each key's weight error times its distance from the output
+            double sab = 0;
+            for (int p = 0; p < np; p++) {
+                const double w = exp(s[p] - m);
                 // + w / 512: the scores' own error (fp8 products summed by the tensor cores, ex2.approx)
                 const double ab = std::max(w / 16 + w / 512, ldexp(1.0, -18)), sd = std::max(w / 8, ldexp(1.0, -17));
-                for (int e = 0; e < j->hd; e++) bm[e] += ab * fabs(vr[e]), bv[e] += sd * sd / 12 * vr[e] * vr[e];
+                const float *vr = V + (size_t)p * j->hd;
+                sab += ab;
+                for (int e = 0; e < j->hd; e++) {
+                    const double d = vr[e] - o[e];
+                    bm[e] += ab * fabs(d), bv[e] += sd * sd / 12 * d * d;
+                }
             }
-        }
-        for (int e = 0; e < j->hd; e++) { // a row whose one key was dropped attends to nothing: 0
-            o[e] = sum > 0 ? o[e] / sum : 0.0;
-            if (bm) bm[e] /= sum, bv[e] /= sum * sum;
+            const double lo = sum - sab; // the kernel's row sum is at least this (sum >= 1: the maximum's weight)
+            for (int e = 0; e < j->hd; e++) bm[e] /= lo, bv[e] /= lo * lo;
         }
     }
     return NULL;
