@@ -150,9 +150,9 @@ static int plan_memory_in(const Model *m, const Config *c, int nranks, int ctx, 
         host = attn->store == KV_STORE_HOST || (attn->store == KV_STORE_AUTO && !fits_all) || attn->zone_fp8; // fp8: the host store's format
         if (host) {
             mp->lines = row_cache_lines(c, attn, free_b);
-            if (pkv_row_cache_hashed(mp->lines) && attn->topk > PKV_RC_HASH_KMAX) { // the claims' hash in shared memory
-                gpu_set_err(err, "--pkv-cache-rows %d (above %d) needs --topk %d or less, got %d", mp->lines, PKV_RC_DIRECT_MAX,
-                            PKV_RC_HASH_KMAX, attn->topk);
+            if (pkv_row_cache_hashed(mp->lines, c->n_heads / c->n_kv_heads) && attn->topk > PKV_RC_HASH_KMAX) { // the claims' hash in shared memory
+                gpu_set_err(err, "--pkv-cache-rows %d (above %d, or %d query heads a KV head) needs --topk %d or less, got %d", mp->lines,
+                            PKV_RC_DIRECT_MAX, c->n_heads / c->n_kv_heads, PKV_RC_HASH_KMAX, attn->topk);
                 return -1;
             }
             need_c = mp->lines ? pkv_row_cache_bytes(c->n_layers, c->n_kv_heads, c->head_dim, attn->zone_fp8, mp->lines) : 0;
@@ -273,7 +273,7 @@ static cudaError_t alloc_row_cache(GpuState *g, int lines) {
     PkvRowCache *rc = &g->pkv.rc;
     size_t heads = (size_t)c->n_layers * c->n_kv_heads, row = host_store_row_bytes(c->head_dim, g->pkv.kv.fp8);
     cudaError_t e = cudaSuccess;
-    rc->n = lines, rc->hashed = pkv_row_cache_hashed(lines);
+    rc->n = lines, rc->hashed = pkv_row_cache_hashed(lines, c->n_heads / c->n_kv_heads);
     ALLOC(rc->lines, heads * lines * row);
     ALLOC(rc->tags, heads * lines * sizeof(int));
     ALLOC(rc->stats, c->n_layers * 2 * sizeof(unsigned long long));

@@ -43,15 +43,18 @@ typedef struct {
 // The attention resolves a step's claims in shared memory: a table of all n lines up to
 // PKV_RC_DIRECT_MAX lines (64 KB), beyond it an open-addressing hash of the lines the step's
 // rows fall on (2 x 4 bytes an entry, pkv_row_cache_hash_entries(kmax) of them), which needs
-// kmax <= PKV_RC_HASH_KMAX (128 KB).
+// kmax <= PKV_RC_HASH_KMAX (128 KB). With PKV_RC_HASH_GROUP or more query heads a KV head the hash
+// at any n: on the Llama-3.1-70B shape (8 a KV head) at 16,384 lines the direct table made the
+// step 2.5% slower, on the 8B shapes (4) the hash 0.4-0.9% (tests/bench/GPU.md, session 29).
 #define PKV_RC_DIRECT_MAX 16384
 #define PKV_RC_HASH_KMAX 8192
+#define PKV_RC_HASH_GROUP 8
 #ifdef __CUDACC__
 #define PKV_RC_FN static inline __host__ __device__
 #else
 #define PKV_RC_FN static inline
 #endif
-PKV_RC_FN int pkv_row_cache_hashed(int n) { return n > PKV_RC_DIRECT_MAX; }
+PKV_RC_FN int pkv_row_cache_hashed(int n, int group) { return n > PKV_RC_DIRECT_MAX || group >= PKV_RC_HASH_GROUP; }
 PKV_RC_FN int pkv_row_cache_hash_entries(int kmax) { // a power of two >= 2 kmax: probes stay short
     int e = 64;
     while (e < 2 * kmax) e *= 2;

@@ -97,7 +97,7 @@ static void setup(Rig *R, const Case &c) {
     CU_CHECK(cudaMemcpy(R->kv.kc, kvh.data(), cache * 2, cudaMemcpyHostToDevice));
     for (auto &x : kvh) x = bf16_bits(frand());
     CU_CHECK(cudaMemcpy(R->kv.vc, kvh.data(), cache * 2, cudaMemcpyHostToDevice));
-    R->rc.n = c.lines, R->rc.hashed = c.hashed || pkv_row_cache_hashed(c.lines);
+    R->rc.n = c.lines, R->rc.hashed = c.hashed || pkv_row_cache_hashed(c.lines, c.G);
     CU_CHECK(cudaMalloc(&R->rc.lines, heads * c.lines * R->row));
     CU_CHECK(cudaMalloc(&R->rc.tags, heads * c.lines * sizeof(int)));
     CU_CHECK(cudaMalloc(&R->rc.stats, R->L * 2 * sizeof(unsigned long long)));
@@ -284,7 +284,8 @@ int main(void) {
     }
     const Case cases[] = {
         {"bf16 hd 128, G 4, 2 KV heads, 256 lines (many collisions), keep 0.8", 0, 128, 4, 2, 256, 0.8, 0, 0},
-        {"fp8 hd 128, G 8, 2 KV heads, 16384 lines (64 KiB table), keep 0.6, graph", 1, 128, 8, 2, 16384, 0.6, 1, 0},
+        {"fp8 hd 128, G 4, 2 KV heads, 16384 lines (64 KiB table), keep 0.6, graph", 1, 128, 4, 2, 16384, 0.6, 1, 0},
+        {"fp8 hd 128, G 8, 2 KV heads, 16384 lines (hashed claims: 8 query heads a KV head), keep 0.6, graph", 1, 128, 8, 2, 16384, 0.6, 1, 0},
         {"bf16 hd 64, G 1, 4 KV heads, 1024 lines, keep 0.9, graph", 0, 64, 1, 4, 1024, 0.9, 1, 0},
         {"fp8 hd 64, G 3, 8 KV heads, 128 lines, keep 0.7", 1, 64, 3, 8, 128, 0.7, 0, 0},
         // The claims' hash (past PKV_RC_DIRECT_MAX lines; forced at small sizes, where rows share lines).
