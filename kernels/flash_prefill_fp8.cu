@@ -331,10 +331,7 @@ __global__ void __launch_bounds__(PW ? F8_THREADS + 128 : F8_THREADS, 1)
     for (int i = 0; i < NO; i++) o[i] = 0.f;
     float sacc[64];
     uint32_t p[16];
-    // Row sums: each tile's from the PV GEMM's ones-row columns (o[HD / 2 ..], zeroed before each PV
-    // GEMM), added here in fp32. Carried across tiles in the accumulators, they lost the later
-    // tiles' small sums to the tensor cores' truncating fp8 accumulation (rows of 30K keys and more
-    // came out far off; test_flash_prefill).
+    // l0, l1: the row sums in fp32, each tile's taken from the PV GEMM's ones-row columns (o[HD / 2 ..]; see the top)
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
 
     // Each GEMM's descriptors: one built for the tile, the others that plus a constant (1-2%
@@ -467,17 +464,17 @@ __global__ void __launch_bounds__(PW ? F8_THREADS + 128 : F8_THREADS, 1)
             mbar_wait(&bar_empty[sp], ((j - 1) / F8_STAGES) & 1);
             tma_tile(j - 1 + F8_STAGES);
         }
+        // Tile j-1's row sums (this thread's 2 of the ones-row columns a row: the ones row's own in
+        // the quad's first thread, zeros elsewhere) join l; the columns start at zero again (times
+        // zero, not set to it: an accumulator assigned a constant made ptxas wait for every wgmma
+        // at its issue, C7514).
+        l0 = (l0 + (o[HD / 2] + o[HD / 2 + 1])) * a0;
+        l1 = (l1 + (o[HD / 2 + 2] + o[HD / 2 + 3])) * a1;
+#pragma unroll
+        for (int i = HD / 2; i < NO; i++) o[i] *= 0.f;
         // O from tile j-1's V units to tile j's. __fdividef (2 ulp, no slow path: scales are
         // normal floats): its errors telescope with the other tiles' only as a random walk, ~1e-5
         // of O after 8,192 tiles, far inside the test's 2^-8 |ref|.
-        // Tile j-1's row sums (this thread's 2 of the ones-row columns a row: the ones row's own in
-        // the quad's first thread, zeros elsewhere) join l; the columns start at zero again.
-        l0 = (l0 + (o[HD / 2] + o[HD / 2 + 1])) * a0;
-        l1 = (l1 + (o[HD / 2 + 2] + o[HD / 2 + 3])) * a1;
-        // (times zero, not set to it: an accumulator assigned a constant made ptxas wait for every
-        // wgmma at its issue, C7514)
-#pragma unroll
-        for (int i = HD / 2; i < NO; i++) o[i] *= 0.f;
         const float vr = __fdividef(sv_prev, sv_j);
         sv_prev = sv_j;
         a0 *= vr, a1 *= vr;

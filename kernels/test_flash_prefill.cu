@@ -194,7 +194,7 @@ static void *ref_worker(void *arg) {
         double sum = 0;
         const int np = nk - (j->drop_diag ? 1 : 0);
         for (int p = 0; p < np; p++) {
-            const double w = exp(s[p] - m);
+            const double w = s[p] = exp(s[p] - m); // the weight, kept for the bounds below
             sum += w;
             const float *vr = V + (size_t)p * j->hd;
             for (int e = 0; e < j->hd; e++) o[e] += w * vr[e];
@@ -203,7 +203,7 @@ static void *ref_worker(void *arg) {
         if (bm) { // the bounds of the top: each key's weight error times its distance from the output
             double sab = 0;
             for (int p = 0; p < np; p++) {
-                const double w = exp(s[p] - m);
+                const double w = s[p];
                 // + w / 512: the scores' own error (fp8 products summed by the tensor cores, ex2.approx)
                 const double ab = std::max(w / 16 + w / 512, ldexp(1.0, -18)), sd = std::max(w / 8, ldexp(1.0, -17));
                 const float *vr = V + (size_t)p * j->hd;
