@@ -16,14 +16,15 @@
 #include "kernels.h"
 #include "pdl.h"
 
-#define DEC_THREADS 128
+// 8 warps a block: a block's streams share its query and its merge, and at 4K keys a split of
+// 128 keys is then 4 tiles a warp instead of 8 (measured on an H200, Llama-3.1-8B's step: 4K
+// 4.30 -> 4.19 ms with the merge below, 32K 5.40 -> 5.23; tests/bench/GPU.md, session 30).
+#define DEC_THREADS 256
 #define DEC_WARPS (DEC_THREADS / 32)
 #define DEC_MAX_BLOCKS_PER_SM 8
 #define DEC_MIN_SPLIT 128 // measured best of 64 / 128 / 256 at 4K keys
 #define DEC_STAGES 4 // tiles of K/V in each block's ring: 3 in flight while one is used (measured: a ring of
                      // 8 costs a block per SM, and 3 blocks an SM of 8 stages are slower than 4 of 4)
-// Shared memory of the kernel: the ring, which the streams' outputs later reuse.
-#define DEC_SMEM (DEC_STAGES * 4 * DEC_THREADS * 16)
 #define DEC_MAX_SPLITS 1024 // a bound on the grid (the partial scratch is sized by it)
 #define LOG2E 1.4426950408889634f
 
@@ -179,10 +180,10 @@ __device__ __forceinline__ void stream_scores(float (&s)[G][U], const float (&q)
     }
 }
 
-// Registers are capped so that 4 blocks fit on an SM (2 for groups of more than 4 heads, whose
+// Registers are capped so that 2 blocks fit on an SM (1 for groups of more than 4 heads, whose
 // state is twice as large): the K/V bytes in flight per SM are what the speed depends on.
 template <int G, int HD>
-__global__ void __launch_bounds__(DEC_THREADS, G <= 4 ? 4 : 2) attn_decode_kernel(bf16 *out, float *partial, unsigned *counters,
+__global__ void __launch_bounds__(DEC_THREADS, G <= 4 ? 2 : 1) attn_decode_kernel(bf16 *out, float *partial, unsigned *counters,
                                                                   const float *qkv, const float *q_norm,
                                                                   const float *k_norm, const float *rope_cs,
                                                                   bf16 *k_cache, bf16 *v_cache, const int *d_pos,
@@ -196,8 +197,7 @@ __global__ void __launch_bounds__(DEC_THREADS, G <= 4 ? 4 : 2) attn_decode_kerne
     // Each thread's K/V chunks land in its own slots of a DEC_STAGES-deep ring (cp.async), so a
     // thread needs no barrier to read them and DEC_STAGES - 1 tiles are always in flight. The
     // ring and the streams' outputs are never live together: they share the memory.
-    static_assert(DEC_STAGES * 2 * U * DEC_THREADS * 16 <= DEC_SMEM && NS * G * HD * 4 <= DEC_SMEM, "DEC_SMEM");
-    __shared__ __align__(16) unsigned char smem[DEC_SMEM];
+    extern __shared__ uint4 smem[]; // dec_smem(): the larger of the ring and the streams' outputs
     __shared__ float st_m[NS][G], st_l[NS][G];
     __shared__ int is_last;
     uint4(*ring)[2 * U][DEC_THREADS] = (uint4(*)[2 * U][DEC_THREADS])smem; // [stage][K rows, V rows][thread]
@@ -307,69 +307,112 @@ __global__ void __launch_bounds__(DEC_THREADS, G <= 4 ? 4 : 2) attn_decode_kerne
         p[d] = o;
         if (d == 0) p[HD] = M, p[HD + 1] = L;
     }
-    // The last block of this KV head to get here merges every split (threadfence reduction).
-    __threadfence();
+    // The last block of this KV head to get here merges every split. The barrier orders every
+    // thread's partial stores before thread 0's fence and count (a cumulative release).
     __syncthreads();
-    if (threadIdx.x == 0) is_last = atomicAdd(&counters[kvh], 1u) == (unsigned)n_splits - 1;
+    if (threadIdx.x == 0) {
+        __threadfence();
+        is_last = atomicAdd(&counters[kvh], 1u) == (unsigned)n_splits - 1;
+    }
     __syncthreads();
     if (!is_last) return;
     __threadfence();
     int used = (n + S - 1) / S;
-    // One pass with a running max: each thread owns EPT consecutive outputs of one head and
-    // loads MB splits of them (and of the head's m, l) at once. The merge is on the critical
-    // path of the step, so what counts is its number of dependent L2 round trips.
+    // The merge is on the step's critical path, so what counts is its dependent L2 round trips:
+    // each thread asks for its EPT outputs of the first MB splits before anything else, and the
+    // heads' (m, l) go to shared memory beside them; the splits' weights against the head's
+    // maximum come next (a warp a head), then each output sums its splits in order.
     constexpr int EPT = pow2_at_least((G * HD + DEC_THREADS - 1) / DEC_THREADS);
-    constexpr int MB = EPT <= 4 ? 16 : 64 / EPT;
+    constexpr int REGS = G <= 4 ? 128 : 255; // the launch bounds' cap
+    constexpr int MB = EPT * 34 <= REGS - 56 ? 34 : (REGS - 56) / EPT;
+    float *wts = (float *)smem, *lsum = wts + G * n_splits; // [G][n_splits] each: m, then weights; l
+    __shared__ float inv_l[G];
     int e0 = threadIdx.x * EPT, g = e0 / HD, d0 = e0 % HD;
-    if (e0 < G * HD) {
-        const float *pg = pbase + (size_t)g * n_splits * PSTRIDE;
-        float M = -INFINITY, L = 0.0f, o[EPT];
+    bool mine = e0 < G * HD;
+    const float *pv = pbase + ((size_t)(mine ? g : 0) * n_splits) * PSTRIDE + d0;
+    float v[MB][EPT];
+    auto load_values = [&](int s0) {
 #pragma unroll
-        for (int k = 0; k < EPT; k++) o[k] = 0.0f;
-        for (int s0 = 0; s0 < used; s0 += MB) {
-            float m[MB], l[MB], v[MB][EPT];
+        for (int j = 0; j < MB; j++) {
+            bool ok = mine && s0 + j < used;
+            const float *p = pv + (size_t)(s0 + j) * PSTRIDE;
+            if (EPT % 4 == 0) {
 #pragma unroll
-            for (int j = 0; j < MB; j++) {
-                const float *p = pg + (size_t)(s0 + j) * PSTRIDE;
-                bool ok = s0 + j < used;
-                m[j] = ok ? __ldcg(p + HD) : -INFINITY;
-                l[j] = ok ? __ldcg(p + HD + 1) : 0.0f;
-#pragma unroll
-                for (int k = 0; k < EPT; k += (EPT % 4 == 0 ? 4 : 1)) {
-                    if (EPT % 4 == 0) {
-                        float4 f = ok ? __ldcg((const float4 *)(p + d0 + k)) : make_float4(0, 0, 0, 0);
-                        v[j][k] = f.x, v[j][k + 1] = f.y, v[j][k + 2] = f.z, v[j][k + 3] = f.w;
-                    } else {
-                        v[j][k] = ok ? __ldcg(p + d0 + k) : 0.0f;
-                    }
+                for (int k = 0; k < EPT; k += 4) {
+                    float4 f = ok ? __ldcg((const float4 *)(p + k)) : make_float4(0, 0, 0, 0);
+                    v[j][k] = f.x, v[j][k + 1] = f.y, v[j][k + 2] = f.z, v[j][k + 3] = f.w;
                 }
-            }
-#pragma unroll
-            for (int j = 0; j < MB; j++) {
-                if (m[j] == -INFINITY) continue; // past the splits in use, or a split with no keys
-                float mn = fmaxf(M, m[j]), a = exp2f(M - mn), b = exp2f(m[j] - mn); // a = 0 when M = -inf
-                L = L * a + l[j] * b;
-#pragma unroll
-                for (int k = 0; k < EPT; k++) o[k] = o[k] * a + v[j][k] * b;
-                M = mn;
+            } else if (EPT == 2) {
+                float2 f = ok ? __ldcg((const float2 *)p) : make_float2(0, 0);
+                v[j][0] = f.x, v[j][1] = f.y;
+            } else {
+                v[j][0] = ok ? __ldcg(p) : 0.0f;
             }
         }
-        float inv = 1.0f / L; // the key at pos is always seen, so L > 0
+    };
+    load_values(0);
+    for (int gg = warp; gg < G; gg += DEC_WARPS) {
+        const float *ph = pbase + (size_t)gg * n_splits * PSTRIDE + HD;
+        float M = -INFINITY;
+#pragma unroll 4
+        for (int s = lane; s < used; s += 32) {
+            float2 ml = __ldcg((const float2 *)(ph + (size_t)s * PSTRIDE));
+            wts[gg * n_splits + s] = ml.x, lsum[gg * n_splits + s] = ml.y;
+            M = fmaxf(M, ml.x);
+        }
 #pragma unroll
-        for (int k = 0; k < EPT; k++) out[(size_t)(kvh * G + g) * HD + d0 + k] = __float2bfloat16(o[k] * inv);
+        for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+        float L = 0.0f; // the key at pos is always seen, so M is finite and L > 0
+        for (int s = lane; s < used; s += 32) {
+            float m = wts[gg * n_splits + s], w = m == -INFINITY ? 0.0f : exp2f(m - M); // a split with no keys weighs 0
+            L += w * lsum[gg * n_splits + s];
+            wts[gg * n_splits + s] = w;
+        }
+        L = warp_sum(L);
+        if (lane == 0) inv_l[gg] = 1.0f / L;
+    }
+    __syncthreads();
+    if (mine) {
+        float o[EPT];
+#pragma unroll
+        for (int k = 0; k < EPT; k++) o[k] = 0.0f;
+        const float *wg = wts + g * n_splits;
+        for (int s0 = 0; s0 < used; s0 += MB) {
+            if (s0 > 0) load_values(s0);
+#pragma unroll
+            for (int j = 0; j < MB; j++) {
+                float w = s0 + j < used ? wg[s0 + j] : 0.0f;
+#pragma unroll
+                for (int k = 0; k < EPT; k++) o[k] = fmaf(w, v[j][k], o[k]);
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < EPT; k++) out[(size_t)(kvh * G + g) * HD + d0 + k] = __float2bfloat16(o[k] * inv_l[g]);
     }
     if (threadIdx.x == 0) counters[kvh] = 0; // ready for the next step
+    __syncthreads();
+}
+
+
+
+// Shared memory a block takes: the ring of K/V tiles, which the streams' outputs later reuse.
+template <int G, int HD> static constexpr int dec_smem(void) {
+    constexpr int ring = DEC_STAGES * 4 * DEC_THREADS * 16, outs = DEC_WARPS * (32 / (HD / 8)) * G * HD * 4;
+    return ring > outs ? ring : outs;
 }
 
 template <int G, int HD>
 static cudaError_t launch_decode(bf16 *out, const float *qkv, const float *q_norm, const float *k_norm,
                                  const float *rope_cs, bf16 *k_cache, bf16 *v_cache, const int *d_pos, int n_kv, int ctx,
                                  float eps, float *partial, unsigned *counters, cudaStream_t st) {
+    constexpr int smem = dec_smem<G, HD>();
+    CU_TRY(cudaFuncSetAttribute(attn_decode_kernel<G, HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     int per_sm = 0;
-    CU_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, attn_decode_kernel<G, HD>, DEC_THREADS, 0));
+    CU_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, attn_decode_kernel<G, HD>, DEC_THREADS, smem));
     per_sm = per_sm < 1 ? 1 : per_sm > DEC_MAX_BLOCKS_PER_SM ? DEC_MAX_BLOCKS_PER_SM : per_sm;
     dim3 grid(n_kv, n_splits_for(n_kv, ctx, per_sm));
-    return launch_pdl(attn_decode_kernel<G, HD>, grid, DEC_THREADS, 0, st, out, partial, counters, qkv, q_norm, k_norm,
+    if ((size_t)2 * G * grid.y * sizeof(float) > (size_t)smem) return cudaErrorInvalidValue; // the merge's (m, l)
+    return launch_pdl(attn_decode_kernel<G, HD>, grid, DEC_THREADS, smem, st, out, partial, counters, qkv, q_norm, k_norm,
                       rope_cs, k_cache, v_cache, d_pos, n_kv, ctx, eps);
 }
 
