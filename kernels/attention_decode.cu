@@ -12,8 +12,15 @@
 // before the kernel waits on the QKV projection). Streams are combined in shared memory, each
 // block writes (o, m, l) for its split, and the last block of each KV head merges them.
 // Measured against session 1's two-kernel split/merge: 2.73 TB/s instead of 2.16 at 128K keys.
+// That is the FMA form, which the pass takes where at most 4 query heads share a KV head; where
+// more do (Llama-3.1-70B: 8), the same splits and merge with the dot products and weighted sums
+// on the tensor cores (attn_decode_mma_kernel, below), whose instructions a key do not grow
+// with the group.
+#include <stdint.h>
+
 #include "cuda_common.h"
 #include "kernels.h"
+#include "variants.h"
 #include "pdl.h"
 
 // 8 warps a block: a block's streams share its query and its merge, and at 4K keys a split of
@@ -180,6 +187,411 @@ __device__ __forceinline__ void stream_scores(float (&s)[G][U], const float (&q)
     }
 }
 
+// The last block of KV head kvh merges its splits' partials (pbase: [G][n_splits][HD + 4]; the
+// first `used` of them hold keys) into out; smem_f: 2 G n_splits floats of the block's shared
+// memory; REGS: the kernel's register cap (its launch bounds).
+template <int G, int HD, int REGS>
+__device__ __forceinline__ void merge_splits(bf16 *out, const float *pbase, float *smem_f, int kvh, int n_splits, int used) {
+    constexpr int PSTRIDE = HD + 4;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    // The merge is on the step's critical path, so what counts is its dependent L2 round trips:
+    // each thread asks for its EPT outputs of the first MB splits before anything else, and the
+    // heads' (m, l) go to shared memory beside them; the splits' weights against the head's
+    // maximum come next (a warp a head), then each output sums its splits in order.
+    constexpr int EPT = pow2_at_least((G * HD + DEC_THREADS - 1) / DEC_THREADS);
+    constexpr int MB = EPT * 34 <= REGS - 56 ? 34 : (REGS - 56) / EPT;
+    float *wts = smem_f, *lsum = wts + G * n_splits; // [G][n_splits] each: m, then weights; l
+    __shared__ float inv_l[G];
+    int e0 = threadIdx.x * EPT, g = e0 / HD, d0 = e0 % HD;
+    bool mine = e0 < G * HD;
+    const float *pv = pbase + ((size_t)(mine ? g : 0) * n_splits) * PSTRIDE + d0;
+    float v[MB][EPT];
+    auto load_values = [&](int s0) {
+#pragma unroll
+        for (int j = 0; j < MB; j++) {
+            bool ok = mine && s0 + j < used;
+            const float *p = pv + (size_t)(s0 + j) * PSTRIDE;
+            if (EPT % 4 == 0) {
+#pragma unroll
+                for (int k = 0; k < EPT; k += 4) {
+                    float4 f = ok ? __ldcg((const float4 *)(p + k)) : make_float4(0, 0, 0, 0);
+                    v[j][k] = f.x, v[j][k + 1] = f.y, v[j][k + 2] = f.z, v[j][k + 3] = f.w;
+                }
+            } else if (EPT == 2) {
+                float2 f = ok ? __ldcg((const float2 *)p) : make_float2(0, 0);
+                v[j][0] = f.x, v[j][1] = f.y;
+            } else {
+                v[j][0] = ok ? __ldcg(p) : 0.0f;
+            }
+        }
+    };
+    load_values(0);
+    for (int gg = warp; gg < G; gg += DEC_WARPS) {
+        const float *ph = pbase + (size_t)gg * n_splits * PSTRIDE + HD;
+        float M = -INFINITY;
+#pragma unroll 4
+        for (int s = lane; s < used; s += 32) {
+            float2 ml = __ldcg((const float2 *)(ph + (size_t)s * PSTRIDE));
+            wts[gg * n_splits + s] = ml.x, lsum[gg * n_splits + s] = ml.y;
+            M = fmaxf(M, ml.x);
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
+        float L = 0.0f; // the key at pos is always seen, so M is finite and L > 0
+        for (int s = lane; s < used; s += 32) {
+            float m = wts[gg * n_splits + s], w = m == -INFINITY ? 0.0f : exp2f(m - M); // a split with no keys weighs 0
+            L += w * lsum[gg * n_splits + s];
+            wts[gg * n_splits + s] = w;
+        }
+        L = warp_sum(L);
+        if (lane == 0) inv_l[gg] = 1.0f / L;
+    }
+    __syncthreads();
+    if (mine) {
+        float o[EPT];
+#pragma unroll
+        for (int k = 0; k < EPT; k++) o[k] = 0.0f;
+        const float *wg = wts + g * n_splits;
+        for (int s0 = 0; s0 < used; s0 += MB) {
+            if (s0 > 0) load_values(s0);
+#pragma unroll
+            for (int j = 0; j < MB; j++) {
+                float w = s0 + j < used ? wg[s0 + j] : 0.0f;
+#pragma unroll
+                for (int k = 0; k < EPT; k++) o[k] = fmaf(w, v[j][k], o[k]);
+            }
+        }
+#pragma unroll
+        for (int k = 0; k < EPT; k++) out[(size_t)(kvh * G + g) * HD + d0 + k] = __float2bfloat16(o[k] * inv_l[g]);
+    }
+}
+
+// ---- the tensor-core form (groups of 5-8 query heads): a warp takes 16 keys at a time by mma.sync ----
+//
+// Scores as S^T = K Q^T (m16n8k16; m: 16 keys, n: the group's heads padded to 8, k: head dims)
+// and the output as O^T += V^T P^T (m16n8k8 twice; m: 16 head dims, n: heads, k: 8 keys), so
+// that the group's heads fill the n side and no fragment holds padding rows of K or V. Lane
+// l = 4 g + t holds:
+//   K rows g and g+8 of the tile: word w of its row chunk is the A fragment's register for
+//     k-step w / 2 (w even: k slots 2t, 2t+1; odd: 2t+8, 2t+9). The head dims may be taken in
+//     any order that Q's B fragment shares, so k_word() picks the one whose loads are whole
+//     sectors, and q is gathered the same way.
+//   V rows 2t, 2t+1, 2t+8, 2t+9: word i of a row chunk (v_word()) holds the dims of rows g and
+//     g+8 of m-tile i that the lane's A fragment wants; two PRMTs a register pair them across keys.
+//   P^T from S^T's accumulator: each 8 x 8 half, packed to bf16, transposed by movmatrix, is the
+//     B fragment of the PV product over its 8 keys.
+// A tile comes in four units of HD/2 bytes a lane (K's two halves of the head dims, V's keys
+// 0-7 and 8-15), each landing by cp.async in the lane's own 16-byte slots ([unit][chunk][lane]:
+// no barrier, and a warp's LDS.128s meet no bank conflict), through a ring of MMA_UNITS, so
+// that MMA_UNITS - 1 are in flight: 64 KB a block at HD 128, as the FMA form's ring (a ring of
+// 6, 96 KB, was slower in the step at 4K: the SM's shared-memory carveout grows for it).
+// Measured against the FMA form (H200, tests/bench/GPU.md, session 30): faster where G = 8
+// (Llama-3.1-70B's shape: 4K 12.76 -> 12.41 ms a step, 32K 21.93 -> 16.17), and at 4K for G = 4
+// (4.145 -> 4.084), slower for G = 4 at 32K (5.18 -> 5.38) and 128K (8.64 -> 9.87): a warp's
+// units stream more slowly than the FMA form's rows, for a reason not yet found. So the pass
+// takes it for G > 4.
+#define MMA_UNITS 4
+
+__device__ __forceinline__ void mma_bf16_16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                               uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+                 "{%0, %1, %2, %3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
+    uint32_t y;
+    asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(y) : "r"(x));
+    return y;
+}
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+    __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+    return *(uint32_t *)&h;
+}
+__device__ __forceinline__ float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float bf16_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
+
+// cp.async of n bytes (4, 8 or 16) from global src to shared dst (zeros where !valid).
+__device__ __forceinline__ void cp_async_small(unsigned dst, const void *src, int n, bool valid) {
+    if (n == 16)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
+    else if (n == 8)
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(dst), "l"(src), "r"(valid ? 8 : 0) : "memory");
+    else
+        asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(valid ? 4 : 0) : "memory");
+}
+
+// Which word (bf16 pair) of a row a lane's chunk holds as its word w: K (lane t of its group;
+// pieces of 16 bytes, at most, interleaved over the group's 4 lanes) and V (group g; pieces
+// interleaved over the 8 groups). The head dims' order these give is shared by q (K) and the
+// output (V).
+template <int HD> __device__ __forceinline__ int k_word(int t, int w) {
+    constexpr int PW = (HD / 2 < 16 ? HD / 2 : 16) / 4; // words a piece
+    return (4 * (w / PW) + t) * PW + w % PW;
+}
+template <int HD> __device__ __forceinline__ int v_word(int g, int w) {
+    constexpr int PW = (HD / 4 < 16 ? HD / 4 : 16) / 4;
+    return (8 * (w / PW) + g) * PW + w % PW;
+}
+
+// A warp's online-softmax state: heads 2t and 2t+1 (the lane's n columns); l is this lane's
+// share (its keys g, g+8), summed over the 8 lanes of a column at the end; o: O^T's fragments.
+template <int HD> struct MmaState {
+    float m[2], l[2], o[HD / 16][4];
+};
+
+__device__ __forceinline__ void mma_bf16_1688(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t b0) {
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a0), "r"(a1), "r"(b0));
+}
+
+// A tile's scores from one half of its head dims: kw = this lane's K words of that half (row g's
+// HD/16, then row g+8's), qw = Q^T's B fragment words (all), h = the half.
+template <int HD>
+__device__ __forceinline__ void tile_scores(float (&s)[4], const uint32_t (&kw)[HD / 8], const uint32_t (&qw)[HD / 8], int h) {
+    constexpr int HW = HD / 16; // words of a row's half chunk
+    if (HW >= 2) {
+#pragma unroll
+        for (int j = 0; j < HW / 2; j++)
+            mma_bf16_16816(s, kw[2 * j], kw[HW + 2 * j], kw[2 * j + 1], kw[HW + 2 * j + 1], qw[h * HW + 2 * j], qw[h * HW + 2 * j + 1]);
+    } else {
+        mma_bf16_1688(s, kw[0], kw[HW], qw[h * HW]);
+    }
+}
+
+// The tile's scores s (keys from nvalid on masked) into the state's maxima and sums, the output
+// rescaled; returns P^T's B fragments (keys 0-7, 8-15) for tile_pv.
+template <int HD>
+__device__ __forceinline__ void tile_softmax(MmaState<HD> &st, float (&s)[4], int nvalid, int g, uint32_t &b0, uint32_t &b1) {
+    if (g >= nvalid) s[0] = s[1] = -INFINITY;
+    if (g + 8 >= nvalid) s[2] = s[3] = -INFINITY;
+    float corr[2], p[4];
+#pragma unroll
+    for (int c = 0; c < 2; c++) { // head 2t + c: keys g (s[c]) and g + 8 (s[c + 2])
+        float mt = fmaxf(s[c], s[c + 2]);
+        mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 4));
+        mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 8));
+        mt = fmaxf(mt, __shfl_xor_sync(0xffffffffu, mt, 16));
+        float mn = fmaxf(st.m[c], mt), base = mn == -INFINITY ? 0.0f : mn; // no key yet: every weight 0
+        corr[c] = exp2f(st.m[c] - base);
+        st.m[c] = mn;
+        p[c] = exp2f(s[c] - base), p[c + 2] = exp2f(s[c + 2] - base);
+    }
+    uint32_t pk0 = pack_bf16(p[0], p[1]), pk1 = pack_bf16(p[2], p[3]); // P rows g, g + 8; heads 2t, 2t+1
+    // l sums the weights as the tensor cores take them (bf16), so out = sum p v / sum p exactly.
+    st.l[0] = st.l[0] * corr[0] + bf16_lo(pk0) + bf16_lo(pk1);
+    st.l[1] = st.l[1] * corr[1] + bf16_hi(pk0) + bf16_hi(pk1);
+    if (!__all_sync(0xffffffffu, corr[0] == 1.0f && corr[1] == 1.0f))
+#pragma unroll
+        for (int i = 0; i < HD / 16; i++) st.o[i][0] *= corr[0], st.o[i][1] *= corr[1], st.o[i][2] *= corr[0], st.o[i][3] *= corr[1];
+    b0 = movmatrix_trans(pk0), b1 = movmatrix_trans(pk1);
+}
+
+// O^T += V^T P^T over 8 of the tile's keys: vw = this lane's V words of two rows (keys 2t, 2t+1,
+// or 2t+8, 2t+9), b = P^T's B fragment of those 8 keys.
+template <int HD> __device__ __forceinline__ void tile_pv(MmaState<HD> &st, const uint32_t (&vw)[HD / 8], uint32_t b) {
+    constexpr int VW = HD / 16; // words of one row's chunk
+#pragma unroll
+    for (int i = 0; i < HD / 16; i++) mma_bf16_1688(st.o[i], __byte_perm(vw[i], vw[VW + i], 0x5410), __byte_perm(vw[i], vw[VW + i], 0x7632), b);
+}
+
+template <int G, int HD>
+__global__ void __launch_bounds__(DEC_THREADS, HD <= 128 ? 2 : 1) attn_decode_mma_kernel(bf16 *out, float *partial, unsigned *counters,
+                                                                      const float *qkv, const float *q_norm,
+                                                                      const float *k_norm, const float *rope_cs,
+                                                                      bf16 *k_cache, bf16 *v_cache, const int *d_pos,
+                                                                      int n_kv, int ctx, float eps) {
+    static_assert(G <= 8 && HD % 16 == 0 && HD <= 256, "G, HD");
+    constexpr int LPK = HD / 8;     // lanes per head vector when q is made (8 elements a lane)
+    constexpr int PSTRIDE = HD + 4; // a split's partial: o (HD), m, l, padding to 16 bytes
+    constexpr int TK = 16;          // keys a warp-tile
+    constexpr int CH = HD / 32 < 1 ? 1 : HD / 32; // 16-byte chunks a lane holds of one unit (HD / 2 bytes)
+    constexpr int HW = HD / 16;     // words of a row's half chunk (K) or of its chunk (V)
+    constexpr int CW = HW < 4 ? HW : 4; // words a cp.async
+    extern __shared__ uint4 smem[]; // [MMA_UNITS][DEC_WARPS][CH][32] units; later the warps' outputs
+    __shared__ float qs[G][HD];     // the group's queries, scaled to the log2 domain
+    __shared__ __align__(16) bf16 new_kv[2][HD];
+    __shared__ float w_m[DEC_WARPS][G], w_l[DEC_WARPS][G];
+    __shared__ int is_last;
+    int kvh = blockIdx.x, split = blockIdx.y, n_splits = gridDim.y;
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
+    // The position was copied in before the first kernel of the step, and rows < pos of this
+    // layer's cache were written by earlier steps: both may be read before pdl_wait().
+    int pos = *d_pos, n = pos + 1;
+    int S = split_keys(n, n_splits);
+    int k0 = split * S, k1 = min(k0 + S, pos); // cached keys of this split; key pos is new
+    int n_tiles = k0 < k1 ? (k1 - k0 + TK - 1) / TK : 0;
+    int my_tiles = warp < n_tiles ? (n_tiles - warp + DEC_WARPS - 1) / DEC_WARPS : 0; // tiles warp, warp + W, ...
+    const bf16 *kb = k_cache + (size_t)kvh * ctx * HD, *vb = v_cache + (size_t)kvh * ctx * HD;
+    const unsigned ring = (unsigned)__cvta_generic_to_shared(smem);
+    // Byte b of this lane's share of unit u.
+    auto at = [&](int u, int b) {
+        return ring + (unsigned)((((u % MMA_UNITS) * DEC_WARPS + warp) * CH + b / 16) * 32 + lane) * 16 + (unsigned)(b % 16);
+    };
+    // A tile comes in four units: K's first and second half of the head dims (rows g, g + 8),
+    // then V's rows 2t, 2t+1 and 2t+8, 2t+9. A lane's row chunk is taken in pieces interleaved
+    // with its neighbours' (K: the 4 lanes of a group; V: the 8 groups; k_word, v_word), so that
+    // each cp.async of the warp reads whole 32-byte sectors.
+    auto issue = [&](int u) {
+        int i = u >> 2, q = u & 3;
+        if (i < my_tiles) {
+            int key0 = k0 + (warp + DEC_WARPS * i) * TK;
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                int k = q < 2 ? key0 + g + 8 * r : key0 + 2 * t + r + 8 * (q - 2);
+                bool ok = k < k1;
+                const uint32_t *src = (const uint32_t *)((q < 2 ? kb : vb) + (size_t)(ok ? k : k0) * HD);
+#pragma unroll
+                for (int w = 0; w < HW; w += CW)
+                    cp_async_small(at(u, (r * HW + w) * 4), src + (q < 2 ? k_word<HD>(t, q * HW + w) : v_word<HD>(g, w)), CW * 4, ok);
+            }
+        }
+        cp_async_commit(); // an empty group past the end keeps the group count uniform
+    };
+    auto read_unit = [&](int u, uint32_t (&w)[HD / 8]) { // (the modulos keep HD 16's dead branch in bounds)
+        if (HD / 8 >= 4) {
+#pragma unroll
+            for (int c = 0; c < CH; c++) {
+                uint4 x;
+                asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(x.x), "=r"(x.y), "=r"(x.z), "=r"(x.w) : "r"(at(u, 16 * c)));
+                w[(4 * c) % (HD / 8)] = x.x, w[(4 * c + 1) % (HD / 8)] = x.y, w[(4 * c + 2) % (HD / 8)] = x.z, w[(4 * c + 3) % (HD / 8)] = x.w;
+            }
+        } else {
+            uint2 x;
+            asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(x.x), "=r"(x.y) : "r"(at(u, 0)));
+            w[0] = x.x, w[1 % (HD / 8)] = x.y;
+        }
+    };
+    pdl_release(); // the next kernel may start filling SMs as this one's blocks finish
+#pragma unroll
+    for (int u = 0; u < MMA_UNITS - 1; u++) issue(u);
+    // The queries: thread (head h, part) makes 8 elements of head h (QK-norm, RoPE), as below.
+    int hq = threadIdx.x / LPK, part = threadIdx.x % LPK;
+    float qn[8], kn[8], c[8], sn[8]; // this lane's QK-norm weights (read-only: before the wait)
+    if (q_norm) load8f(qn, q_norm + part * 8), load8f(kn, k_norm + part * 8);
+    pdl_wait();
+    int j0 = (part * 8) % (HD / 2); // this lane's 8 RoPE frequencies
+    load8f(c, rope_cs + j0), load8f(sn, rope_cs + HD / 2 + j0);
+    const float scale = rsqrtf((float)HD) * LOG2E; // scores in the log2 domain
+    if (warp * 32 < G * LPK) { // whole warps (the shuffles inside); lanes past the group repeat its last head
+        float q[8];
+        head_norm_rope<HD>(q, qkv + (size_t)(kvh * G + min(hq, G - 1)) * HD, q_norm != NULL, qn, c, sn, part, eps);
+        if (hq < G)
+#pragma unroll
+            for (int i = 0; i < 8; i++) qs[hq][part * 8 + i] = q[i] * scale;
+    }
+    __syncthreads();
+    uint32_t qw[HD / 8]; // Q^T's B fragments: head g's dims [HD/4 t, HD/4 (t+1)) as bf16 pairs (0 past the group)
+#pragma unroll
+    for (int i = 0; i < HD / 8; i++) {
+        int d = 2 * k_word<HD>(t, i);
+        qw[i] = g < G ? pack_bf16(qs[g][d], qs[g][d + 1]) : 0u;
+    }
+    MmaState<HD> st;
+    st.m[0] = st.m[1] = -INFINITY, st.l[0] = st.l[1] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < HD / 16; i++) st.o[i][0] = st.o[i][1] = st.o[i][2] = st.o[i][3] = 0.0f;
+    // Each unit's slot is asked for again only after the registers read from it were used.
+    // Unit u + MMA_UNITS - 1 goes into the slot of unit u - 1, whose words were used by then.
+    for (int i = 0; i < my_tiles; i++) {
+        uint32_t w[HD / 8], b[2];
+        float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int q = 0; q < 4; q++) {
+            issue(4 * i + q + MMA_UNITS - 1);
+            cp_async_wait<MMA_UNITS - 1>(); // this lane's unit 4 i + q has landed
+            read_unit(4 * i + q, w);
+            if (q < 2) tile_scores<HD>(s, w, qw, q);
+            else tile_pv<HD>(st, w, b[q - 2]);
+            if (q == 1) tile_softmax<HD>(st, s, k1 - (k0 + (warp + DEC_WARPS * i) * TK), g, b[0], b[1]);
+        }
+    }
+    cp_async_wait<0>();
+    // The new token: warp 0 of the block whose split holds pos normalizes and rotates its key,
+    // stores it and its value in the caches (bf16, as every later step will read them), and
+    // takes it as a tile of one key.
+    if (k0 <= pos && pos < k0 + S && warp == 0) {
+        { // every lane (the shuffles inside); lanes past LPK repeat the first LPK
+            float kf[8], vv[8];
+            head_norm_rope<HD>(kf, qkv + (size_t)(n_kv * G + kvh) * HD, q_norm != NULL, kn, c, sn, part, eps);
+            load8f(vv, qkv + (size_t)(n_kv * G + n_kv + kvh) * HD + part * 8);
+            uint4 kq = f32x8_to_bf16(kf), vq = f32x8_to_bf16(vv);
+            if (lane < LPK) {
+                ((uint4 *)(k_cache + ((size_t)kvh * ctx + pos) * HD))[lane] = kq;
+                ((uint4 *)(v_cache + ((size_t)kvh * ctx + pos) * HD))[lane] = vq;
+                ((uint4 *)new_kv[0])[lane] = kq, ((uint4 *)new_kv[1])[lane] = vq;
+            }
+        }
+        __syncwarp();
+        // A tile whose key 0 is the new key (row g = 0 of K, row 2t = 0 of V); the rest zeros.
+        const uint32_t *nk = (const uint32_t *)new_kv[0], *nv = (const uint32_t *)new_kv[1];
+        uint32_t w[HD / 8], b[2];
+        float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+#pragma unroll
+            for (int i = 0; i < HW; i++) w[i] = g == 0 ? nk[k_word<HD>(t, h * HW + i)] : 0u, w[HW + i] = 0u;
+            tile_scores<HD>(s, w, qw, h);
+        }
+        tile_softmax<HD>(st, s, 1, g, b[0], b[1]);
+#pragma unroll
+        for (int i = 0; i < HW; i++) w[i] = t == 0 ? nv[v_word<HD>(g, i)] : 0u, w[HW + i] = 0u;
+        tile_pv<HD>(st, w, b[0]);
+    }
+    // The warp's state per head: l summed over the lanes of a column; the ring's memory becomes
+    // the warps' outputs [warp][G][HD].
+#pragma unroll
+    for (int e = 0; e < 2; e++) {
+        float l = st.l[e];
+        l += __shfl_xor_sync(0xffffffffu, l, 4);
+        l += __shfl_xor_sync(0xffffffffu, l, 8);
+        l += __shfl_xor_sync(0xffffffffu, l, 16);
+        st.l[e] = l;
+    }
+    __syncthreads();
+    float *w_o = (float *)smem;
+#pragma unroll
+    for (int e = 0; e < 2; e++) {
+        int h = 2 * t + e;
+        if (h < G) {
+            if (g == 0) w_m[warp][h] = st.m[e], w_l[warp][h] = st.l[e];
+#pragma unroll
+            for (int i = 0; i < HD / 16; i++) {
+                int d = 2 * v_word<HD>(g, i);
+                w_o[(warp * G + h) * HD + d] = st.o[i][e], w_o[(warp * G + h) * HD + d + 1] = st.o[i][2 + e];
+            }
+        }
+    }
+    __syncthreads();
+    float *pbase = partial + (size_t)kvh * G * n_splits * PSTRIDE;
+    for (int e = threadIdx.x; e < G * HD; e += DEC_THREADS) {
+        int h = e / HD, d = e % HD;
+        float M = -INFINITY;
+        for (int w = 0; w < DEC_WARPS; w++) M = fmaxf(M, w_m[w][h]);
+        float L = 0.0f, o = 0.0f;
+        if (M != -INFINITY)
+            for (int w = 0; w < DEC_WARPS; w++) {
+                float x = exp2f(w_m[w][h] - M); // 0 for a warp that saw no key
+                L += w_l[w][h] * x;
+                o += w_o[(w * G + h) * HD + d] * x;
+            }
+        float *p = pbase + ((size_t)h * n_splits + split) * PSTRIDE;
+        p[d] = o;
+        if (d == 0) p[HD] = M, p[HD + 1] = L;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        is_last = atomicAdd(&counters[kvh], 1u) == (unsigned)n_splits - 1;
+    }
+    __syncthreads();
+    if (!is_last) return;
+    __threadfence();
+    merge_splits<G, HD, HD <= 128 ? 128 : 255>(out, pbase, (float *)smem, kvh, n_splits, (n + S - 1) / S);
+    if (threadIdx.x == 0) counters[kvh] = 0; // ready for the next step
+}
+
 // Registers are capped so that 2 blocks fit on an SM (1 for groups of more than 4 heads, whose
 // state is twice as large): the K/V bytes in flight per SM are what the speed depends on.
 template <int G, int HD>
@@ -318,79 +730,8 @@ __global__ void __launch_bounds__(DEC_THREADS, G <= 4 ? 2 : 1) attn_decode_kerne
     if (!is_last) return;
     __threadfence();
     int used = (n + S - 1) / S;
-    // The merge is on the step's critical path, so what counts is its dependent L2 round trips:
-    // each thread asks for its EPT outputs of the first MB splits before anything else, and the
-    // heads' (m, l) go to shared memory beside them; the splits' weights against the head's
-    // maximum come next (a warp a head), then each output sums its splits in order.
-    constexpr int EPT = pow2_at_least((G * HD + DEC_THREADS - 1) / DEC_THREADS);
-    constexpr int REGS = G <= 4 ? 128 : 255; // the launch bounds' cap
-    constexpr int MB = EPT * 34 <= REGS - 56 ? 34 : (REGS - 56) / EPT;
-    float *wts = (float *)smem, *lsum = wts + G * n_splits; // [G][n_splits] each: m, then weights; l
-    __shared__ float inv_l[G];
-    int e0 = threadIdx.x * EPT, g = e0 / HD, d0 = e0 % HD;
-    bool mine = e0 < G * HD;
-    const float *pv = pbase + ((size_t)(mine ? g : 0) * n_splits) * PSTRIDE + d0;
-    float v[MB][EPT];
-    auto load_values = [&](int s0) {
-#pragma unroll
-        for (int j = 0; j < MB; j++) {
-            bool ok = mine && s0 + j < used;
-            const float *p = pv + (size_t)(s0 + j) * PSTRIDE;
-            if (EPT % 4 == 0) {
-#pragma unroll
-                for (int k = 0; k < EPT; k += 4) {
-                    float4 f = ok ? __ldcg((const float4 *)(p + k)) : make_float4(0, 0, 0, 0);
-                    v[j][k] = f.x, v[j][k + 1] = f.y, v[j][k + 2] = f.z, v[j][k + 3] = f.w;
-                }
-            } else if (EPT == 2) {
-                float2 f = ok ? __ldcg((const float2 *)p) : make_float2(0, 0);
-                v[j][0] = f.x, v[j][1] = f.y;
-            } else {
-                v[j][0] = ok ? __ldcg(p) : 0.0f;
-            }
-        }
-    };
-    load_values(0);
-    for (int gg = warp; gg < G; gg += DEC_WARPS) {
-        const float *ph = pbase + (size_t)gg * n_splits * PSTRIDE + HD;
-        float M = -INFINITY;
-#pragma unroll 4
-        for (int s = lane; s < used; s += 32) {
-            float2 ml = __ldcg((const float2 *)(ph + (size_t)s * PSTRIDE));
-            wts[gg * n_splits + s] = ml.x, lsum[gg * n_splits + s] = ml.y;
-            M = fmaxf(M, ml.x);
-        }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, o));
-        float L = 0.0f; // the key at pos is always seen, so M is finite and L > 0
-        for (int s = lane; s < used; s += 32) {
-            float m = wts[gg * n_splits + s], w = m == -INFINITY ? 0.0f : exp2f(m - M); // a split with no keys weighs 0
-            L += w * lsum[gg * n_splits + s];
-            wts[gg * n_splits + s] = w;
-        }
-        L = warp_sum(L);
-        if (lane == 0) inv_l[gg] = 1.0f / L;
-    }
-    __syncthreads();
-    if (mine) {
-        float o[EPT];
-#pragma unroll
-        for (int k = 0; k < EPT; k++) o[k] = 0.0f;
-        const float *wg = wts + g * n_splits;
-        for (int s0 = 0; s0 < used; s0 += MB) {
-            if (s0 > 0) load_values(s0);
-#pragma unroll
-            for (int j = 0; j < MB; j++) {
-                float w = s0 + j < used ? wg[s0 + j] : 0.0f;
-#pragma unroll
-                for (int k = 0; k < EPT; k++) o[k] = fmaf(w, v[j][k], o[k]);
-            }
-        }
-#pragma unroll
-        for (int k = 0; k < EPT; k++) out[(size_t)(kvh * G + g) * HD + d0 + k] = __float2bfloat16(o[k] * inv_l[g]);
-    }
+    merge_splits<G, HD, G <= 4 ? 128 : 255>(out, pbase, (float *)smem, kvh, n_splits, used);
     if (threadIdx.x == 0) counters[kvh] = 0; // ready for the next step
-    __syncthreads();
 }
 
 
@@ -401,35 +742,51 @@ template <int G, int HD> static constexpr int dec_smem(void) {
     return ring > outs ? ring : outs;
 }
 
+
+
+typedef void (*DecKernel)(bf16 *, float *, unsigned *, const float *, const float *, const float *, const float *, bf16 *, bf16 *,
+                          const int *, int, int, float);
+
+// variant: ATTN_DECODE_FMA or ATTN_DECODE_MMA (variants.h); AUTO: MMA where G > 4.
 template <int G, int HD>
 static cudaError_t launch_decode(bf16 *out, const float *qkv, const float *q_norm, const float *k_norm,
                                  const float *rope_cs, bf16 *k_cache, bf16 *v_cache, const int *d_pos, int n_kv, int ctx,
-                                 float eps, float *partial, unsigned *counters, cudaStream_t st) {
-    constexpr int smem = dec_smem<G, HD>();
-    CU_TRY(cudaFuncSetAttribute(attn_decode_kernel<G, HD>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+                                 float eps, float *partial, unsigned *counters, int variant, cudaStream_t st) {
+    bool mma = variant == ATTN_DECODE_MMA || (variant == ATTN_DECODE_AUTO && G > 4);
+    DecKernel k = mma ? (DecKernel)attn_decode_mma_kernel<G, HD> : (DecKernel)attn_decode_kernel<G, HD>;
+    int smem = mma ? MMA_UNITS * DEC_WARPS * 32 * (HD / 2 < 16 ? 16 : HD / 2) : dec_smem<G, HD>();
+    CU_TRY(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     int per_sm = 0;
-    CU_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, attn_decode_kernel<G, HD>, DEC_THREADS, smem));
+    CU_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, DEC_THREADS, smem));
     per_sm = per_sm < 1 ? 1 : per_sm > DEC_MAX_BLOCKS_PER_SM ? DEC_MAX_BLOCKS_PER_SM : per_sm;
     dim3 grid(n_kv, n_splits_for(n_kv, ctx, per_sm));
     if ((size_t)2 * G * grid.y * sizeof(float) > (size_t)smem) return cudaErrorInvalidValue; // the merge's (m, l)
-    return launch_pdl(attn_decode_kernel<G, HD>, grid, DEC_THREADS, smem, st, out, partial, counters, qkv, q_norm, k_norm,
+    return launch_pdl(k, grid, DEC_THREADS, smem, st, out, partial, counters, qkv, q_norm, k_norm,
                       rope_cs, k_cache, v_cache, d_pos, n_kv, ctx, eps);
+}
+
+extern "C" cudaError_t attn_decode_variant(bf16 *out, const float *qkv, const float *q_norm, const float *k_norm,
+                                           const float *rope_cs, bf16 *k_cache, bf16 *v_cache, const int *d_pos, int n_heads,
+                                           int n_kv, int hd, int ctx, float eps, float *partial, unsigned *counters,
+                                           int variant, cudaStream_t st) {
+    int G = n_heads / n_kv;
+#define CASE(g, d)                                                                                              \
+    if (G == g && hd == d)                                                                                      \
+        return launch_decode<g, d>(out, qkv, q_norm, k_norm, rope_cs, k_cache, v_cache, d_pos, n_kv, ctx, eps, partial, \
+                                   counters, variant, st);
+#define CASES(g) CASE(g, 16) CASE(g, 32) CASE(g, 64) CASE(g, 128) CASE(g, 256)
+    CASES(1) CASES(2) CASES(3) CASES(4) CASES(5) CASES(6) CASES(7) CASES(8)
+#undef CASES
+#undef CASE
+    return cudaErrorInvalidValue;
 }
 
 extern "C" cudaError_t attn_decode(bf16 *out, const float *qkv, const float *q_norm, const float *k_norm,
                                    const float *rope_cs, bf16 *k_cache, bf16 *v_cache, const int *d_pos, int n_heads,
                                    int n_kv, int hd, int ctx, float eps, float *partial, unsigned *counters,
                                    cudaStream_t st) {
-    int G = n_heads / n_kv;
-#define CASE(g, d)                                                                                              \
-    if (G == g && hd == d)                                                                                      \
-        return launch_decode<g, d>(out, qkv, q_norm, k_norm, rope_cs, k_cache, v_cache, d_pos, n_kv, ctx, eps, partial, \
-                                   counters, st);
-#define CASES(g) CASE(g, 16) CASE(g, 32) CASE(g, 64) CASE(g, 128) CASE(g, 256)
-    CASES(1) CASES(2) CASES(3) CASES(4) CASES(5) CASES(6) CASES(7) CASES(8)
-#undef CASES
-#undef CASE
-    return cudaErrorInvalidValue;
+    return attn_decode_variant(out, qkv, q_norm, k_norm, rope_cs, k_cache, v_cache, d_pos, n_heads, n_kv, hd, ctx, eps,
+                               partial, counters, ATTN_DECODE_AUTO, st);
 }
 
 // ---- simple exact causal attention (reference and fallback for prefill) ----

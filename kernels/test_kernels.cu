@@ -12,6 +12,7 @@
 
 #include "cuda_common.h"
 #include "kernels.h"
+#include "variants.h"
 extern "C" {
 #include "../attention/attention.h"
 #include "../model/backend.h"
@@ -419,7 +420,7 @@ static void make_attn(AttnData &a, int nh, int nkv, int hd, int ctx, int n) {
 // The fused decode attention: from the QKV projection's output at position pos (cache rows
 // < pos filled) to the attention output, against model.c's steps on the CPU (QK-norm, RoPE, the
 // new row rounded to bf16 as the cache holds it, dense attention with an fp32 query).
-static void test_attn_decode(int nh, int nkv, int hd, int ctx, int pos, int qk_norm) {
+static void test_attn_decode(int nh, int nkv, int hd, int ctx, int pos, int qk_norm, int variant) {
     AttnData a;
     make_attn(a, nh, nkv, hd, ctx, pos);
     int row = (nh + 2 * nkv) * hd;
@@ -457,8 +458,8 @@ static void test_attn_decode(int nh, int nkv, int hd, int ctx, int pos, int qk_n
     CU_CHECK(rope_table(dcs, dinv, dpos, hd / 2, 0));
     for (int rep = 0; rep < 2; rep++) { // the second run finds the counters the first left behind
         CU_CHECK(cudaMemset(out, 0xff, nh * hd * 2));
-        CU_CHECK(attn_decode(out, dqkv, qk_norm ? dqn : NULL, qk_norm ? dkn : NULL, dcs, a.kc, a.vc, dpos, nh, nkv, hd,
-                             ctx, 1e-6f, partial, counters, 0));
+        CU_CHECK(attn_decode_variant(out, dqkv, qk_norm ? dqn : NULL, qk_norm ? dkn : NULL, dcs, a.kc, a.vc, dpos, nh, nkv, hd,
+                                     ctx, 1e-6f, partial, counters, variant, 0));
         CU_CHECK(cudaDeviceSynchronize());
         got[rep] = bf16_dev_to_f32(out, nh * hd);
     }
@@ -470,7 +471,8 @@ static void test_attn_decode(int nh, int nkv, int hd, int ctx, int pos, int qk_n
             rk[h * hd + j] = a.kf[((size_t)pos * nkv + h) * hd + j], rv[h * hd + j] = a.vf[((size_t)pos * nkv + h) * hd + j];
         }
     char what[128];
-    snprintf(what, sizeof what, "attn_decode heads %d/%d hd=%d ctx=%d keys=%d qknorm=%d", nh, nkv, hd, ctx, pos + 1, qk_norm);
+    snprintf(what, sizeof what, "attn_decode %s heads %d/%d hd=%d ctx=%d keys=%d qknorm=%d", variant == ATTN_DECODE_MMA ? "mma" : "fma",
+             nh, nkv, hd, ctx, pos + 1, qk_norm);
     check(what, rel_err(got[0].data(), ref.data(), ref.size()), TOL_ATTN);
     if (getenv("PKV_DEBUG"))
         for (int h = 0; h < nh; h++) {
@@ -513,22 +515,24 @@ struct DecArgs {
     float *qkv, *norm, *inv, *partial;
     unsigned *counters;
     int *pos;
-    int nh, nkv, hd, ctx;
+    int nh, nkv, hd, ctx, variant;
 };
 static void run_dec(void *p) {
     DecArgs *a = (DecArgs *)p;
-    CU_CHECK(attn_decode(a->out, a->qkv, a->norm, a->norm, a->inv, a->kc, a->vc, a->pos, a->nh, a->nkv, a->hd, a->ctx,
-                         1e-6f, a->partial, a->counters, 0));
+    CU_CHECK(attn_decode_variant(a->out, a->qkv, a->norm, a->norm, a->inv, a->kc, a->vc, a->pos, a->nh, a->nkv, a->hd, a->ctx,
+                                 1e-6f, a->partial, a->counters, a->variant, 0));
 }
 
 static void bench_attn_decode(double bw) {
-    printf("\n%-34s | %9s | %8s | %s\n", "decode attention (one layer)", "us", "TB/s", "floor us");
-    int cfg[][4] = {{32, 8, 128, 4096}, {32, 8, 128, 32768}, {32, 8, 128, 131072}, {32, 8, 128, 1 << 20}, {9, 3, 64, 8192}};
-    for (auto &c : cfg) {
+    printf("\n%-38s | %9s | %8s | %s\n", "decode attention (one layer), form", "us", "TB/s", "floor us");
+    int cfg[][4] = {{32, 8, 128, 4096}, {32, 8, 128, 32768}, {32, 8, 128, 131072}, {32, 8, 128, 1 << 20}, {9, 3, 64, 8192},
+                    {64, 8, 128, 4096}, {64, 8, 128, 32768}, {64, 8, 128, 131072}};
+    for (auto &c : cfg)
+    for (int v : {ATTN_DECODE_FMA, ATTN_DECODE_MMA}) {
         int nh = c[0], nkv = c[1], hd = c[2], ctx = c[3];
         size_t kv = (size_t)nkv * ctx * hd;
         DecArgs a;
-        a.nh = nh, a.nkv = nkv, a.hd = hd, a.ctx = ctx;
+        a.nh = nh, a.nkv = nkv, a.hd = hd, a.ctx = ctx, a.variant = v;
         CU_CHECK(cudaMalloc(&a.kc, kv * 2));
         CU_CHECK(cudaMalloc(&a.vc, kv * 2));
         CU_CHECK(cudaMalloc(&a.qkv, (nh + 2 * nkv) * hd * 4));
@@ -547,8 +551,8 @@ static void bench_attn_decode(double bw) {
         a.pos = to_dev(hp);
         float t = time_ms(run_dec, &a, 100);
         double bytes = 2.0 * kv * 2;
-        printf("heads %2d/%d hd %3d ctx %8d      | %9.1f | %8.2f | %.1f\n", nh, nkv, hd, ctx, t * 1e3, bytes / (t * 1e-3) / 1e12,
-               bytes / bw * 1e6);
+        printf("heads %2d/%d hd %3d ctx %8d, %s     | %9.1f | %8.2f | %.1f\n", nh, nkv, hd, ctx, v == ATTN_DECODE_MMA ? "mma" : "fma",
+               t * 1e3, bytes / (t * 1e-3) / 1e12, bytes / bw * 1e6);
         cudaFree(a.kc), cudaFree(a.vc), cudaFree(a.qkv), cudaFree(a.norm), cudaFree(a.inv), cudaFree(a.out);
         cudaFree(a.partial), cudaFree(a.counters), cudaFree(a.pos);
     }
@@ -697,7 +701,8 @@ int main(void) {
                     {8, 8, 128, 700, 650, 0}, {64, 8, 128, 3000, 2999, 1}, {32, 8, 128, 70000, 65537, 1},
                     {32, 8, 128, 140000, 131071, 1}, {4, 2, 16, 200, 149, 1}, {4, 2, 32, 200, 77, 0},
                     {16, 4, 256, 900, 899, 1}, {24, 3, 64, 40, 31, 0}, {6, 6, 128, 5000, 4095, 0}};
-    for (auto &d : dec) test_attn_decode(d[0], d[1], d[2], d[3], d[4], d[5]);
+    for (int v : {ATTN_DECODE_FMA, ATTN_DECODE_MMA})
+        for (auto &d : dec) test_attn_decode(d[0], d[1], d[2], d[3], d[4], d[5], v);
     test_attn_prefill(9, 3, 64, 0, 40);
     test_attn_prefill(32, 8, 128, 300, 17);
     if (getenv("PKV_SKIP_BENCH")) { // correctness only: under compute-sanitizer the timings are meaningless and slow
