@@ -421,6 +421,9 @@ __global__ void __launch_bounds__(DEC_THREADS, HD <= 128 ? 2 : 1) attn_decode_mm
     int pos = *d_pos, n = pos + 1;
     int S = split_keys(n, n_splits);
     int k0 = split * S, k1 = min(k0 + S, pos); // cached keys of this split; key pos is new
+#ifdef DEC_MUTANT // a planted error that test_kernels must flag (GPU.md, session 30): each split but the last drops its last key
+    if (k0 + S < pos) k1--;
+#endif
     int n_tiles = k0 < k1 ? (k1 - k0 + TK - 1) / TK : 0;
     int my_tiles = warp < n_tiles ? (n_tiles - warp + DEC_WARPS - 1) / DEC_WARPS : 0; // tiles warp, warp + W, ...
     const bf16 *kb = k_cache + (size_t)kvh * ctx * HD, *vb = v_cache + (size_t)kvh * ctx * HD;
@@ -622,6 +625,9 @@ __global__ void __launch_bounds__(DEC_THREADS, G <= 4 ? 2 : 1) attn_decode_kerne
     int pos = *d_pos, n = pos + 1;
     int S = split_keys(n, n_splits);
     int k0 = split * S, k1 = min(k0 + S, pos); // cached keys of this split; key pos is new
+#ifdef DEC_MUTANT // a planted error that test_kernels must flag (GPU.md, session 30): each split but the last drops its last key
+    if (k0 + S < pos) k1--;
+#endif
     int n_tiles = k0 < k1 ? (k1 - k0 + TILE - 1) / TILE : 0;
     const bf16 *kb = k_cache + (size_t)kvh * ctx * HD, *vb = v_cache + (size_t)kvh * ctx * HD;
     // Key of row u of tile t: each warp covers SPW*U consecutive rows.

@@ -420,7 +420,11 @@ static void make_attn(AttnData &a, int nh, int nkv, int hd, int ctx, int n) {
 // The fused decode attention: from the QKV projection's output at position pos (cache rows
 // < pos filled) to the attention output, against model.c's steps on the CPU (QK-norm, RoPE, the
 // new row rounded to bf16 as the cache holds it, dense attention with an fp32 query).
-static void test_attn_decode(int nh, int nkv, int hd, int ctx, int pos, int qk_norm, int variant) {
+// needle >= 0: that cached key is set along its group's queries so that it takes nearly all the
+// weight (scores ~20 above the rest): a key the kernel drops or misplaces then moves the output
+// by its whole size, where among random keys one key is below the tolerance. The needles sit on
+// the first and last keys of tiles and splits.
+static void test_attn_decode(int nh, int nkv, int hd, int ctx, int pos, int qk_norm, int variant, int needle = -1) {
     AttnData a;
     make_attn(a, nh, nkv, hd, ctx, pos);
     int row = (nh + 2 * nkv) * hd;
@@ -436,6 +440,29 @@ static void test_attn_decode(int nh, int nkv, int hd, int ctx, int pos, int qk_n
     }
     backend_cpu.rope(q.data(), inv.data(), pos, 1, nh, hd);
     backend_cpu.rope(k.data(), inv.data(), pos, 1, nkv, hd);
+    if (needle >= 0) {
+        int G = nh / nkv;
+        for (int h = 0; h < nkv; h++) {
+            std::vector<double> u(hd, 0.0);
+            for (int g = 0; g < G; g++)
+                for (int j = 0; j < hd; j++) u[j] += q[(size_t)(h * G + g) * hd + j];
+            double nu = 0, least = 1e30;
+            for (int j = 0; j < hd; j++) nu += u[j] * u[j];
+            nu = sqrt(nu);
+            for (int g = 0; g < G; g++) {
+                double d = 0;
+                for (int j = 0; j < hd; j++) d += q[(size_t)(h * G + g) * hd + j] * u[j] / nu;
+                least = fmin(least, d);
+            }
+            double c = least > 0 ? fmin(20.0 * sqrt((double)hd) / least, 1e3) : 1e3; // the smallest score ~20
+            std::vector<uint16_t> kb(hd);
+            for (int j = 0; j < hd; j++) {
+                kb[j] = f32_to_bf16((float)(c * u[j] / nu));
+                a.kf[((size_t)needle * nkv + h) * hd + j] = bf16_to_f32(kb[j]);
+            }
+            CU_CHECK(cudaMemcpy(a.kc + ((size_t)h * ctx + needle) * hd, kb.data(), hd * 2, cudaMemcpyHostToDevice));
+        }
+    }
     for (int i = 0; i < nkv * hd; i++) {
         a.kf[(size_t)pos * nkv * hd + i] = bf16_to_f32(f32_to_bf16(k[i]));
         a.vf[(size_t)pos * nkv * hd + i] = bf16_to_f32(f32_to_bf16(v[i]));
@@ -471,8 +498,10 @@ static void test_attn_decode(int nh, int nkv, int hd, int ctx, int pos, int qk_n
             rk[h * hd + j] = a.kf[((size_t)pos * nkv + h) * hd + j], rv[h * hd + j] = a.vf[((size_t)pos * nkv + h) * hd + j];
         }
     char what[128];
-    snprintf(what, sizeof what, "attn_decode %s heads %d/%d hd=%d ctx=%d keys=%d qknorm=%d", variant == ATTN_DECODE_MMA ? "mma" : "fma",
-             nh, nkv, hd, ctx, pos + 1, qk_norm);
+    char at[32] = "";
+    if (needle >= 0) snprintf(at, sizeof at, " needle %d", needle);
+    snprintf(what, sizeof what, "attn_decode %s heads %d/%d hd=%d ctx=%d keys=%d qknorm=%d%s", variant == ATTN_DECODE_MMA ? "mma" : "fma",
+             nh, nkv, hd, ctx, pos + 1, qk_norm, at);
     check(what, rel_err(got[0].data(), ref.data(), ref.size()), TOL_ATTN);
     if (getenv("PKV_DEBUG"))
         for (int h = 0; h < nh; h++) {
@@ -701,8 +730,16 @@ int main(void) {
                     {8, 8, 128, 700, 650, 0}, {64, 8, 128, 3000, 2999, 1}, {32, 8, 128, 70000, 65537, 1},
                     {32, 8, 128, 140000, 131071, 1}, {4, 2, 16, 200, 149, 1}, {4, 2, 32, 200, 77, 0},
                     {16, 4, 256, 900, 899, 1}, {24, 3, 64, 40, 31, 0}, {6, 6, 128, 5000, 4095, 0}};
-    for (int v : {ATTN_DECODE_FMA, ATTN_DECODE_MMA})
+    // Needles (heads, KV heads, hd, ctx, pos, key): split ends for both forms' grids on a
+    // 132-SM GPU (32/8: splits of 160 keys; 64/8: 128 for mma, 192 for fma; 4/2: 128), tile
+    // starts, the first and the last cached key.
+    int needles[][6] = {{32, 8, 128, 5000, 4321, 0},  {32, 8, 128, 5000, 4321, 159}, {32, 8, 128, 5000, 4321, 160},
+                        {32, 8, 128, 5000, 4321, 4320}, {64, 8, 128, 3000, 2999, 127}, {64, 8, 128, 3000, 2999, 191},
+                        {64, 8, 128, 3000, 2999, 2998}, {4, 2, 16, 200, 149, 127},    {4, 2, 16, 200, 149, 16}};
+    for (int v : {ATTN_DECODE_FMA, ATTN_DECODE_MMA}) {
         for (auto &d : dec) test_attn_decode(d[0], d[1], d[2], d[3], d[4], d[5], v);
+        for (auto &d : needles) test_attn_decode(d[0], d[1], d[2], d[3], d[4], 1, v, d[5]);
+    }
     test_attn_prefill(9, 3, 64, 0, 40);
     test_attn_prefill(32, 8, 128, 300, 17);
     if (getenv("PKV_SKIP_BENCH")) { // correctness only: under compute-sanitizer the timings are meaningless and slow
