@@ -280,16 +280,16 @@ __device__ __forceinline__ void merge_splits(bf16 *out, const float *pbase, floa
 //     g+8 of m-tile i that the lane's A fragment wants; two PRMTs a register pair them across keys.
 //   P^T from S^T's accumulator: each 8 x 8 half, packed to bf16, transposed by movmatrix, is the
 //     B fragment of the PV product over its 8 keys.
-// A tile comes in four units of HD/2 bytes a lane (K's two halves of the head dims, V's keys
-// 0-7 and 8-15), each landing by cp.async in the lane's own 16-byte slots ([unit][chunk][lane]:
+// A tile comes in four units of HD/2 bytes a lane (the K rows of keys 0-7, of keys 8-15, then
+// the V rows of each), each landing by cp.async in the lane's own 16-byte slots ([unit][chunk][lane]:
 // no barrier, and a warp's LDS.128s meet no bank conflict), through a ring of MMA_UNITS, so
 // that MMA_UNITS - 1 are in flight: 64 KB a block at HD 128, as the FMA form's ring (a ring of
 // 6, 96 KB, was slower in the step at 4K: the SM's shared-memory carveout grows for it).
 // Measured against the FMA form (H200, tests/bench/GPU.md, session 30): faster where G = 8
 // (Llama-3.1-70B's shape: 4K 12.76 -> 12.41 ms a step, 32K 21.93 -> 16.17), and at 4K for G = 4
 // (4.145 -> 4.084), slower for G = 4 at 32K (5.18 -> 5.38) and 128K (8.64 -> 9.87): a warp's
-// units stream more slowly than the FMA form's rows, for a reason not yet found. So the pass
-// takes it for G > 4.
+// units stream more slowly than the FMA form's rows, for a reason not yet found (units of K's
+// halves of the head dims instead of its rows measured the same). So the pass takes it for G > 4.
 #define MMA_UNITS 4
 
 __device__ __forceinline__ void mma_bf16_16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
@@ -346,18 +346,12 @@ __device__ __forceinline__ void mma_bf16_1688(float (&c)[4], uint32_t a0, uint32
                  : "r"(a0), "r"(a1), "r"(b0));
 }
 
-// A tile's scores from one half of its head dims: kw = this lane's K words of that half (row g's
-// HD/16, then row g+8's), qw = Q^T's B fragment words (all), h = the half.
+// A tile's scores: ka, kb = this lane's K words of rows g and g + 8 (its chunk of each row),
+// qw = Q^T's B fragment words.
 template <int HD>
-__device__ __forceinline__ void tile_scores(float (&s)[4], const uint32_t (&kw)[HD / 8], const uint32_t (&qw)[HD / 8], int h) {
-    constexpr int HW = HD / 16; // words of a row's half chunk
-    if (HW >= 2) {
+__device__ __forceinline__ void tile_scores(float (&s)[4], const uint32_t (&ka)[HD / 8], const uint32_t (&kb)[HD / 8], const uint32_t (&qw)[HD / 8]) {
 #pragma unroll
-        for (int j = 0; j < HW / 2; j++)
-            mma_bf16_16816(s, kw[2 * j], kw[HW + 2 * j], kw[2 * j + 1], kw[HW + 2 * j + 1], qw[h * HW + 2 * j], qw[h * HW + 2 * j + 1]);
-    } else {
-        mma_bf16_1688(s, kw[0], kw[HW], qw[h * HW]);
-    }
+    for (int j = 0; j < HD / 16; j++) mma_bf16_16816(s, ka[2 * j], kb[2 * j], ka[2 * j + 1], kb[2 * j + 1], qw[2 * j], qw[2 * j + 1]);
 }
 
 // The tile's scores s (keys from nvalid on masked) into the state's maxima and sums, the output
@@ -407,8 +401,8 @@ __global__ void __launch_bounds__(DEC_THREADS, HD <= 128 ? 2 : 1) attn_decode_mm
     constexpr int PSTRIDE = HD + 4; // a split's partial: o (HD), m, l, padding to 16 bytes
     constexpr int TK = 16;          // keys a warp-tile
     constexpr int CH = HD / 32 < 1 ? 1 : HD / 32; // 16-byte chunks a lane holds of one unit (HD / 2 bytes)
-    constexpr int HW = HD / 16;     // words of a row's half chunk (K) or of its chunk (V)
-    constexpr int CW = HW < 4 ? HW : 4; // words a cp.async
+    constexpr int KW = HD / 8, VW = HD / 16; // words of a lane's row chunk: K, V
+    constexpr int CK = KW < 4 ? KW : 4, CV = VW < 4 ? VW : 4; // words a cp.async
     extern __shared__ uint4 smem[]; // [MMA_UNITS][DEC_WARPS][CH][32] units; later the warps' outputs
     __shared__ float qs[G][HD];     // the group's queries, scaled to the log2 domain
     __shared__ __align__(16) bf16 new_kv[2][HD];
@@ -432,22 +426,30 @@ __global__ void __launch_bounds__(DEC_THREADS, HD <= 128 ? 2 : 1) attn_decode_mm
     auto at = [&](int u, int b) {
         return ring + (unsigned)((((u % MMA_UNITS) * DEC_WARPS + warp) * CH + b / 16) * 32 + lane) * 16 + (unsigned)(b % 16);
     };
-    // A tile comes in four units: K's first and second half of the head dims (rows g, g + 8),
-    // then V's rows 2t, 2t+1 and 2t+8, 2t+9. A lane's row chunk is taken in pieces interleaved
-    // with its neighbours' (K: the 4 lanes of a group; V: the 8 groups; k_word, v_word), so that
-    // each cp.async of the warp reads whole 32-byte sectors.
+    // A tile comes in four units, each the rows of 8 keys (2 KB at HD 128, contiguous in the
+    // cache): K's keys 0-7 (lane: row g) and 8-15 (row g + 8), then V's keys 0-7 (rows 2t, 2t+1)
+    // and 8-15 (2t+8, 2t+9). A lane's row chunk is taken in pieces interleaved with its
+    // neighbours' (K: the 4 lanes of a group; V: the 8 groups; k_word, v_word), so that each
+    // cp.async of the warp reads whole 32-byte sectors.
     auto issue = [&](int u) {
         int i = u >> 2, q = u & 3;
         if (i < my_tiles) {
             int key0 = k0 + (warp + DEC_WARPS * i) * TK;
-#pragma unroll
-            for (int r = 0; r < 2; r++) {
-                int k = q < 2 ? key0 + g + 8 * r : key0 + 2 * t + r + 8 * (q - 2);
+            if (q < 2) {
+                int k = key0 + g + 8 * q;
                 bool ok = k < k1;
-                const uint32_t *src = (const uint32_t *)((q < 2 ? kb : vb) + (size_t)(ok ? k : k0) * HD);
+                const uint32_t *src = (const uint32_t *)(kb + (size_t)(ok ? k : k0) * HD);
 #pragma unroll
-                for (int w = 0; w < HW; w += CW)
-                    cp_async_small(at(u, (r * HW + w) * 4), src + (q < 2 ? k_word<HD>(t, q * HW + w) : v_word<HD>(g, w)), CW * 4, ok);
+                for (int w = 0; w < KW; w += CK) cp_async_small(at(u, w * 4), src + k_word<HD>(t, w), CK * 4, ok);
+            } else {
+#pragma unroll
+                for (int r = 0; r < 2; r++) {
+                    int k = key0 + 2 * t + r + 8 * (q - 2);
+                    bool ok = k < k1;
+                    const uint32_t *src = (const uint32_t *)(vb + (size_t)(ok ? k : k0) * HD);
+#pragma unroll
+                    for (int w = 0; w < VW; w += CV) cp_async_small(at(u, (r * VW + w) * 4), src + v_word<HD>(g, w), CV * 4, ok);
+                }
             }
         }
         cp_async_commit(); // an empty group past the end keeps the group count uniform
@@ -498,16 +500,23 @@ __global__ void __launch_bounds__(DEC_THREADS, HD <= 128 ? 2 : 1) attn_decode_mm
     // Each unit's slot is asked for again only after the registers read from it were used.
     // Unit u + MMA_UNITS - 1 goes into the slot of unit u - 1, whose words were used by then.
     for (int i = 0; i < my_tiles; i++) {
-        uint32_t w[HD / 8], b[2];
-        float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        uint32_t ka[HD / 8], w[HD / 8], b[2];
 #pragma unroll
         for (int q = 0; q < 4; q++) {
             issue(4 * i + q + MMA_UNITS - 1);
             cp_async_wait<MMA_UNITS - 1>(); // this lane's unit 4 i + q has landed
+            if (q == 0) {
+                read_unit(4 * i, ka);
+                continue;
+            }
             read_unit(4 * i + q, w);
-            if (q < 2) tile_scores<HD>(s, w, qw, q);
-            else tile_pv<HD>(st, w, b[q - 2]);
-            if (q == 1) tile_softmax<HD>(st, s, k1 - (k0 + (warp + DEC_WARPS * i) * TK), g, b[0], b[1]);
+            if (q == 1) {
+                float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                tile_scores<HD>(s, ka, w, qw);
+                tile_softmax<HD>(st, s, k1 - (k0 + (warp + DEC_WARPS * i) * TK), g, b[0], b[1]);
+            } else {
+                tile_pv<HD>(st, w, b[q - 2]);
+            }
         }
     }
     cp_async_wait<0>();
@@ -529,17 +538,14 @@ __global__ void __launch_bounds__(DEC_THREADS, HD <= 128 ? 2 : 1) attn_decode_mm
         __syncwarp();
         // A tile whose key 0 is the new key (row g = 0 of K, row 2t = 0 of V); the rest zeros.
         const uint32_t *nk = (const uint32_t *)new_kv[0], *nv = (const uint32_t *)new_kv[1];
-        uint32_t w[HD / 8], b[2];
+        uint32_t ka[HD / 8], w[HD / 8], b[2];
         float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
-#pragma unroll
-            for (int i = 0; i < HW; i++) w[i] = g == 0 ? nk[k_word<HD>(t, h * HW + i)] : 0u, w[HW + i] = 0u;
-            tile_scores<HD>(s, w, qw, h);
-        }
+        for (int i = 0; i < KW; i++) ka[i] = g == 0 ? nk[k_word<HD>(t, i)] : 0u, w[i] = 0u;
+        tile_scores<HD>(s, ka, w, qw);
         tile_softmax<HD>(st, s, 1, g, b[0], b[1]);
 #pragma unroll
-        for (int i = 0; i < HW; i++) w[i] = t == 0 ? nv[v_word<HD>(g, i)] : 0u, w[HW + i] = 0u;
+        for (int i = 0; i < VW; i++) w[i] = t == 0 ? nv[v_word<HD>(g, i)] : 0u, w[VW + i] = 0u;
         tile_pv<HD>(st, w, b[0]);
     }
     // The warp's state per head: l summed over the lanes of a column; the ring's memory becomes
