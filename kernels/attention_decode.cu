@@ -266,6 +266,46 @@ __device__ __forceinline__ void merge_splits(bf16 *out, const float *pbase, floa
     }
 }
 
+// The end of both forms: the block's P parts (m[P][G], l[P][G], unnormalized o[P][G][HD] in
+// shared memory, written before a barrier) combined into its split's partial in partial
+// ([n_kv][G][n_splits][HD + 4]: o, m, l); the last block of KV head kvh to get here merges every
+// split (merge_splits; smem_f its scratch). The barrier orders every thread's partial stores
+// before thread 0's fence and count (a cumulative release).
+template <int G, int HD, int P, int REGS>
+__device__ __forceinline__ void finish_split(bf16 *out, float *__restrict__ partial, unsigned *counters,
+                                             const float (&pm)[P][G], const float (&pl)[P][G],
+                                             const float *__restrict__ po, float *smem_f, int kvh, int split, int n_splits,
+                                             int used) {
+    constexpr int PSTRIDE = HD + 4;
+    __shared__ int is_last;
+    float *pbase = partial + (size_t)kvh * G * n_splits * PSTRIDE;
+    for (int e = threadIdx.x; e < G * HD; e += DEC_THREADS) {
+        int h = e / HD, d = e % HD;
+        float M = -INFINITY;
+        for (int q = 0; q < P; q++) M = fmaxf(M, pm[q][h]);
+        float L = 0.0f, o = 0.0f;
+        if (M != -INFINITY)
+            for (int q = 0; q < P; q++) {
+                float x = exp2f(pm[q][h] - M); // 0 for a part that saw no key
+                L += pl[q][h] * x;
+                o += po[(q * G + h) * HD + d] * x;
+            }
+        float *p = pbase + ((size_t)h * n_splits + split) * PSTRIDE;
+        p[d] = o;
+        if (d == 0) p[HD] = M, p[HD + 1] = L;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        is_last = atomicAdd(&counters[kvh], 1u) == (unsigned)n_splits - 1;
+    }
+    __syncthreads();
+    if (!is_last) return;
+    __threadfence();
+    merge_splits<G, HD, REGS>(out, pbase, smem_f, kvh, n_splits, used);
+    if (threadIdx.x == 0) counters[kvh] = 0; // ready for the next step
+}
+
 // ---- the tensor-core form (groups of 5-8 query heads): a warp takes 16 keys at a time by mma.sync ----
 //
 // Scores as S^T = K Q^T (m16n8k16; m: 16 keys, n: the group's heads padded to 8, k: head dims)
@@ -398,16 +438,14 @@ __global__ void __launch_bounds__(DEC_THREADS, HD <= 128 ? 2 : 1) attn_decode_mm
                                                                       int n_kv, int ctx, float eps) {
     static_assert(G <= 8 && HD % 16 == 0 && HD <= 256, "G, HD");
     constexpr int LPK = HD / 8;     // lanes per head vector when q is made (8 elements a lane)
-    constexpr int PSTRIDE = HD + 4; // a split's partial: o (HD), m, l, padding to 16 bytes
     constexpr int TK = 16;          // keys a warp-tile
     constexpr int CH = HD / 32 < 1 ? 1 : HD / 32; // 16-byte chunks a lane holds of one unit (HD / 2 bytes)
     constexpr int KW = HD / 8, VW = HD / 16; // words of a lane's row chunk: K, V
     constexpr int CK = KW < 4 ? KW : 4, CV = VW < 4 ? VW : 4; // words a cp.async
     extern __shared__ uint4 smem[]; // [MMA_UNITS][DEC_WARPS][CH][32] units; later the warps' outputs
-    __shared__ float qs[G][HD];     // the group's queries, scaled to the log2 domain
+    __shared__ __align__(16) float qs[G][HD]; // the group's queries, scaled to the log2 domain
     __shared__ __align__(16) bf16 new_kv[2][HD];
-    __shared__ float w_m[DEC_WARPS][G], w_l[DEC_WARPS][G];
-    __shared__ int is_last;
+    __shared__ __align__(16) float w_m[DEC_WARPS][G], w_l[DEC_WARPS][G];
     int kvh = blockIdx.x, split = blockIdx.y, n_splits = gridDim.y;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
     // The position was copied in before the first kernel of the step, and rows < pos of this
@@ -573,32 +611,8 @@ __global__ void __launch_bounds__(DEC_THREADS, HD <= 128 ? 2 : 1) attn_decode_mm
         }
     }
     __syncthreads();
-    float *pbase = partial + (size_t)kvh * G * n_splits * PSTRIDE;
-    for (int e = threadIdx.x; e < G * HD; e += DEC_THREADS) {
-        int h = e / HD, d = e % HD;
-        float M = -INFINITY;
-        for (int w = 0; w < DEC_WARPS; w++) M = fmaxf(M, w_m[w][h]);
-        float L = 0.0f, o = 0.0f;
-        if (M != -INFINITY)
-            for (int w = 0; w < DEC_WARPS; w++) {
-                float x = exp2f(w_m[w][h] - M); // 0 for a warp that saw no key
-                L += w_l[w][h] * x;
-                o += w_o[(w * G + h) * HD + d] * x;
-            }
-        float *p = pbase + ((size_t)h * n_splits + split) * PSTRIDE;
-        p[d] = o;
-        if (d == 0) p[HD] = M, p[HD + 1] = L;
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        __threadfence();
-        is_last = atomicAdd(&counters[kvh], 1u) == (unsigned)n_splits - 1;
-    }
-    __syncthreads();
-    if (!is_last) return;
-    __threadfence();
-    merge_splits<G, HD, HD <= 128 ? 128 : 255>(out, pbase, (float *)smem, kvh, n_splits, (n + S - 1) / S);
-    if (threadIdx.x == 0) counters[kvh] = 0; // ready for the next step
+    finish_split<G, HD, DEC_WARPS, HD <= 128 ? 128 : 255>(out, partial, counters, w_m, w_l, w_o, (float *)smem, kvh, split,
+                                                          n_splits, (n + S - 1) / S);
 }
 
 // Registers are capped so that 2 blocks fit on an SM (1 for groups of more than 4 heads, whose
@@ -610,7 +624,6 @@ __global__ void __launch_bounds__(DEC_THREADS, G <= 4 ? 2 : 1) attn_decode_kerne
                                                                   bf16 *k_cache, bf16 *v_cache, const int *d_pos,
                                                                   int n_kv, int ctx, float eps) {
     constexpr int LPK = HD / 8;             // lanes per key row
-    constexpr int PSTRIDE = HD + 4;         // a split's partial: o (HD), m, l, padding to 16 bytes
     constexpr int SPW = 32 / LPK;           // streams per warp
     constexpr int NS = DEC_WARPS * SPW;     // streams per block
     constexpr int U = 2;                    // rows per stream per tile
@@ -619,8 +632,7 @@ __global__ void __launch_bounds__(DEC_THREADS, G <= 4 ? 2 : 1) attn_decode_kerne
     // thread needs no barrier to read them and DEC_STAGES - 1 tiles are always in flight. The
     // ring and the streams' outputs are never live together: they share the memory.
     extern __shared__ uint4 smem[]; // dec_smem(): the larger of the ring and the streams' outputs
-    __shared__ float st_m[NS][G], st_l[NS][G];
-    __shared__ int is_last;
+    __shared__ __align__(16) float st_m[NS][G], st_l[NS][G];
     uint4(*ring)[2 * U][DEC_THREADS] = (uint4(*)[2 * U][DEC_THREADS])smem; // [stage][K rows, V rows][thread]
     float(*st_o)[G][HD] = (float(*)[G][HD])smem;
     int kvh = blockIdx.x, split = blockIdx.y, n_splits = gridDim.y;
@@ -715,35 +727,8 @@ __global__ void __launch_bounds__(DEC_THREADS, G <= 4 ? 2 : 1) attn_decode_kerne
         for (int i = 0; i < 8; i++) st_o[stream][g][part * 8 + i] = st.acc[g][i];
     }
     __syncthreads();
-    float *pbase = partial + (size_t)kvh * G * n_splits * PSTRIDE;
-    for (int e = threadIdx.x; e < G * HD; e += DEC_THREADS) {
-        int g = e / HD, d = e % HD;
-        float M = -INFINITY;
-        for (int s = 0; s < NS; s++) M = fmaxf(M, st_m[s][g]);
-        float L = 0.0f, o = 0.0f;
-        if (M != -INFINITY)
-            for (int s = 0; s < NS; s++) {
-                float w = exp2f(st_m[s][g] - M);
-                L += st_l[s][g] * w;
-                o += st_o[s][g][d] * w;
-            }
-        float *p = pbase + ((size_t)g * n_splits + split) * PSTRIDE;
-        p[d] = o;
-        if (d == 0) p[HD] = M, p[HD + 1] = L;
-    }
-    // The last block of this KV head to get here merges every split. The barrier orders every
-    // thread's partial stores before thread 0's fence and count (a cumulative release).
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        __threadfence();
-        is_last = atomicAdd(&counters[kvh], 1u) == (unsigned)n_splits - 1;
-    }
-    __syncthreads();
-    if (!is_last) return;
-    __threadfence();
-    int used = (n + S - 1) / S;
-    merge_splits<G, HD, G <= 4 ? 128 : 255>(out, pbase, (float *)smem, kvh, n_splits, used);
-    if (threadIdx.x == 0) counters[kvh] = 0; // ready for the next step
+    finish_split<G, HD, NS, G <= 4 ? 128 : 255>(out, partial, counters, st_m, st_l, &st_o[0][0][0], (float *)smem, kvh, split,
+                                                 n_splits, (n + S - 1) / S);
 }
 
 
