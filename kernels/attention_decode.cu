@@ -5,17 +5,18 @@
 // Grid (n_kv, n_splits): block (h, s) handles keys [s*S, (s+1)*S) of KV head h for all G query
 // heads of its group, so each K/V row is read once per step. S is chosen from the position at
 // run time (the grid is fixed by the device, so a captured graph serves every position), which
-// keeps every SM busy at 4K keys as at 1M. Inside a block, a "stream" of HD/8 lanes owns one
-// key row at a time (16 bytes a lane); each stream keeps its own online-softmax state (max m,
-// sum l, unnormalized output) in the log2 domain. K and V reach each thread through its own
-// slots of a cp.async ring, DEC_STAGES - 1 tiles of 16 rows ahead (the first ones requested
-// before the kernel waits on the QKV projection). Streams are combined in shared memory, each
-// block writes (o, m, l) for its split, and the last block of each KV head merges them.
-// Measured against session 1's two-kernel split/merge: 2.73 TB/s instead of 2.16 at 128K keys.
-// That is the FMA form, which the pass takes where at most 4 query heads share a KV head; where
-// more do (Llama-3.1-70B: 8), the same splits and merge with the dot products and weighted sums
-// on the tensor cores (attn_decode_mma_kernel, below), whose instructions a key do not grow
-// with the group.
+// keeps every SM busy at 4K keys as at 1M. Each block writes (o, m, l) for its split, and the
+// last block of each KV head merges them. Two forms of the block's work, the same splits and
+// merge (finish_split):
+// - the tensor-core form (attn_decode_mma_kernel, what the pass runs): a warp takes 16 keys at
+//   a time, the scores and the weighted sums by mma.sync, K/V rows by cp.async into the warp's
+//   slots of a ring and read by ldmatrix. Its instructions a key do not grow with the group.
+// - the FMA form (attn_decode_kernel, kept for the side-by-side tests and benchmark): a "stream"
+//   of HD/8 lanes owns one key row at a time (16 bytes a lane) with its own online-softmax
+//   state, K/V through each thread's own slots of a cp.async ring; issue-bound at 4 query heads
+//   a KV head (3.3-3.4 TB/s at 128K-1M on an H200, where the tensor-core form reads 4.0-4.4).
+// Both keep the softmax in the log2 domain and ask for their first K/V before the kernel waits
+// on the QKV projection (PDL).
 #include <stdint.h>
 
 #include "cuda_common.h"
@@ -306,30 +307,35 @@ __device__ __forceinline__ void finish_split(bf16 *out, float *__restrict__ part
     if (threadIdx.x == 0) counters[kvh] = 0; // ready for the next step
 }
 
-// ---- the tensor-core form (groups of 5-8 query heads): a warp takes 16 keys at a time by mma.sync ----
+// ---- the tensor-core form (groups of up to 8 query heads): a warp takes 16 keys at a time by mma.sync ----
 //
 // Scores as S^T = K Q^T (m16n8k16; m: 16 keys, n: the group's heads padded to 8, k: head dims)
 // and the output as O^T += V^T P^T (m16n8k8 twice; m: 16 head dims, n: heads, k: 8 keys), so
 // that the group's heads fill the n side and no fragment holds padding rows of K or V. Lane
-// l = 4 g + t holds:
-//   K rows g and g+8 of the tile: word w of its row chunk is the A fragment's register for
-//     k-step w / 2 (w even: k slots 2t, 2t+1; odd: 2t+8, 2t+9). The head dims may be taken in
-//     any order that Q's B fragment shares, so k_word() picks the one whose loads are whole
-//     sectors, and q is gathered the same way.
-//   V rows 2t, 2t+1, 2t+8, 2t+9: word i of a row chunk (v_word()) holds the dims of rows g and
-//     g+8 of m-tile i that the lane's A fragment wants; two PRMTs a register pair them across keys.
+// l = 4 g + t holds, by ldmatrix from the warp's units in shared memory:
+//   K rows g and g+8 of the tile: its word c is dims 8c + 2t, 8c + 2t + 1 of the row, the A
+//     fragment's register for k-step c / 2 (c even: k slots 2t, 2t+1; odd: 2t+8, 2t+9); q's B
+//     fragment is gathered the same way.
+//   V^T: word c of a V unit (ldmatrix .trans) holds dim 8c + g of keys 2t and 2t + 1, the A
+//     fragment's register for m-tile c / 2 (c even: rows g; odd: g + 8).
 //   P^T from S^T's accumulator: each 8 x 8 half, packed to bf16, transposed by movmatrix, is the
 //     B fragment of the PV product over its 8 keys.
-// A tile comes in four units of HD/2 bytes a lane (the K rows of keys 0-7, of keys 8-15, then
-// the V rows of each), each landing by cp.async in the lane's own 16-byte slots ([unit][chunk][lane]:
-// no barrier, and a warp's LDS.128s meet no bank conflict), through a ring of MMA_UNITS, so
-// that MMA_UNITS - 1 are in flight: 64 KB a block at HD 128, as the FMA form's ring (a ring of
-// 6, 96 KB, was slower in the step at 4K: the SM's shared-memory carveout grows for it).
-// Measured against the FMA form (H200, tests/bench/GPU.md, session 30): faster where G = 8
-// (Llama-3.1-70B's shape: 4K 12.76 -> 12.41 ms a step, 32K 21.93 -> 16.17), and at 4K for G = 4
-// (4.145 -> 4.084), slower for G = 4 at 32K (5.18 -> 5.38) and 128K (8.64 -> 9.87): a warp's
-// units stream more slowly than the FMA form's rows, for a reason not yet found (units of K's
-// halves of the head dims instead of its rows measured the same). So the pass takes it for G > 4.
+// A tile comes in four units of 8 rows (2 KB at HD 128, contiguous in the cache): the K rows
+// of keys 0-7, of keys 8-15, then the V rows of each. A unit is copied by the warp's lanes in
+// 16-byte chunks, each cp.async of the warp two whole rows (whole 128-byte lines, as the FMA
+// form reads them), into the warp's slot of a ring of MMA_UNITS (MMA_UNITS - 1 in flight: 64
+// KB a block at HD 128, as the FMA form's ring; a ring of 6, 96 KB, was slower in the step at
+// 4K: the SM's shared-memory carveout grows for it). Chunk c of row r sits at chunk c ^ (r & 7)
+// of its row, so that ldmatrix's 8 row addresses of one chunk meet 8 different banks. Each
+// lane's copies land for that lane only (cp.async.wait_group), so the warp meets at a
+// __syncwarp() before reading a unit, and again before a slot is copied into anew.
+// Session 30's form gave each lane its own fragment words by cp.async (no ldmatrix): its copies
+// read 64 bytes of each of 8 rows (K) or 128 of 4 (V), and it took 1.5x the L2 sectors and
+// 2.8x the shared-memory wavefronts of the FMA form (Nsight Compute, 32/8 heads at 128K):
+// L2-bound (87% busy) at 2.7 TB/s (tests/bench/GPU.md, session 31). With whole rows and
+// ldmatrix, one layer of 32/8 heads at 128K takes 135 us instead of 199 (4.0 TB/s; 1M: 4.38),
+// and the form is faster than the FMA form at every shape measured (4K to 1M, 3 to 8 query
+// heads a KV head; level at 1 and 2 from 32K), so the pass takes it at every group size.
 #define MMA_UNITS 4
 
 __device__ __forceinline__ void mma_bf16_16816(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
@@ -351,27 +357,30 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
 __device__ __forceinline__ float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float bf16_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
 
-// cp.async of n bytes (4, 8 or 16) from global src to shared dst (zeros where !valid).
-__device__ __forceinline__ void cp_async_small(unsigned dst, const void *src, int n, bool valid) {
-    if (n == 16)
-        asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
-    else if (n == 8)
-        asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(dst), "l"(src), "r"(valid ? 8 : 0) : "memory");
-    else
-        asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(dst), "l"(src), "r"(valid ? 4 : 0) : "memory");
+// cp.async of 16 bytes from global src to shared address dst (zeros where !valid).
+__device__ __forceinline__ void cp_async16_at(unsigned dst, const void *src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
 }
 
-// Which word (bf16 pair) of a row a lane's chunk holds as its word w: K (lane t of its group;
-// pieces of 16 bytes, at most, interleaved over the group's 4 lanes) and V (group g; pieces
-// interleaved over the 8 groups). The head dims' order these give is shared by q (K) and the
-// output (V).
-template <int HD> __device__ __forceinline__ int k_word(int t, int w) {
-    constexpr int PW = (HD / 2 < 16 ? HD / 2 : 16) / 4; // words a piece
-    return (4 * (w / PW) + t) * PW + w % PW;
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];" : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
 }
-template <int HD> __device__ __forceinline__ int v_word(int g, int w) {
-    constexpr int PW = (HD / 4 < 16 ? HD / 4 : 16) / 4;
-    return (8 * (w / PW) + g) * PW + w % PW;
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];" : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x2(uint32_t (&r)[2], unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.shared.b16 {%0, %1}, [%2];" : "=r"(r[0]), "=r"(r[1]) : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x2_trans(uint32_t (&r)[2], unsigned addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0, %1}, [%2];" : "=r"(r[0]), "=r"(r[1]) : "r"(addr));
+}
+
+// Byte offset of row r's 16-byte chunk c in a unit of 8 rows of HD bf16: the chunks of a row
+// are XOR-permuted by the row's low bits, so that one chunk of the 8 rows (an ldmatrix
+// matrix) falls in 8 different 16-byte bank groups (rows of 32 and 64 bytes: 2 and 4).
+template <int HD> __device__ __forceinline__ unsigned unit_chunk(int r, int c) {
+    constexpr int NC = HD / 8, SW = (NC < 8 ? NC : 8) - 1;
+    return (unsigned)(r * HD * 2 + ((c ^ (r & SW)) * 16));
 }
 
 // A warp's online-softmax state: heads 2t and 2t+1 (the lane's n columns); l is this lane's
@@ -422,12 +431,11 @@ __device__ __forceinline__ void tile_softmax(MmaState<HD> &st, float (&s)[4], in
     b0 = movmatrix_trans(pk0), b1 = movmatrix_trans(pk1);
 }
 
-// O^T += V^T P^T over 8 of the tile's keys: vw = this lane's V words of two rows (keys 2t, 2t+1,
-// or 2t+8, 2t+9), b = P^T's B fragment of those 8 keys.
+// O^T += V^T P^T over 8 of the tile's keys: vw = this lane's V^T words of those keys (word c:
+// dim 8c + g of keys 2t, 2t + 1), b = P^T's B fragment of the same keys.
 template <int HD> __device__ __forceinline__ void tile_pv(MmaState<HD> &st, const uint32_t (&vw)[HD / 8], uint32_t b) {
-    constexpr int VW = HD / 16; // words of one row's chunk
 #pragma unroll
-    for (int i = 0; i < HD / 16; i++) mma_bf16_1688(st.o[i], __byte_perm(vw[i], vw[VW + i], 0x5410), __byte_perm(vw[i], vw[VW + i], 0x7632), b);
+    for (int i = 0; i < HD / 16; i++) mma_bf16_1688(st.o[i], vw[2 * i], vw[2 * i + 1], b);
 }
 
 template <int G, int HD>
@@ -439,10 +447,9 @@ __global__ void __launch_bounds__(DEC_THREADS, HD <= 128 ? 2 : 1) attn_decode_mm
     static_assert(G <= 8 && HD % 16 == 0 && HD <= 256, "G, HD");
     constexpr int LPK = HD / 8;     // lanes per head vector when q is made (8 elements a lane)
     constexpr int TK = 16;          // keys a warp-tile
-    constexpr int CH = HD / 32 < 1 ? 1 : HD / 32; // 16-byte chunks a lane holds of one unit (HD / 2 bytes)
-    constexpr int KW = HD / 8, VW = HD / 16; // words of a lane's row chunk: K, V
-    constexpr int CK = KW < 4 ? KW : 4, CV = VW < 4 ? VW : 4; // words a cp.async
-    extern __shared__ uint4 smem[]; // [MMA_UNITS][DEC_WARPS][CH][32] units; later the warps' outputs
+    constexpr int NC = HD / 8;      // 16-byte chunks a row
+    constexpr int UNIT = 8 * HD * 2; // bytes a unit: 8 rows
+    extern __shared__ uint4 smem[]; // [MMA_UNITS][DEC_WARPS] units of UNIT bytes; later the warps' outputs
     __shared__ __align__(16) float qs[G][HD]; // the group's queries, scaled to the log2 domain
     __shared__ __align__(16) bf16 new_kv[2][HD];
     __shared__ __align__(16) float w_m[DEC_WARPS][G], w_l[DEC_WARPS][G];
@@ -459,51 +466,46 @@ __global__ void __launch_bounds__(DEC_THREADS, HD <= 128 ? 2 : 1) attn_decode_mm
     int n_tiles = k0 < k1 ? (k1 - k0 + TK - 1) / TK : 0;
     int my_tiles = warp < n_tiles ? (n_tiles - warp + DEC_WARPS - 1) / DEC_WARPS : 0; // tiles warp, warp + W, ...
     const bf16 *kb = k_cache + (size_t)kvh * ctx * HD, *vb = v_cache + (size_t)kvh * ctx * HD;
-    const unsigned ring = (unsigned)__cvta_generic_to_shared(smem);
-    // Byte b of this lane's share of unit u.
-    auto at = [&](int u, int b) {
-        return ring + (unsigned)((((u % MMA_UNITS) * DEC_WARPS + warp) * CH + b / 16) * 32 + lane) * 16 + (unsigned)(b % 16);
-    };
-    // A tile comes in four units, each the rows of 8 keys (2 KB at HD 128, contiguous in the
-    // cache): K's keys 0-7 (lane: row g) and 8-15 (row g + 8), then V's keys 0-7 (rows 2t, 2t+1)
-    // and 8-15 (2t+8, 2t+9). A lane's row chunk is taken in pieces interleaved with its
-    // neighbours' (K: the 4 lanes of a group; V: the 8 groups; k_word, v_word), so that each
-    // cp.async of the warp reads whole 32-byte sectors.
+    const unsigned ring = (unsigned)__cvta_generic_to_shared(smem) + (unsigned)warp * UNIT;
+    auto slot = [&](int u) { return ring + (unsigned)((u % MMA_UNITS) * DEC_WARPS * UNIT); };
+    // Unit q of a tile: the rows of keys 8 (q & 1) .. 8 (q & 1) + 7 of K (q < 2) or V. The warp's
+    // copy j takes the unit's chunks 32 j .. 32 j + 31 (rows in order, whole rows per copy).
     auto issue = [&](int u) {
         int i = u >> 2, q = u & 3;
         if (i < my_tiles) {
-            int key0 = k0 + (warp + DEC_WARPS * i) * TK;
-            if (q < 2) {
-                int k = key0 + g + 8 * q;
+            int key0 = k0 + (warp + DEC_WARPS * i) * TK + 8 * (q & 1);
+            const bf16 *base = q < 2 ? kb : vb;
+#pragma unroll
+            for (int j = 0; j < (8 * NC + 31) / 32; j++) {
+                int e = 32 * j + lane, r = e / NC, c = e % NC, k = key0 + r;
                 bool ok = k < k1;
-                const uint32_t *src = (const uint32_t *)(kb + (size_t)(ok ? k : k0) * HD);
-#pragma unroll
-                for (int w = 0; w < KW; w += CK) cp_async_small(at(u, w * 4), src + k_word<HD>(t, w), CK * 4, ok);
-            } else {
-#pragma unroll
-                for (int r = 0; r < 2; r++) {
-                    int k = key0 + 2 * t + r + 8 * (q - 2);
-                    bool ok = k < k1;
-                    const uint32_t *src = (const uint32_t *)(vb + (size_t)(ok ? k : k0) * HD);
-#pragma unroll
-                    for (int w = 0; w < VW; w += CV) cp_async_small(at(u, (r * VW + w) * 4), src + v_word<HD>(g, w), CV * 4, ok);
-                }
+                if (8 * NC % 32 == 0 || e < 8 * NC)
+                    cp_async16_at(slot(u) + unit_chunk<HD>(r, c), base + (size_t)(ok ? k : k0) * HD + 8 * c, ok);
             }
         }
         cp_async_commit(); // an empty group past the end keeps the group count uniform
     };
-    auto read_unit = [&](int u, uint32_t (&w)[HD / 8]) { // (the modulos keep HD 16's dead branch in bounds)
-        if (HD / 8 >= 4) {
+    // This lane's words of unit u (its copies landed and the warp met after them): K (word c:
+    // row g's dims 8c + 2t, 8c + 2t + 1) or V transposed (word c: dim 8c + g of rows 2t, 2t + 1).
+    // Lane l gives the address of row l & 7 in matrix l >> 3, chunk 4 m + (l >> 3) of copy m.
+    auto read_unit = [&](int u, uint32_t (&w)[NC], bool trans) {
+        unsigned a = slot(u);
+        if constexpr (NC >= 4) {
 #pragma unroll
-            for (int c = 0; c < CH; c++) {
-                uint4 x;
-                asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(x.x), "=r"(x.y), "=r"(x.z), "=r"(x.w) : "r"(at(u, 16 * c)));
-                w[(4 * c) % (HD / 8)] = x.x, w[(4 * c + 1) % (HD / 8)] = x.y, w[(4 * c + 2) % (HD / 8)] = x.z, w[(4 * c + 3) % (HD / 8)] = x.w;
+            for (int m = 0; m < NC / 4; m++) {
+                uint32_t r[4];
+                unsigned addr = a + unit_chunk<HD>(lane & 7, 4 * m + (lane >> 3));
+                if (trans) ldmatrix_x4_trans(r, addr);
+                else ldmatrix_x4(r, addr);
+#pragma unroll
+                for (int x = 0; x < 4; x++) w[4 * m + x] = r[x];
             }
         } else {
-            uint2 x;
-            asm volatile("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(x.x), "=r"(x.y) : "r"(at(u, 0)));
-            w[0] = x.x, w[1 % (HD / 8)] = x.y;
+            uint32_t r[2];
+            unsigned addr = a + unit_chunk<HD>(lane & 7, (lane >> 3) & 1);
+            if (trans) ldmatrix_x2_trans(r, addr);
+            else ldmatrix_x2(r, addr);
+            w[0] = r[0], w[1] = r[1];
         }
     };
     pdl_release(); // the next kernel may start filling SMs as this one's blocks finish
@@ -525,29 +527,27 @@ __global__ void __launch_bounds__(DEC_THREADS, HD <= 128 ? 2 : 1) attn_decode_mm
             for (int i = 0; i < 8; i++) qs[hq][part * 8 + i] = q[i] * scale;
     }
     __syncthreads();
-    uint32_t qw[HD / 8]; // Q^T's B fragments: head g's dims [HD/4 t, HD/4 (t+1)) as bf16 pairs (0 past the group)
+    uint32_t qw[NC]; // Q^T's B fragments: word c = head g's dims 8c + 2t, 8c + 2t + 1 (0 past the group)
 #pragma unroll
-    for (int i = 0; i < HD / 8; i++) {
-        int d = 2 * k_word<HD>(t, i);
-        qw[i] = g < G ? pack_bf16(qs[g][d], qs[g][d + 1]) : 0u;
-    }
+    for (int i = 0; i < NC; i++) qw[i] = g < G ? pack_bf16(qs[g][8 * i + 2 * t], qs[g][8 * i + 2 * t + 1]) : 0u;
     MmaState<HD> st;
     st.m[0] = st.m[1] = -INFINITY, st.l[0] = st.l[1] = 0.0f;
 #pragma unroll
     for (int i = 0; i < HD / 16; i++) st.o[i][0] = st.o[i][1] = st.o[i][2] = st.o[i][3] = 0.0f;
-    // Each unit's slot is asked for again only after the registers read from it were used.
-    // Unit u + MMA_UNITS - 1 goes into the slot of unit u - 1, whose words were used by then.
+    // Unit u + MMA_UNITS - 1 goes into the slot of unit u - 1, which every lane has read by then.
     for (int i = 0; i < my_tiles; i++) {
-        uint32_t ka[HD / 8], w[HD / 8], b[2];
+        uint32_t ka[NC], w[NC], b[2];
 #pragma unroll
         for (int q = 0; q < 4; q++) {
+            __syncwarp(); // every lane's reads of the slot refilled next are done
             issue(4 * i + q + MMA_UNITS - 1);
-            cp_async_wait<MMA_UNITS - 1>(); // this lane's unit 4 i + q has landed
+            cp_async_wait<MMA_UNITS - 1>(); // this lane's copies of unit 4 i + q have landed
+            __syncwarp();                   // and every other lane's
             if (q == 0) {
-                read_unit(4 * i, ka);
+                read_unit(4 * i, ka, false);
                 continue;
             }
-            read_unit(4 * i + q, w);
+            read_unit(4 * i + q, w, q >= 2);
             if (q == 1) {
                 float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
                 tile_scores<HD>(s, ka, w, qw);
@@ -574,16 +574,17 @@ __global__ void __launch_bounds__(DEC_THREADS, HD <= 128 ? 2 : 1) attn_decode_mm
             }
         }
         __syncwarp();
-        // A tile whose key 0 is the new key (row g = 0 of K, row 2t = 0 of V); the rest zeros.
-        const uint32_t *nk = (const uint32_t *)new_kv[0], *nv = (const uint32_t *)new_kv[1];
-        uint32_t ka[HD / 8], w[HD / 8], b[2];
+        // A tile whose key 0 is the new key (row g = 0 of K, key 2t = 0 of V^T); the rest zeros.
+        const uint32_t *nk = (const uint32_t *)new_kv[0];
+        const uint16_t *nv = (const uint16_t *)new_kv[1];
+        uint32_t ka[NC], w[NC], b[2];
         float s[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-        for (int i = 0; i < KW; i++) ka[i] = g == 0 ? nk[k_word<HD>(t, i)] : 0u, w[i] = 0u;
+        for (int i = 0; i < NC; i++) ka[i] = g == 0 ? nk[4 * i + t] : 0u, w[i] = 0u;
         tile_scores<HD>(s, ka, w, qw);
         tile_softmax<HD>(st, s, 1, g, b[0], b[1]);
 #pragma unroll
-        for (int i = 0; i < VW; i++) w[i] = t == 0 ? nv[v_word<HD>(g, i)] : 0u, w[VW + i] = 0u;
+        for (int i = 0; i < NC; i++) w[i] = t == 0 ? (uint32_t)nv[8 * i + g] : 0u;
         tile_pv<HD>(st, w, b[0]);
     }
     // The warp's state per head: l summed over the lanes of a column; the ring's memory becomes
@@ -604,10 +605,8 @@ __global__ void __launch_bounds__(DEC_THREADS, HD <= 128 ? 2 : 1) attn_decode_mm
         if (h < G) {
             if (g == 0) w_m[warp][h] = st.m[e], w_l[warp][h] = st.l[e];
 #pragma unroll
-            for (int i = 0; i < HD / 16; i++) {
-                int d = 2 * v_word<HD>(g, i);
-                w_o[(warp * G + h) * HD + d] = st.o[i][e], w_o[(warp * G + h) * HD + d + 1] = st.o[i][2 + e];
-            }
+            for (int i = 0; i < HD / 16; i++) // O^T rows 16 i + g and 16 i + g + 8
+                w_o[(warp * G + h) * HD + 16 * i + g] = st.o[i][e], w_o[(warp * G + h) * HD + 16 * i + g + 8] = st.o[i][2 + e];
         }
     }
     __syncthreads();
@@ -744,14 +743,14 @@ template <int G, int HD> static constexpr int dec_smem(void) {
 typedef void (*DecKernel)(bf16 *, float *, unsigned *, const float *, const float *, const float *, const float *, bf16 *, bf16 *,
                           const int *, int, int, float);
 
-// variant: ATTN_DECODE_FMA or ATTN_DECODE_MMA (variants.h); AUTO: MMA where G > 4.
+// variant: ATTN_DECODE_FMA or ATTN_DECODE_MMA (variants.h); AUTO: MMA.
 template <int G, int HD>
 static cudaError_t launch_decode(bf16 *out, const float *qkv, const float *q_norm, const float *k_norm,
                                  const float *rope_cs, bf16 *k_cache, bf16 *v_cache, const int *d_pos, int n_kv, int ctx,
                                  float eps, float *partial, unsigned *counters, int variant, cudaStream_t st) {
-    bool mma = variant == ATTN_DECODE_MMA || (variant == ATTN_DECODE_AUTO && G > 4);
+    bool mma = variant != ATTN_DECODE_FMA;
     DecKernel k = mma ? (DecKernel)attn_decode_mma_kernel<G, HD> : (DecKernel)attn_decode_kernel<G, HD>;
-    int smem = mma ? MMA_UNITS * DEC_WARPS * 32 * (HD / 2 < 16 ? 16 : HD / 2) : dec_smem<G, HD>();
+    int smem = mma ? MMA_UNITS * DEC_WARPS * 16 * HD : dec_smem<G, HD>(); // mma: units of 8 rows
     CU_TRY(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     int per_sm = 0;
     CU_TRY(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k, DEC_THREADS, smem));

@@ -552,13 +552,19 @@ static void run_dec(void *p) {
                                  1e-6f, a->partial, a->counters, a->variant, 0));
 }
 
-static void bench_attn_decode(double bw) {
+// only: "heads,kv,hd,ctx" (NULL: every shape), for a profiler run of one shape.
+static void bench_attn_decode(double bw, const char *only) {
     printf("\n%-38s | %9s | %8s | %s\n", "decode attention (one layer), form", "us", "TB/s", "floor us");
-    int cfg[][4] = {{32, 8, 128, 4096}, {32, 8, 128, 32768}, {32, 8, 128, 131072}, {32, 8, 128, 1 << 20}, {9, 3, 64, 8192},
-                    {64, 8, 128, 4096}, {64, 8, 128, 32768}, {64, 8, 128, 131072}};
+    int cfg[][4] = {{32, 8, 128, 4096},  {32, 8, 128, 8192},  {32, 8, 128, 16384},  {32, 8, 128, 32768},
+                    {32, 8, 128, 131072}, {32, 8, 128, 1 << 20}, {16, 4, 128, 4096},  {16, 4, 128, 32768},
+                    {9, 3, 64, 8192},     {64, 8, 128, 4096},  {64, 8, 128, 32768}, {64, 8, 128, 131072},
+                    {8, 8, 128, 4096},    {8, 8, 128, 32768},  {16, 8, 128, 32768}};
     for (auto &c : cfg)
     for (int v : {ATTN_DECODE_FMA, ATTN_DECODE_MMA}) {
         int nh = c[0], nkv = c[1], hd = c[2], ctx = c[3];
+        char name[64];
+        snprintf(name, sizeof name, "%d,%d,%d,%d", nh, nkv, hd, ctx);
+        if (only && strcmp(only, name) != 0) continue;
         size_t kv = (size_t)nkv * ctx * hd;
         DecArgs a;
         a.nh = nh, a.nkv = nkv, a.hd = hd, a.ctx = ctx, a.variant = v;
@@ -688,10 +694,36 @@ static void test_tp_sum(int n1, int dim) {
     CU_CHECK(cudaSetDevice(0));
 }
 
-int main(void) {
+// Device read bandwidth (2 GiB read once, median of 20): the floor each benchmark row states.
+static double measure_bandwidth(void) {
+    size_t n = (size_t)2 << 30;
+    void *buf;
+    float *sink;
+    CU_CHECK(cudaMalloc(&buf, n));
+    CU_CHECK(cudaMalloc(&sink, 4));
+    CU_CHECK(fill_random_bf16((bf16 *)buf, n / 2, 1, 1, 0, 0));
+    struct R {
+        void *b;
+        size_t n;
+        float *s;
+    } r = {buf, n, sink};
+    float t = time_ms([](void *p) { R *r = (R *)p; CU_CHECK(read_bandwidth_kernel(r->b, r->n, r->s, 0)); }, &r, 20);
+    double bw = n / (t * 1e-3);
+    printf("\nmeasured read bandwidth: %.2f TB/s\n", bw / 1e12);
+    cudaFree(buf), cudaFree(sink);
+    return bw;
+}
+
+int main(int argc, char **argv) {
     cudaDeviceProp prop;
     CU_CHECK(cudaGetDeviceProperties(&prop, 0));
     printf("device: %s (%d SMs)\n", prop.name, prop.multiProcessorCount);
+    // `test_kernels bench-decode [heads,kv,hd,ctx]`: the decode-attention benchmark alone (no
+    // checks), for side-by-side timing or a profiler run of one shape.
+    if (argc > 1 && strcmp(argv[1], "bench-decode") == 0) {
+        bench_attn_decode(measure_bandwidth(), argc > 2 ? argv[2] : NULL);
+        return 0;
+    }
     // correctness
     test_gemv(576, 960, GEMV_STORE);
     test_gemv(4096, 6144, GEMV_STORE);
@@ -747,28 +779,11 @@ int main(void) {
         return failed != 0;
     }
     // speed
-    double bw = 0;
-    {
-        size_t n = (size_t)2 << 30;
-        void *buf;
-        float *sink;
-        CU_CHECK(cudaMalloc(&buf, n));
-        CU_CHECK(cudaMalloc(&sink, 4));
-        CU_CHECK(fill_random_bf16((bf16 *)buf, n / 2, 1, 1, 0, 0));
-        struct R {
-            void *b;
-            size_t n;
-            float *s;
-        } r = {buf, n, sink};
-        float t = time_ms([](void *p) { R *r = (R *)p; CU_CHECK(read_bandwidth_kernel(r->b, r->n, r->s, 0)); }, &r, 20);
-        bw = n / (t * 1e-3);
-        printf("\nmeasured read bandwidth: %.2f TB/s\n", bw / 1e12);
-        cudaFree(buf), cudaFree(sink);
-    }
+    double bw = measure_bandwidth();
     cublasHandle_t blas;
     cublasCreate(&blas);
     bench_gemv(blas, bw);
-    bench_attn_decode(bw);
+    bench_attn_decode(bw, NULL);
     printf("\n%d passed, %d failed\n", passed, failed);
     return failed != 0;
 }

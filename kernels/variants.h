@@ -18,10 +18,9 @@ cudaError_t gemv_bf16_staged(void *y, const bf16 *W, const bf16 *x, int n, int d
 cudaError_t gemv_bf16_rowwarp(void *y, const bf16 *W, const bf16 *x, int n, int d, int epilogue, cudaStream_t st);
 cudaError_t gemv_bf16_rowwarp2(void *y, const bf16 *W, const bf16 *x, int n, int d, int epilogue, cudaStream_t st);
 
-// attn_decode (kernels.h) with its form chosen: AUTO is the pass's (MMA where more than 4 query
-// heads share a KV head); FMA: each K/V row's dot products and weighted sums on the FMA pipes,
-// a stream of HD/8 lanes a row; MMA: 16 keys a warp by mma.sync (attention_decode.cu says
-// where each wins).
+// attn_decode (kernels.h) with its form chosen: AUTO is the pass's (MMA); FMA: each K/V row's
+// dot products and weighted sums on the FMA pipes, a stream of HD/8 lanes a row; MMA: 16 keys a
+// warp by mma.sync (attention_decode.cu has the measurements).
 enum { ATTN_DECODE_AUTO = 0, ATTN_DECODE_FMA = 1, ATTN_DECODE_MMA = 2 };
 cudaError_t attn_decode_variant(bf16 *out, const float *qkv, const float *q_norm, const float *k_norm, const float *rope_cs,
                                 bf16 *k_cache, bf16 *v_cache, const int *d_pos, int n_heads, int n_kv, int hd, int ctx, float eps,
