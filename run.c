@@ -38,7 +38,8 @@
 // The default policy's crossover: the sequence length from which ParisKV's decode step is
 // measured faster than dense attention's on the device (below it dense is faster, and exact).
 // GPU (tests/bench/GPU.md, session 11): Qwen3-8B and Llama-3.1-8B cross at ~41K on the H100 and
-// ~48K on the H200; the larger, so the default is never slower than dense. CPU (RESULTS.md,
+// ~48K on the H200; the larger, so the default is never slower than dense. Session 31's builds
+// cross at ~33K on the H200; the H100 is not re-measured, so this stays. CPU (RESULTS.md,
 // "ParisKV against dense on the CPU"): dense measured faster at 3K and 7.6K on a quiet 2-core
 // machine; twice that until a quiet machine measures further.
 #define PKV_CROSSOVER_CPU 16384

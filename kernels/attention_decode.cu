@@ -30,7 +30,9 @@
 #define DEC_THREADS 256
 #define DEC_WARPS (DEC_THREADS / 32)
 #define DEC_MAX_BLOCKS_PER_SM 8
+#ifndef DEC_MIN_SPLIT // (a measurement build may set it)
 #define DEC_MIN_SPLIT 128 // measured best of 64 / 128 / 256 at 4K keys
+#endif
 #define DEC_STAGES 4 // tiles of K/V in each block's ring: 3 in flight while one is used (measured: a ring of
                      // 8 costs a block per SM, and 3 blocks an SM of 8 stages are slower than 4 of 4)
 #define DEC_MAX_SPLITS 1024 // a bound on the grid (the partial scratch is sized by it)

@@ -625,7 +625,7 @@ if want timeline; then
     if [ ! -f $D/libkt.so ]; then echo "FAIL timeline: no .dev/libkt.so (the build machine's toolkit had no CUPTI)"; status=1; else
         N=${TL_CTX:-131072}
         random_ids 7 128000 $N > /tmp/ids$N.txt # below every vocabulary TL_MODEL names (Llama 3: 128,256)
-        if [ "${TL_ATTN:-pariskv}" = full ]; then TA="--attn full"; TM=attn_decode_kernel; else TA="--attn pariskv --kv-store host"; TM=pkv_bonus_kernel; fi
+        if [ "${TL_ATTN:-pariskv}" = full ]; then TA="--attn full"; TM=attn_decode_mma_kernel; else TA="--attn pariskv --kv-store host"; TM=pkv_bonus_kernel; fi
         CUDA_INJECTION64_PATH=$PWD/$D/libkt.so KT_OUT=$OUT/timeline.csv timeout 400 $D/run --synthetic ${TL_MODEL:-qwen3-8b} $TA \
             ${TL_ARGS:-} --ids -f /tmp/ids$N.txt --ctx $((N + 128)) -n 64 --temp 0 --ignore-eos 2>&1 >/dev/null |
             grep -v "^warning" | tail -n 1 || status=1
