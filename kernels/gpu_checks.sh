@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the GPU machine, from the repo root, with binaries from kernels/prepare_device.sh in .dev/:
 # kernel tests against the CPU reference, whole-model GPU vs CPU, and the decode benchmark.
-# Usage: kernels/gpu_checks.sh [kernels|mutants|models|smollm2|passkey|fp8|prefill1m|pkvprof|fp8prof|timeline|sampling|quant|quantbench|pkvrand|pkvchat|pkvsmol|pkvfp8|pkvcache|pkvtable|pkvlayer|pkvchunk|pkvdrift|session|sessbench|pkvsan|pkvlong|pkvbench|bench|prefill|peer|hfcheck|tp|tpbench|all]...
+# Usage: kernels/gpu_checks.sh [kernels|kernsan|mutants|models|smollm2|passkey|fp8|prefill1m|pkvprof|fp8prof|timeline|sampling|quant|quantbench|pkvrand|pkvchat|pkvsmol|pkvfp8|pkvcache|pkvtable|pkvlayer|pkvchunk|pkvdrift|session|sessbench|pkvsan|pkvlong|pkvbench|bench|prefill|peer|hfcheck|tp|tpbench|all]...
 # tp, tpbench need two GPUs (--gpus 2) and are left out of `all`, as are prefill1m (a whole call)
 # and pkvprof, fp8prof (Nsight Compute) and timeline (CUPTI).
 # Exits non-zero when any check fails: every command's status counts (pipefail: a `cmd | tee`
@@ -520,6 +520,16 @@ if want fp8; then
             timeout 200 $D/run --bench --synthetic $m --bench-ctx ${FP8_CTX:-32768,131072} --bench-prefill --bench-steps 64 --prefill-attn $a 2>&1 |
                 grep -v "^warning" | tee -a "$OUT/fp8-prefill.txt" || status=1
         done
+    done
+fi
+if want kernsan; then
+    # compute-sanitizer memcheck and racecheck over test_kernels' checks (no benchmark): the decode
+    # attention's warps share their ring through __syncwarp() only, which racecheck would catch.
+    CS=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+    for tool in memcheck racecheck; do
+        PKV_SKIP_BENCH=1 timeout 400 $CS --tool $tool --error-exitcode 9 $D/test_kernels > "$OUT/san-$tool-test_kernels.log" 2>&1 ||
+            { echo "FAIL $tool test_kernels"; tail -n 5 "$OUT/san-$tool-test_kernels.log"; status=1; }
+        echo "$tool test_kernels: $(grep -h 'ERROR SUMMARY\|RACECHECK SUMMARY\|passed' "$OUT/san-$tool-test_kernels.log" | tr '\n' ' ')"
     done
 fi
 if want pkvsan; then
