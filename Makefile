@@ -134,6 +134,15 @@ $(BUILD)/kernels/test_%: kernels/test_%.cu $(LIB_OBJ)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCCFLAGS) -Xcompiler -fopenmp -o $@ $^ $(TOKLIBS) $(JSONLIBS) $(BLASLIBS) -lcublas -lgomp
 
+# test_kernels with the decode attention's planted error (-DDEC_MUTANT: each split but the last
+# drops its last key), which its checks must flag (kernels/gpu_checks.sh mutants).
+$(BUILD)/kernels/attention_decode_mutant.o: kernels/attention_decode.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -DDEC_MUTANT -MMD -MP -c -o $@ $<
+$(BUILD)/kernels/test_kernels_mutant: kernels/test_kernels.cu $(filter-out $(BUILD)/kernels/attention_decode.o,$(LIB_OBJ)) $(BUILD)/kernels/attention_decode_mutant.o
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -Xcompiler -fopenmp -o $@ $^ $(TOKLIBS) $(JSONLIBS) $(BLASLIBS) -lcublas -lgomp
+
 gpu-tests: all $(GPU_TEST_BIN)
 test-gpu: gpu-tests
 	@set -e; for t in $(GPU_TEST_BIN); do echo "=== $$t"; $$t; done

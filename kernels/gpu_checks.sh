@@ -60,6 +60,20 @@ if want mutants; then
     PKV_TEST_QUICK=1 PKV_TEST_TRIALS=10 timeout 280 $D/test_pkv_attend > "$OUT/mutant-trials-test_pkv_attend.log" 2>&1 &&
         echo "ok   test_pkv_attend, 10 draws of its cases: $(grep -c '^ok   pkv_attend .*mutants of head 0' "$OUT/mutant-trials-test_pkv_attend.log") dropped/duplicated-row mutants rejected, $(tail -n 1 "$OUT/mutant-trials-test_pkv_attend.log")" ||
         { echo "FAIL test_pkv_attend, 10 draws:"; grep '^FAIL' "$OUT/mutant-trials-test_pkv_attend.log" | head -n 5; status=1; }
+    # The decode attention's planted error (test_kernels_mutant, -DDEC_MUTANT: each split but the
+    # last drops its last key): both forms' split-end needles must fail (3 a form on 132 SMs; 13
+    # checks a form failed on an H200, session 31), so at least 3 of each form's checks.
+    if [ -x $D/test_kernels_mutant ]; then
+        PKV_SKIP_BENCH=1 timeout 200 $D/test_kernels_mutant > "$OUT/mutant-test_kernels.log" 2>&1
+        rc=$? fma=$(grep -c '^FAIL attn_decode fma' "$OUT/mutant-test_kernels.log") mma=$(grep -c '^FAIL attn_decode mma' "$OUT/mutant-test_kernels.log")
+        if [ $rc -ne 0 ] && [ "$fma" -ge 3 ] && [ "$mma" -ge 3 ]; then
+            echo "ok   test_kernels with a planted decode-attention mutant (a dropped key a split): $fma FMA-form and $mma tensor-core-form checks failed ($(tail -n 1 "$OUT/mutant-test_kernels.log"))"
+        else
+            echo "FAIL test_kernels with a planted decode-attention mutant: exit $rc, $fma FMA-form and $mma tensor-core-form checks failed"; status=1
+        fi
+    else
+        echo "FAIL mutants: no $D/test_kernels_mutant (kernels/prepare_device.sh builds it with test_kernels)"; status=1
+    fi
     for t in test_pkv_attend test_pariskv_gpu; do
         PKV_TEST_MUTANT=1 PKV_TEST_QUICK=1 timeout 280 $D/$t > "$OUT/mutant-$t.log" 2>&1
         rc=$?
