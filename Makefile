@@ -130,9 +130,10 @@ $(BUILD)/kernels/flash_prefill.o $(BUILD)/kernels/flash_prefill_fp8.o: $(BUILD)/
 
 # GPU tests: each kernels/test_X.cu checks kernels against the CPU reference (needs a GPU).
 GPU_TEST_BIN = $(patsubst kernels/%.cu,$(BUILD)/kernels/%,$(wildcard kernels/test_*.cu))
+GPU_TEST_LINK = $(NVCC) $(NVCCFLAGS) -Xcompiler -fopenmp -o $@ $^ $(TOKLIBS) $(JSONLIBS) $(BLASLIBS) -lcublas -lgomp
 $(BUILD)/kernels/test_%: kernels/test_%.cu $(LIB_OBJ)
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) -Xcompiler -fopenmp -o $@ $^ $(TOKLIBS) $(JSONLIBS) $(BLASLIBS) -lcublas -lgomp
+	$(GPU_TEST_LINK)
 
 # test_kernels with the decode attention's planted error (-DDEC_MUTANT: each split but the last
 # drops its last key), which its checks must flag (kernels/gpu_checks.sh mutants).
@@ -141,7 +142,7 @@ $(BUILD)/kernels/attention_decode_mutant.o: kernels/attention_decode.cu
 	$(NVCC) $(NVCCFLAGS) -DDEC_MUTANT -MMD -MP -c -o $@ $<
 $(BUILD)/kernels/test_kernels_mutant: kernels/test_kernels.cu $(filter-out $(BUILD)/kernels/attention_decode.o,$(LIB_OBJ)) $(BUILD)/kernels/attention_decode_mutant.o
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVCCFLAGS) -Xcompiler -fopenmp -o $@ $^ $(TOKLIBS) $(JSONLIBS) $(BLASLIBS) -lcublas -lgomp
+	$(GPU_TEST_LINK)
 
 gpu-tests: all $(GPU_TEST_BIN)
 test-gpu: gpu-tests
