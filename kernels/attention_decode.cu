@@ -66,6 +66,24 @@ __device__ __forceinline__ int split_keys(int n, int n_splits) {
     return s > DEC_MIN_SPLIT ? s : DEC_MIN_SPLIT;
 }
 
+// Split `split`'s cached keys [k0, k1) of a step at *d_pos (whose own key, pos, is new), its
+// length S, for both forms. The position was copied in before the first kernel of the step, and
+// rows < pos of this layer's cache were written by earlier steps: both may be read before
+// pdl_wait().
+struct SplitKeys {
+    int pos, n, S, k0, k1;
+};
+__device__ __forceinline__ SplitKeys split_keys_of(const int *d_pos, int split, int n_splits) {
+    SplitKeys r;
+    r.pos = *d_pos, r.n = r.pos + 1;
+    r.S = split_keys(r.n, n_splits);
+    r.k0 = split * r.S, r.k1 = min(r.k0 + r.S, r.pos);
+#ifdef DEC_MUTANT // a planted error that test_kernels must flag (GPU.md, session 30): each split but the last drops its last key
+    if (r.k0 + r.S < r.pos) r.k1--;
+#endif
+    return r;
+}
+
 __device__ __forceinline__ void bf16x8_to_f32(uint4 u, float *f) {
     const __nv_bfloat162 *h = (const __nv_bfloat162 *)&u;
 #pragma unroll
@@ -83,9 +101,13 @@ __device__ __forceinline__ uint4 f32x8_to_bf16(const float *f) {
     return u;
 }
 
+// cp.async of 16 bytes from global src to shared memory (zeros where !valid): at a shared
+// address, or at a generic pointer into shared memory.
+__device__ __forceinline__ void cp_async16_at(unsigned dst, const void *src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
+}
 __device__ __forceinline__ void cp_async16(void *dst, const void *src, bool valid) {
-    unsigned d = (unsigned)__cvta_generic_to_shared(dst);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(d), "l"(src), "r"(valid ? 16 : 0) : "memory");
+    cp_async16_at((unsigned)__cvta_generic_to_shared(dst), src, valid);
 }
 __device__ __forceinline__ void cp_async_commit(void) { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N> __device__ __forceinline__ void cp_async_wait(void) {
@@ -130,6 +152,21 @@ __device__ __forceinline__ void head_norm_rope(float *x, const float *src, bool 
         float other = __shfl_xor_sync(0xffffffffu, x[i], LPK / 2);
         x[i] = lo ? x[i] * c[i] - other * s[i] : x[i] * c[i] + other * s[i];
     }
+}
+
+// The new token's row, for both forms: its key (optional k-norm, RoPE) and value from the fp32 QKV
+// output (k_src, v_src: KV head kvh's rows), as bf16, stored at pos in the caches (bf16, as
+// every later step will read them) by the warp's lanes 0..LPK-1. Every lane of the warp calls it
+// (the shuffles inside); part = lane % LPK.
+template <int HD>
+__device__ __forceinline__ void new_token_row(uint4 &kq, uint4 &vq, const float *k_src, const float *v_src, bool norm,
+                                              const float *kn, const float *c, const float *sn, int part, float eps,
+                                              bf16 *k_row, bf16 *v_row) {
+    float kf[8], vv[8];
+    head_norm_rope<HD>(kf, k_src, norm, kn, c, sn, part, eps);
+    load8f(vv, v_src + part * 8);
+    kq = f32x8_to_bf16(kf), vq = f32x8_to_bf16(vv);
+    if ((threadIdx.x & 31) < HD / 8) ((uint4 *)k_row)[part] = kq, ((uint4 *)v_row)[part] = vq;
 }
 
 // Online-softmax state of one stream for the G heads of the group.
@@ -359,10 +396,6 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
 __device__ __forceinline__ float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float bf16_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
 
-// cp.async of 16 bytes from global src to shared address dst (zeros where !valid).
-__device__ __forceinline__ void cp_async16_at(unsigned dst, const void *src, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0) : "memory");
-}
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], unsigned addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];" : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
@@ -457,14 +490,8 @@ __global__ void __launch_bounds__(DEC_THREADS, HD <= 128 ? 2 : 1) attn_decode_mm
     __shared__ __align__(16) float w_m[DEC_WARPS][G], w_l[DEC_WARPS][G];
     int kvh = blockIdx.x, split = blockIdx.y, n_splits = gridDim.y;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g = lane >> 2, t = lane & 3;
-    // The position was copied in before the first kernel of the step, and rows < pos of this
-    // layer's cache were written by earlier steps: both may be read before pdl_wait().
-    int pos = *d_pos, n = pos + 1;
-    int S = split_keys(n, n_splits);
-    int k0 = split * S, k1 = min(k0 + S, pos); // cached keys of this split; key pos is new
-#ifdef DEC_MUTANT // a planted error that test_kernels must flag (GPU.md, session 30): each split but the last drops its last key
-    if (k0 + S < pos) k1--;
-#endif
+    const SplitKeys sk = split_keys_of(d_pos, split, n_splits);
+    const int pos = sk.pos, n = sk.n, S = sk.S, k0 = sk.k0, k1 = sk.k1; // cached keys [k0, k1); key pos is new
     int n_tiles = k0 < k1 ? (k1 - k0 + TK - 1) / TK : 0;
     int my_tiles = warp < n_tiles ? (n_tiles - warp + DEC_WARPS - 1) / DEC_WARPS : 0; // tiles warp, warp + W, ...
     const bf16 *kb = k_cache + (size_t)kvh * ctx * HD, *vb = v_cache + (size_t)kvh * ctx * HD;
@@ -565,15 +592,11 @@ __global__ void __launch_bounds__(DEC_THREADS, HD <= 128 ? 2 : 1) attn_decode_mm
     // takes it as a tile of one key.
     if (k0 <= pos && pos < k0 + S && warp == 0) {
         { // every lane (the shuffles inside); lanes past LPK repeat the first LPK
-            float kf[8], vv[8];
-            head_norm_rope<HD>(kf, qkv + (size_t)(n_kv * G + kvh) * HD, q_norm != NULL, kn, c, sn, part, eps);
-            load8f(vv, qkv + (size_t)(n_kv * G + n_kv + kvh) * HD + part * 8);
-            uint4 kq = f32x8_to_bf16(kf), vq = f32x8_to_bf16(vv);
-            if (lane < LPK) {
-                ((uint4 *)(k_cache + ((size_t)kvh * ctx + pos) * HD))[lane] = kq;
-                ((uint4 *)(v_cache + ((size_t)kvh * ctx + pos) * HD))[lane] = vq;
-                ((uint4 *)new_kv[0])[lane] = kq, ((uint4 *)new_kv[1])[lane] = vq;
-            }
+            uint4 kq, vq;
+            new_token_row<HD>(kq, vq, qkv + (size_t)(n_kv * G + kvh) * HD, qkv + (size_t)(n_kv * G + n_kv + kvh) * HD,
+                              q_norm != NULL, kn, c, sn, part, eps, k_cache + ((size_t)kvh * ctx + pos) * HD,
+                              v_cache + ((size_t)kvh * ctx + pos) * HD);
+            if (lane < LPK) ((uint4 *)new_kv[0])[lane] = kq, ((uint4 *)new_kv[1])[lane] = vq;
         }
         __syncwarp();
         // A tile whose key 0 is the new key (row g = 0 of K, key 2t = 0 of V^T); the rest zeros.
@@ -639,14 +662,8 @@ __global__ void __launch_bounds__(DEC_THREADS, G <= 4 ? 2 : 1) attn_decode_kerne
     int kvh = blockIdx.x, split = blockIdx.y, n_splits = gridDim.y;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, sub = lane / LPK, part = lane % LPK;
     int stream = warp * SPW + sub;
-    // The position was copied in before the first kernel of the step, and rows < pos of this
-    // layer's cache were written by earlier steps: both may be read before pdl_wait().
-    int pos = *d_pos, n = pos + 1;
-    int S = split_keys(n, n_splits);
-    int k0 = split * S, k1 = min(k0 + S, pos); // cached keys of this split; key pos is new
-#ifdef DEC_MUTANT // a planted error that test_kernels must flag (GPU.md, session 30): each split but the last drops its last key
-    if (k0 + S < pos) k1--;
-#endif
+    const SplitKeys sk = split_keys_of(d_pos, split, n_splits);
+    const int pos = sk.pos, n = sk.n, S = sk.S, k0 = sk.k0, k1 = sk.k1; // cached keys [k0, k1); key pos is new
     int n_tiles = k0 < k1 ? (k1 - k0 + TILE - 1) / TILE : 0;
     const bf16 *kb = k_cache + (size_t)kvh * ctx * HD, *vb = v_cache + (size_t)kvh * ctx * HD;
     // Key of row u of tile t: each warp covers SPW*U consecutive rows.
@@ -703,18 +720,13 @@ __global__ void __launch_bounds__(DEC_THREADS, G <= 4 ? 2 : 1) attn_decode_kerne
     }
     cp_async_wait<0>();
     __syncthreads(); // the ring's memory becomes the streams' outputs
-    // The new token: the block whose split holds pos normalizes and rotates its key, stores it
-    // and its value in the caches (bf16, as every later step will read them), and scores it.
+    // The new token: warp 0 of the block whose split holds pos makes its row, stores it in the
+    // caches, and scores it (stream 0's lanes: the others repeat them).
     if (k0 <= pos && pos < k0 + S && warp == 0) {
-        float kf[8];
-        head_norm_rope<HD>(kf, qkv + (size_t)(n_kv * G + kvh) * HD, q_norm != NULL, kn, c, sn, part, eps);
-        float vv[8];
-        load8f(vv, qkv + (size_t)(n_kv * G + n_kv + kvh) * HD + part * 8);
-        uint4 kq[1] = {f32x8_to_bf16(kf)}, vq[1] = {f32x8_to_bf16(vv)};
-        if (sub == 0) {
-            ((uint4 *)(k_cache + ((size_t)kvh * ctx + pos) * HD))[part] = kq[0];
-            ((uint4 *)(v_cache + ((size_t)kvh * ctx + pos) * HD))[part] = vq[0];
-        }
+        uint4 kq[1], vq[1];
+        new_token_row<HD>(kq[0], vq[0], qkv + (size_t)(n_kv * G + kvh) * HD, qkv + (size_t)(n_kv * G + n_kv + kvh) * HD,
+                          q_norm != NULL, kn, c, sn, part, eps, k_cache + ((size_t)kvh * ctx + pos) * HD,
+                          v_cache + ((size_t)kvh * ctx + pos) * HD);
         float s[G][1];
         bool ok[1] = {sub == 0};
         stream_scores<G, 1, LPK>(s, q, kq, ok);
