@@ -300,6 +300,8 @@ extern "C" cudaError_t pkv_gpu_scratch_alloc(PkvGpuScratch *s, const PkvGpuIndex
     s->base = p;
     const char *v = getenv("PKV_SELECT");
     s->five = v && !strcmp(v, "five");
+    const char *rx = getenv("PKV_TOPK_RADIX");
+    s->radix = rx && *rx && strcmp(rx, "0");
     return cudaSuccess;
 }
 
@@ -316,6 +318,6 @@ extern "C" cudaError_t pkv_gpu_select(PkvGpuScratch *s, const PkvGpuIndex *ix, i
     PkvSelArgs a = {q, ix->signs, n_heads / ix->n_kv, ix->ids + keys * B, ix->cw + keys * B * 6,
                     ix->count + (size_t)layer * ix->n_kv * B * 256, s->qt, s->qn, s->bonus, s->score, s->hist, s->cand,
                     s->est, s->sel, s->nsel, d_n, ix->n_kv, ix->D, ix->B, ix->cap, (ix->cap + 15) & ~15, k, s->kmax,
-                    (s->hist_stride - HIST_BLK0) / HIST_BLK, s->hist_stride, beta, rho, s->R, s->five};
+                    (s->hist_stride - HIST_BLK0) / HIST_BLK, s->hist_stride, beta, rho, s->R, s->five, s->radix};
     return pkv_select_staged(a, st);
 }

@@ -78,6 +78,7 @@ typedef struct {
     int kmax, R;     // R: rerank blocks per head
     int hist_stride;
     int five;        // 1: the five-kernel selection of session 5 (PKV_SELECT=five, for comparisons)
+    int radix;       // 1: the top-k by radix passes only, never from a list (PKV_TOPK_RADIX=1, for comparisons)
     void *base;      // the one allocation
 } PkvGpuScratch;
 

@@ -104,6 +104,7 @@ struct PkvSelArgs {
     float beta, rho;
     int R;    // rerank blocks per head
     int five; // the five-kernel selection (PKV_SELECT=five)
+    int radix; // the cluster's top-k by radix passes only (PKV_TOPK_RADIX=1, to time it beside the list)
 };
 
 // Exclusive prefix sum of v over the block in thread order; *total gets the block's sum. red:

@@ -26,7 +26,9 @@
 //                                       to the smaller slot; the selection written in slot order.
 //                                       Up to TOPK_ONE_BLOCK candidates (contexts to ~320K)
 //                                       the cluster's first block does it alone, the keys
-//                                       in shared memory
+//                                       in shared memory; past that, where the k-th key's
+//                                       first digit leaves few items, a list of them sorted
+//                                       in the first block instead (topk_from_list)
 // The five-kernel selection splits the third kernel into pkv_compact_kernel (the vote's
 // blocks) and pkv_rerank_kernel (equal shares of the candidates): a launch and a pass more.
 // Tried and dropped (tests/bench/GPU.md, session 13): the top-k in the rerank kernel's last
@@ -496,6 +498,29 @@ template <typename V> static __device__ void keys_write_ordered(const uint32_t *
     keys_pass(keys, lo, hi, 4, [&](int i, uint32_t key) { place_item(key, T, quota, [&] { return value(i); }, out, G, E); });
 }
 
+// The top-k from a list instead of radix passes, where it is short. The rerank's histogram gives
+// the k-th key's first-digit bin d1 and the items in it and above: L of them, every one of the
+// top k among them. Where L <= TOPK_THREADS, one pass over the keys lists those L items, each as
+// (~key) << 32 | candidate index, and two bitonic sorts finish: the list in rank order (key
+// descending, ties by index, i.e. slot, ascending: pkv_select's order), then its first k by
+// index, so that out (sel) gets their slots in slot order. On the random and model streams L is
+// ~k plus the ~1% of candidates a bin holds near the tail; ties (degenerate keys) and large k
+// take the radix passes. The cluster's top-k only: there the list replaces two passes, three
+// cluster barriers and two histogram sums over distributed shared memory (H200, 1M: 13.1 against
+// 16.5 us a layer at 4 KV heads); one block's radix passes over its shared-memory keys are
+// cheaper than the two sorts (9.6 against 11.6 us at 128K, tests/bench/GPU.md, session 32).
+static __device__ void topk_from_list(const unsigned long long *list, int L, int k, const int *cand, int *out, unsigned long long *xch) {
+    const int t = threadIdx.x;
+    int n2 = 1, k2 = 1;
+    while (n2 < L) n2 <<= 1;
+    while (k2 < k) k2 <<= 1;
+    unsigned long long v = t < L ? list[t] : ~0ull;
+    v = bitonic_sort(v, n2, xch); // thread t: the item of rank t
+    unsigned long long w = t < k ? (v & 0xffffffffu) : ~0ull;
+    w = bitonic_sort(w, k2, xch); // the first k by index
+    if (t < k && t < L) out[t] = cand[(int)w]; // L >= k (the histogram counts these keys)
+}
+
 // The top-k of a head's C <= TOPK_ONE_BLOCK estimates by one block (the cluster's first): the
 // same radix as the cluster's, the keys read once into shared memory (keys: the kernel's dynamic
 // shared memory, TOPK_ONE_BLOCK words), block barriers instead of cluster barriers. Session 13's
@@ -590,6 +615,8 @@ static __global__ void __launch_bounds__(TOPK_THREADS) pkv_topk1_kernel(PkvSelAr
 // memory). The k-th key T is then known, with the number r of its ties to take: each block
 // counts its items above T and equal to it, and a last ordered pass writes block j's items
 // above T and its share of the first r ties at its offset (the items of blocks before it).
+// Where digit 1's bin and those above it hold at most TOPK_THREADS items, the blocks list them
+// in the first block's shared memory instead, which sorts them (topk_from_list).
 static __global__ void __cluster_dims__(TOPK_CLUSTER, 1, 1) __launch_bounds__(TOPK_THREADS) pkv_topk_kernel(PkvSelArgs a) {
     __shared__ __align__(16) int hist[EST_BINS], h2[1024], h3[1024];
     __shared__ int red[32];
@@ -643,6 +670,26 @@ static __global__ void __cluster_dims__(TOPK_CLUSTER, 1, 1) __launch_bounds__(TO
     int r = k, gt = 0; // gt: this thread's items above the k-th key
     find_digit<EST_PER>(hist, r, red, &s_d, &s_above, &s_in);
     const uint32_t d1 = s_d;
+    if (in_smem && !a.radix && s_above + s_in <= TOPK_THREADS) { // the list (topk_from_list) in block 0's hist; the same in every block
+        __shared__ int s_cnt;
+        if (t == 0) s_cnt = 0;
+        cl.sync(); // block 0's counter zeroed, its bins read
+        int *cnt0 = cl.map_shared_rank(&s_cnt, 0);
+        unsigned long long *list0 = (unsigned long long *)cl.map_shared_rank(hist, 0);
+        keys_pass(keys, 4 * t, m, 4 * TOPK_THREADS, [&](int i, uint32_t key) {
+            if (key >> 20 >= d1) {
+                int p = atomicAdd(cnt0, 1);
+                if (p < TOPK_THREADS) list0[p] = (unsigned long long)~key << 32 | (unsigned)(lo + i);
+            }
+        });
+        cl.sync(); // the list complete; only block 0 reads it
+        if (j == 0) {
+            unsigned long long *list = (unsigned long long *)hist;
+            topk_from_list(list, min(s_cnt, TOPK_THREADS), k, cand, sel, list + TOPK_THREADS);
+            if (t == 0) a.nsel[h] = k;
+        }
+        return;
+    }
     r -= s_above;
     pass([&](uint32_t key) {
         if (key >> 20 > d1) gt++;
