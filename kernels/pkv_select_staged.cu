@@ -505,8 +505,8 @@ template <typename V> static __device__ void keys_write_ordered(const uint32_t *
 // descending, ties by index, i.e. slot, ascending: pkv_select's order), then its first k by
 // index, so that out (sel) gets their slots in slot order. On the random and model streams L is
 // ~k plus the ~1% of candidates a bin holds near the tail; ties (degenerate keys) and large k
-// take the radix passes. The cluster's top-k only: there the list replaces two passes, three
-// cluster barriers and two histogram sums over distributed shared memory (H200, 1M: 13.1 against
+// take the radix passes. The cluster's top-k only: there the list replaces two passes, two of
+// its four cluster barriers and two histogram sums over distributed shared memory (H200, 1M: 13.1 against
 // 16.5 us a layer at 4 KV heads); one block's radix passes over its shared-memory keys are
 // cheaper than the two sorts (9.6 against 11.6 us at 128K, tests/bench/GPU.md, session 32).
 static __device__ void topk_from_list(const unsigned long long *list, int L, int k, const int *cand, int *out, unsigned long long *xch) {

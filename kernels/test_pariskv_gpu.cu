@@ -822,7 +822,8 @@ static void stage_times(Bench &bn, const float *d_q, int G, double C) {
 // under --gpus 2, whose fixed latencies do not halve with the heads).
 static void bench(int n) {
     const char *kv_env = getenv("PKV_TEST_BENCH_KV");
-    const int D = 128, n_kv = kv_env && atoi(kv_env) > 0 && atoi(kv_env) <= 64 ? atoi(kv_env) : 8, G = 4, B = D / 8;
+    const int kv_asked = kv_env ? atoi(kv_env) : 0;
+    const int D = 128, n_kv = kv_asked > 0 && kv_asked <= 64 ? kv_asked : 8, G = 4, B = D / 8;
     printf("\n-- timing (%s selection): D=%d n_kv=%d G=%d, zone of n=%d keys per head, one layer\n", getenv("PKV_SELECT") ? getenv("PKV_SELECT") : "default", D, n_kv, G, n);
     Bench bn;
     CU_CHECK(cudaStreamCreateWithFlags(&bn.st, cudaStreamNonBlocking));
