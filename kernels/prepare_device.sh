@@ -6,7 +6,7 @@
 # smaller bundle while iterating on a kernel; none: every kernels/test_*.cu.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-TESTS=${*:-$(ls kernels/test_*.cu | xargs -n1 basename | sed 's/\.cu$//')}
+TESTS=$(echo ${*:-$(ls kernels/test_*.cu | xargs -n1 basename | sed 's/\.cu$//')}) # one line: the case below matches " name "
 # With test_kernels comes its decode-attention mutant build (gpu_checks.sh mutants).
 case " $TESTS " in *" test_kernels "*) TESTS="$TESTS test_kernels_mutant" ;; esac
 make -j2 BUILD=build-dev OPT="-O3 -march=x86-64-v3" run export $(for t in $TESTS; do echo build-dev/kernels/$t; done)
