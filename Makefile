@@ -238,13 +238,16 @@ demo: deps
 	./run $(SMOL_BIN) -p "$$(printf '$(DEMO_PROMPT)')" -n 200 --temp 0.7 --seed 42
 	@echo "demo: the model is $(SMOL_BIN) (./run $(SMOL_BIN) --chat to talk to it)$(if $(DEMO_BUILD),; no GPU here: ./run is the CPU-only build)"
 
+# check's builds take every core (JOBS, default nproc); the tests still run one at a time. On the
+# 2-core CI machine check ran every build at one job (~30 minutes in all, 2026-11-29).
+JOBS ?= $(shell nproc 2>/dev/null || echo 1)
 check: deps
-	$(MAKE) all $(SMOL_GGUF)
-	PKV_NO_SKIP=1 SMOLLM2_GGUF=$(SMOL_GGUF) $(MAKE) test
-	PKV_NO_SKIP=1 SMOLLM2_GGUF=$(SMOL_GGUF) $(MAKE) test-march
-	PKV_NO_SKIP=1 SMOLLM2_GGUF=$(SMOL_GGUF) $(MAKE) test-asan
-	$(MAKE) test-valgrind
-	$(MAKE) fuzz-ci
+	$(MAKE) -j$(JOBS) all $(SMOL_GGUF)
+	PKV_NO_SKIP=1 SMOLLM2_GGUF=$(SMOL_GGUF) $(MAKE) -j$(JOBS) test
+	PKV_NO_SKIP=1 SMOLLM2_GGUF=$(SMOL_GGUF) $(MAKE) -j$(JOBS) test-march
+	PKV_NO_SKIP=1 SMOLLM2_GGUF=$(SMOL_GGUF) $(MAKE) -j$(JOBS) test-asan
+	$(MAKE) -j$(JOBS) test-valgrind
+	$(MAKE) -j$(JOBS) fuzz-ci
 
 clean:
 	rm -rf $(BUILD) build-asan build-march build-vg build-fuzz run export
