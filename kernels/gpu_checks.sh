@@ -818,6 +818,49 @@ if want tp; then
     # Sampling: the same --seed gives the same tokens on 2 GPUs run twice (both ranks pick one id).
     for k in 1 2; do $D/run --synthetic qwen3-0.6b --ids -f /tmp/ids3k.txt -n 48 --temp 0.8 --top-p 0.95 --seed 5 --gpus 2 > /tmp/tps.$k 2>/dev/null || echo "FAIL sampled run $k"; done
     cmp -s /tmp/tps.1 /tmp/tps.2 && [ -s /tmp/tps.1 ] && echo "ok   sampled --seed 5 --gpus 2 repeats exactly" || { echo "FAIL sampled --gpus 2 does not repeat"; status=1; }
+    # Chat over two GPUs. (1) The tiny models (full attention): three turns, each prefilled on top of
+    # the cached conversation; the transcript equals one GPU's, as their greedy generations do.
+    printf 'Hello there.\nTell me more.\nAnd a third.\n' > /tmp/tpchat.in
+    for d in tiny-llama31 tiny-qwen3; do
+        for n in 1 2; do
+            timeout 60 $D/run /tmp/$d.bin --chat -n 16 --temp 0 --ignore-eos --gpus $n < /tmp/tpchat.in > /tmp/$d.chat$n 2> "$OUT/$d.chat$n.err" ||
+                { echo "FAIL $d --chat --gpus $n:"; tail -n 2 "$OUT/$d.chat$n.err"; status=1; }
+        done
+        [ "$(grep -c '^\[prefill' "$OUT/$d.chat2.err")" = 3 ] && cmp -s /tmp/$d.chat1 /tmp/$d.chat2 && [ -s /tmp/$d.chat2 ] &&
+            echo "ok   $d chat of 3 turns --gpus 2 == one GPU ($(grep -h '^\[prefill' "$OUT/$d.chat2.err" | tail -n 1))" ||
+            { echo "FAIL $d chat --gpus 2 differs from one GPU (or not 3 turns)"; status=1; }
+    done
+    # (2) ParisKV: a random-weight model of SmolLM2's tokenizer and chat template with 8 heads / 4 KV
+    # heads x 64 (SmolLM2's 3 KV heads do not split over two), a first message of ~3,000 tokens, then
+    # turns past the dense threshold, prefilled in chunks of ParisKV positions with the rewinds a
+    # re-rendered conversation makes (as pkvchat on one GPU). On two GPUs the host store and the GPU
+    # store must write the same transcript; against one GPU the paths may part at a near-tie after
+    # the 3,000-token prefill (its GEMMs round by each rank's shape), so that is reported.
+    python3 - /dev/shm/tprand <<'PY' && $D/export /dev/shm/tprand /dev/shm/tprand.bin > /dev/null 2>&1 || { echo "FAIL the random chat model for tp"; status=1; }
+import os, shutil, sys, torch
+from transformers import AutoModelForCausalLM, LlamaConfig
+torch.manual_seed(0)
+cfg = LlamaConfig(vocab_size=49152, hidden_size=512, intermediate_size=1536, num_hidden_layers=4, num_attention_heads=8,
+                  num_key_value_heads=4, head_dim=64, max_position_embeddings=8192, rope_theta=100000.0, rms_norm_eps=1e-5,
+                  tie_word_embeddings=True, initializer_range=0.08, bos_token_id=1, eos_token_id=2)
+AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.bfloat16).save_pretrained(sys.argv[1])
+for f in os.listdir("tests/data/smollm2-tokenizer"): shutil.copy(os.path.join("tests/data/smollm2-tokenizer", f), sys.argv[1])
+PY
+    { cat README.md tests/bench/GPU.md | tr '\n' ' ' | head -c 12000; echo; echo "Summarize that in one line."; echo "And now in three words."; } > /tmp/tpchat2.in
+    for run in 2:host 2:gpu 1:host; do
+        n=${run%:*} st=${run#*:}
+        timeout 120 $D/run /dev/shm/tprand.bin --chat --ctx 8192 -n 40 --temp 0 --ignore-eos --attn pariskv --kv-store $st --gpus $n < /tmp/tpchat2.in \
+            > /tmp/tpchat.$n$st 2> "$OUT/tpchat.$n$st.err" || { echo "FAIL pariskv chat --gpus $n --kv-store $st"; tail -n 3 "$OUT/tpchat.$n$st.err"; status=1; }
+        [ "$(grep -c '^\[prefill' "$OUT/tpchat.$n$st.err")" = 3 ] && grep -q 'prefill [0-9]* tokens (0 cached).*context [2-9][0-9][0-9][0-9]/' "$OUT/tpchat.$n$st.err" ||
+            { echo "FAIL pariskv chat --gpus $n --kv-store $st: not 3 turns past the dense threshold"; status=1; }
+        echo "     pariskv chat --gpus $n --kv-store $st: $(grep -h 'pariskv on the GPU\|^\[prefill' "$OUT/tpchat.$n$st.err" | tr '\n' ' ' | cut -c1-300)"
+    done
+    cmp -s /tmp/tpchat.2host /tmp/tpchat.2gpu && [ -s /tmp/tpchat.2host ] &&
+        echo "ok   pariskv chat of 3 turns on two GPUs: host store == GPU store ($(grep -h '^\[prefill' "$OUT/tpchat.2host.err" | tail -n 1))" ||
+        { echo "FAIL pariskv chat on two GPUs: the stores' transcripts differ"; status=1; }
+    # Where two GPUs and one part, beside the same chat under full attention (the GEMMs' rounding alone).
+    for n in 1 2; do timeout 120 $D/run /dev/shm/tprand.bin --chat --ctx 8192 -n 40 --temp 0 --ignore-eos --attn full --gpus $n < /tmp/tpchat2.in > /tmp/tpchat.$n.full 2>/dev/null; done
+    echo "     chat --gpus 2 against one GPU, words equal before the transcripts part: pariskv $(ids_agree /tmp/tpchat.1host /tmp/tpchat.2host) of $(wc -w < /tmp/tpchat.1host), full attention $(ids_agree /tmp/tpchat.1.full /tmp/tpchat.2.full) of $(wc -w < /tmp/tpchat.1.full)"
 fi
 if want tpbench; then
     # One GPU beside two in the same call: dense decode at 4K, ParisKV with the host store.
