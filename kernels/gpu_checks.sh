@@ -831,11 +831,11 @@ if want tp; then
             { echo "FAIL $d chat --gpus 2 differs from one GPU (or not 3 turns)"; status=1; }
     done
     # (2) ParisKV: a random-weight model of SmolLM2's tokenizer and chat template with 8 heads / 4 KV
-    # heads x 64 (SmolLM2's 3 KV heads do not split over two), a first message of ~3,000 tokens, then
+    # heads x 64 (SmolLM2's 3 KV heads do not split over two), a first message of ~3,800 tokens, then
     # turns past the dense threshold, prefilled in chunks of ParisKV positions with the rewinds a
     # re-rendered conversation makes (as pkvchat on one GPU). On two GPUs the host store and the GPU
     # store must write the same transcript; against one GPU the paths may part at a near-tie after
-    # the 3,000-token prefill (its GEMMs round by each rank's shape), so that is reported.
+    # that prefill (its GEMMs round by each rank's shape), so that is reported.
     python3 - /dev/shm/tprand <<'PY' && $D/export /dev/shm/tprand /dev/shm/tprand.bin > /dev/null 2>&1 || { echo "FAIL the random chat model for tp"; status=1; }
 import os, shutil, sys, torch
 from transformers import AutoModelForCausalLM, LlamaConfig
