@@ -42,6 +42,16 @@ smol_gguf() {
 ids_agree() {
     python3 -c "import sys; a, b = open(sys.argv[1]).read().split(), open(sys.argv[2]).read().split(); print(next((i for i in range(min(len(a), len(b))) if a[i] != b[i]), min(len(a), len(b))))" "$1" "$2"
 }
+# long_chat_in FILE: a chat's input: a first message of ~3,800 tokens of text that is always there,
+# then two short ones (pkvchat, tp). long_chat_turns_ok ERR: that chat's stderr shows 3 turns, the
+# first prefilled from nothing to a context of 2,000-9,999 tokens, so the later ones run past
+# the dense threshold.
+long_chat_in() {
+    { cat README.md tests/bench/GPU.md | tr '\n' ' ' | head -c 12000; echo; echo "Summarize that in one line."; echo "And now in three words."; } > "$1"
+}
+long_chat_turns_ok() {
+    [ "$(grep -c '^\[prefill' "$1")" = 3 ] && grep -q 'prefill [0-9]* tokens (0 cached).*context [2-9][0-9][0-9][0-9]/' "$1"
+}
 STEPS=("${@:-all}")
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 if want kernels; then
@@ -244,14 +254,12 @@ if want pkvchat; then
     # of ParisKV positions (kernels/pkv_chunk.cu), with the rewinds a re-rendered conversation
     # makes. Both stores must write the same transcript, and the turns must run under ParisKV.
     [ -f /dev/shm/smolrand.bin ] || { echo "FAIL pkvchat needs pkvrand first"; status=1; }
-    { cat README.md tests/bench/GPU.md | tr '\n' ' ' | head -c 12000; echo; # text that is always there (~3,000 tokens)
-      echo "Summarize that in one line."; echo "And now in three words."; } > /tmp/chat.in
+    long_chat_in /tmp/chat.in
     for store in host gpu; do
         timeout 120 $D/run /dev/shm/smolrand.bin --chat --ctx 8192 -n 40 --temp 0 --ignore-eos --kv-store $store < /tmp/chat.in \
             > /tmp/chat.$store 2> "$OUT/chat.$store.err" || { echo "FAIL chat --kv-store $store"; tail -n 3 "$OUT/chat.$store.err"; status=1; }
         echo "chat --kv-store $store: $(grep -c . /tmp/chat.$store) lines; $(grep -h 'pariskv on the GPU\|^\[prefill' "$OUT/chat.$store.err" | tr '\n' ' ')"
-        [ "$(grep -c '^\[prefill' "$OUT/chat.$store.err")" = 3 ] && grep -q 'prefill [0-9]* tokens (0 cached).*context [2-9][0-9][0-9][0-9]/' "$OUT/chat.$store.err" ||
-            { echo "FAIL chat --kv-store $store: not 3 turns past the dense threshold"; status=1; }
+        long_chat_turns_ok "$OUT/chat.$store.err" || { echo "FAIL chat --kv-store $store: not 3 turns past the dense threshold"; status=1; }
     done
     cmp -s /tmp/chat.host /tmp/chat.gpu && [ -s /tmp/chat.host ] && echo "ok   chat of 3 turns under ParisKV: host store == GPU store" ||
         { echo "FAIL chat transcripts differ between the stores"; status=1; }
@@ -836,23 +844,14 @@ if want tp; then
     # re-rendered conversation makes (as pkvchat on one GPU). On two GPUs the host store and the GPU
     # store must write the same transcript; against one GPU the paths may part at a near-tie after
     # that prefill (its GEMMs round by each rank's shape), so that is reported.
-    python3 - /dev/shm/tprand <<'PY' && $D/export /dev/shm/tprand /dev/shm/tprand.bin > /dev/null 2>&1 || { echo "FAIL the random chat model for tp"; status=1; }
-import os, shutil, sys, torch
-from transformers import AutoModelForCausalLM, LlamaConfig
-torch.manual_seed(0)
-cfg = LlamaConfig(vocab_size=49152, hidden_size=512, intermediate_size=1536, num_hidden_layers=4, num_attention_heads=8,
-                  num_key_value_heads=4, head_dim=64, max_position_embeddings=8192, rope_theta=100000.0, rms_norm_eps=1e-5,
-                  tie_word_embeddings=True, initializer_range=0.08, bos_token_id=1, eos_token_id=2)
-AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.bfloat16).save_pretrained(sys.argv[1])
-for f in os.listdir("tests/data/smollm2-tokenizer"): shutil.copy(os.path.join("tests/data/smollm2-tokenizer", f), sys.argv[1])
-PY
-    { cat README.md tests/bench/GPU.md | tr '\n' ' ' | head -c 12000; echo; echo "Summarize that in one line."; echo "And now in three words."; } > /tmp/tpchat2.in
+    python3 -c "import sys; sys.path.insert(0, 'tests/bench'); from pkv_gpu_vs_cpu import make_random_model as m
+m('/dev/shm/tprand', '/dev/shm/tprand.bin', '$D/export', hidden=512, layers=4, heads=8, kv_heads=4)" || { echo "FAIL the random chat model for tp"; status=1; }
+    long_chat_in /tmp/tpchat2.in
     for run in 2:host 2:gpu 1:host; do
         n=${run%:*} st=${run#*:}
         timeout 120 $D/run /dev/shm/tprand.bin --chat --ctx 8192 -n 40 --temp 0 --ignore-eos --attn pariskv --kv-store $st --gpus $n < /tmp/tpchat2.in \
             > /tmp/tpchat.$n$st 2> "$OUT/tpchat.$n$st.err" || { echo "FAIL pariskv chat --gpus $n --kv-store $st"; tail -n 3 "$OUT/tpchat.$n$st.err"; status=1; }
-        [ "$(grep -c '^\[prefill' "$OUT/tpchat.$n$st.err")" = 3 ] && grep -q 'prefill [0-9]* tokens (0 cached).*context [2-9][0-9][0-9][0-9]/' "$OUT/tpchat.$n$st.err" ||
-            { echo "FAIL pariskv chat --gpus $n --kv-store $st: not 3 turns past the dense threshold"; status=1; }
+        long_chat_turns_ok "$OUT/tpchat.$n$st.err" || { echo "FAIL pariskv chat --gpus $n --kv-store $st: not 3 turns past the dense threshold"; status=1; }
         echo "     pariskv chat --gpus $n --kv-store $st: $(grep -h 'pariskv on the GPU\|^\[prefill' "$OUT/tpchat.$n$st.err" | tr '\n' ' ' | cut -c1-300)"
     done
     cmp -s /tmp/tpchat.2host /tmp/tpchat.2gpu && [ -s /tmp/tpchat.2host ] &&

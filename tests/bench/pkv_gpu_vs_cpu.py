@@ -51,12 +51,14 @@ def read_cached(path):
     return rows, mean, text
 
 
-def make_random_model(d, out_bin, export):
+def make_random_model(d, out_bin, export, hidden=576, layers=6, heads=9, kv_heads=3):
+    """SmolLM2's shape (or, by the keywords, another of its head_dim 64: gpu_checks.sh tp's 8 / 4
+    heads split over two GPUs), random bf16 weights, SmolLM2's tokenizer and chat template."""
     import torch
     from transformers import AutoModelForCausalLM, LlamaConfig
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=6, num_attention_heads=9,
-                      num_key_value_heads=3, head_dim=64, max_position_embeddings=8192, rope_theta=100000.0, rms_norm_eps=1e-5,
+    cfg = LlamaConfig(vocab_size=49152, hidden_size=hidden, intermediate_size=1536, num_hidden_layers=layers, num_attention_heads=heads,
+                      num_key_value_heads=kv_heads, head_dim=64, max_position_embeddings=8192, rope_theta=100000.0, rms_norm_eps=1e-5,
                       tie_word_embeddings=True, initializer_range=0.08, bos_token_id=1, eos_token_id=2)
     model = AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.bfloat16)
     model.save_pretrained(d)
